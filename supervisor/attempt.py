@@ -1,0 +1,463 @@
+"""One attempt: observe the ranks until the attempt ends, then say how it ended.
+
+Observation only: messages, process exits (pidfds), a 0.1 s tick for hangs and scheduled saves.
+It never decides whether to restart (``policy.decide``) and it changes the job's state only through
+the ``transition`` callback the supervisor gives it. Whatever happens, including cancellation, the
+attempt's whole process tree is torn down and reaped before :meth:`Attempt.run` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from worker_sdk import protocol as p
+
+from . import hangs, launcher, proctree
+from .checkpoints import CommitTracker, DirectoryWatch
+from .config import JobConfig
+from .events import EventLog
+from .failures import Observation, RankExit, RankReport
+from .heartbeats import HeartbeatEndpoint, RankTable
+from .launcher import LaunchPlan
+from .states import JobState
+
+TICK_S = 0.1
+SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
+DUMP_WAIT_S = 1.0  # how long ranks get to write their stacks before a hung group is killed
+
+
+@dataclass(slots=True)
+class SyncRound:
+    """A coordinated save in progress (see worker_sdk._runtime)."""
+
+    stop: bool
+    started_t: float
+    reported: dict[int, int] = field(default_factory=dict)
+    asked_t: dict[int, float] = field(default_factory=dict)
+    target: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    outcome: str  # "succeeded" | "failed" | "stopped"
+    observation: Observation
+    detect_s: float | None  # hangs: how long the most silent rank had been silent when caught
+    diagnostics: str | None
+    progressed: bool
+    last_step: int | None
+    stop_step: int | None  # the checkpoint committed by a stop, if any
+    noticed_at: float | None  # wall-clock time of the first sign of the failure (for the history)
+
+
+class Attempt:
+    """Runs and watches attempt ``number`` of the job."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        number: int,
+        plan: LaunchPlan,
+        *,
+        endpoint: HeartbeatEndpoint,
+        ranks: RankTable,
+        events: EventLog,
+        tracker: CommitTracker,
+        watch: DirectoryWatch | None,
+        transition: Callable[[JobState], None],
+    ) -> None:
+        self.cfg = cfg
+        self.number = number
+        self.plan = plan
+        self.endpoint = endpoint
+        self.ranks = ranks
+        self.events = events
+        self.tracker = tracker
+        self.watch = watch
+        self._transition = transition
+        self.world_size = plan.nnodes * plan.nproc_per_node
+        self.diag_dir = cfg.job.run_dir / "diagnostics" / f"attempt-{number}"
+        self.sync: SyncRound | None = None
+        self.stop_reason: str | None = None
+        self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s
+        self._started_step = tracker.newest_step
+        self._last_commit_t = time.monotonic()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._pidfds: dict[int, int] = {}  # pid -> pidfd, ranks and the launcher
+        self._rank_of_pid: dict[int, int | None] = {}
+        self._exits: list[RankExit] = []
+        self._reports: list[RankReport] = []
+        self._silent: tuple[int, ...] = ()
+        self._launcher_rc: int | None = None
+        self._first_sign_t: float | None = None
+        self._ending: asyncio.TimerHandle | None = None
+        self._done: asyncio.Future[str] | None = None
+        self._stop_deadline = float("inf")
+        self._hang_silence_s: float | None = None
+        self._noticed_at: float | None = None
+        self._t0 = time.monotonic()
+        self.state = JobState.STARTING
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> AttemptResult:
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._t0 = time.monotonic()
+        self._popen = launcher.spawn(self.plan)
+        self._watch_pid(self._popen.pid, rank=None)
+        tasks = [
+            asyncio.create_task(self._receive_loop(), name="receive"),
+            asyncio.create_task(self._tick_loop(), name="tick"),
+        ]
+        if self.watch is not None:
+            tasks.append(asyncio.create_task(self._watch_loop(), name="watch"))
+        outcome = "failed"
+        try:
+            outcome = await self._done
+            diagnostics = await self._dump_stacks_if_hung(outcome)
+        finally:
+            if outcome != "succeeded":
+                self._set_state(JobState.TEARING_DOWN)
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await self._teardown()
+        return self._result(outcome, diagnostics)
+
+    def request_stop(self, reason: str) -> None:
+        """Checkpoint at a common step, then let the ranks exit (deadline: launch.stop_timeout)."""
+        if self.stop_reason is not None or self._is_ending():
+            return
+        self.stop_reason = reason
+        now = time.monotonic()
+        self._stop_deadline = now + self.cfg.launch.stop_timeout_s
+        if not any(st.first_step_t is not None for st in self.ranks):
+            # nobody has trained yet: the newest checkpoint is what they loaded; nothing to save
+            self._finish("stopped")
+            return
+        self._set_state(JobState.STOPPING)
+        self._begin_sync(stop=True, now=now)
+
+    # ------------------------------------------------------------------ observation
+    async def _receive_loop(self) -> None:
+        while True:
+            identity, msg = await self.endpoint.receive()
+            self._on_message(identity, msg, time.monotonic())
+
+    def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
+        st = self.ranks.observe(identity, msg, now)
+        kind = msg.kind
+        if kind is p.Kind.HELLO:
+            if st.host == os.uname().nodename or self.plan.nnodes == 1:
+                self._watch_pid(msg.pid, rank=msg.rank)
+            if self.sync is not None and msg.rank not in self.sync.reported:
+                self._ask_sync(msg.rank, now)
+        elif kind is p.Kind.HEARTBEAT:
+            if self.state is JobState.STARTING and self._all_started():
+                self._set_state(JobState.RUNNING)
+            if self.sync is not None and msg.rank not in self.sync.reported:
+                self._ask_sync(msg.rank, now)
+        elif kind is p.Kind.SYNC:
+            self._on_sync(identity, msg)
+        elif kind is p.Kind.CKPT_COMMITTED:
+            path = Path(str(msg.payload.get("path", "")))
+            self._on_commit(path, seconds=msg.value, source="sdk")
+        elif kind is p.Kind.CKPT_SKIPPED:
+            self.events.checkpoint_skipped(
+                path=str(msg.payload.get("path")),
+                reason=str(msg.payload.get("reason")),
+                rank=msg.rank,
+            )
+        elif kind is p.Kind.FAILURE:
+            self._reports.append(
+                RankReport(
+                    rank=msg.rank,
+                    kind=str(msg.payload.get("kind", "exception")),
+                    type=str(msg.payload.get("type", "")),
+                    message=str(msg.payload.get("message", "")),
+                    step=msg.step,
+                )
+            )
+            self._sign_of_failure(now)
+
+    def _all_started(self) -> bool:
+        started = [st for st in self.ranks if st.first_step_t is not None]
+        return len(started) >= self.world_size
+
+    async def _watch_loop(self) -> None:
+        assert self.watch is not None
+        while True:
+            path = await self.watch.queue.get()
+            self._on_commit(path, seconds=None, source="watchdog")
+
+    def _on_commit(self, path: Path, *, seconds: float | None, source: str) -> None:
+        commit = self.tracker.observe(path, seconds=seconds, source=source)
+        if commit is None:
+            return
+        self._last_commit_t = time.monotonic()
+        self.events.checkpoint_committed(
+            step=commit.step,
+            path=str(commit.path),
+            seconds=commit.seconds,
+            nbytes=commit.nbytes,
+            source=commit.source,
+        )
+        sync = self.sync
+        if (
+            sync is not None
+            and not sync.stop
+            and sync.target is not None
+            and (commit.step >= sync.target)
+        ):
+            self.sync = None
+            self._set_state(JobState.RUNNING)
+
+    def _watch_pid(self, pid: int, *, rank: int | None) -> None:
+        if pid in self._pidfds:
+            if rank is not None:
+                self._rank_of_pid[pid] = rank
+            return
+        fd = proctree.open_pidfd(pid)
+        if fd is None:
+            return
+        self._pidfds[pid] = fd
+        self._rank_of_pid[pid] = rank
+        asyncio.get_running_loop().add_reader(fd, self._on_exit, pid)
+
+    def _on_exit(self, pid: int) -> None:
+        now = time.monotonic()
+        fd = self._pidfds.pop(pid)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(fd)
+        os.close(fd)
+        if self._popen is not None and pid == self._popen.pid:
+            self._launcher_rc = self._popen.wait()
+            self._on_launcher_exit(now)
+            return
+        status = proctree.ExitStatus.from_wait_status(proctree.zombie_wait_status(pid))
+        rank = self._rank_of_pid.get(pid)
+        self._exits.append(
+            RankExit(rank=rank, pid=pid, exit_code=status.code, signal=status.signal)
+        )
+        if status.code != 0:
+            self._sign_of_failure(now)
+
+    def _on_launcher_exit(self, now: float) -> None:
+        rc = self._launcher_rc
+        if self.stop_reason is not None:
+            self._finish("stopped")
+        elif rc == 0 and not self._reports:
+            self._finish("succeeded")
+        else:
+            self._sign_of_failure(now)
+
+    def _sign_of_failure(self, now: float) -> None:
+        if self._first_sign_t is None:
+            self._first_sign_t = now
+            self._noticed_at = time.time()
+        if self.stop_reason is not None:  # a rank died during the stop: give up on the stop
+            self._finish("stopped")
+            return
+        if self._ending is None and not self._is_ending():
+            self._ending = asyncio.get_running_loop().call_later(SETTLE_S, self._finish, "failed")
+
+    # ------------------------------------------------------------------ the tick
+    async def _tick_loop(self) -> None:
+        next_scan = 0.0
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            if now >= next_scan:
+                self._scan_ranks()
+                next_scan = now + (0.25 if self.state is JobState.STARTING else 2.0)
+            self._check_hang(now)
+            self._maybe_schedule_save(now)
+            if now >= self._stop_deadline:
+                self._finish("stopped")
+
+    def _scan_ranks(self) -> None:
+        """Find local rank processes (torchrun's children) that have not said hello yet."""
+        if self._popen is None or self.plan.nnodes > 1:
+            return
+        try:
+            children = psutil.Process(self._popen.pid).children()
+        except psutil.Error:
+            return
+        for child in children:
+            if child.pid not in self._pidfds:
+                try:
+                    rank = int(child.environ().get("RANK", "-1"))
+                except (psutil.Error, ValueError):
+                    rank = -1
+                self._watch_pid(child.pid, rank=None if rank < 0 else rank)
+
+    def _check_hang(self, now: float) -> None:
+        if self._is_ending() or self.stop_reason is not None:
+            return
+        hb = self.cfg.heartbeat
+        if hb.hang_timeout_s is None:
+            self.hang_timeout_s = hangs.auto_timeout(
+                self.ranks.step_times(), interval_s=hb.interval_s, ceiling_s=hb.hang_timeout_max_s
+            )
+        silences = [
+            hangs.Silence(
+                rank=st.rank,
+                silent_s=now - st.last_progress_t,
+                started=st.first_step_t is not None,
+                busy=st.phase is not None or st.saving_since is not None,
+            )
+            for st in self.ranks
+        ]
+        missing = set(range(self.world_size)) - {st.rank for st in self.ranks}
+        silences += [hangs.Silence(r, now - self._t0, False, False) for r in sorted(missing)]
+        hung = hangs.hung_ranks(
+            silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
+        )
+        if hung:
+            behind = sorted(hung, key=lambda r: self._last_step_of(r))
+            self._silent = tuple(behind)
+            self._hang_silence_s = max(s.silent_s for s in silences if s.rank in hung)
+            self._first_sign_t = now
+            self._noticed_at = time.time()
+            self._finish("hang")
+
+    def _last_step_of(self, rank: int) -> int:
+        st = self.ranks.ranks.get(rank)
+        return st.last_step if st is not None else -1
+
+    def _maybe_schedule_save(self, now: float) -> None:
+        every = self.cfg.checkpoint.every_s
+        if every is None or self.sync is not None or self.state is not JobState.RUNNING:
+            return
+        if now - self._last_commit_t >= every:
+            self._set_state(JobState.SAVING)
+            self._begin_sync(stop=False, now=now)
+
+    # ------------------------------------------------------------------ coordinated saves
+    def _begin_sync(self, *, stop: bool, now: float) -> None:
+        self.sync = SyncRound(stop=stop, started_t=now)
+        for st in self.ranks:
+            self._ask_sync(st.rank, now)
+
+    def _ask_sync(self, rank: int, now: float) -> None:
+        sync = self.sync
+        st = self.ranks.ranks.get(rank)
+        if sync is None or st is None:
+            return
+        if now - sync.asked_t.get(rank, -1e9) < 2 * self.cfg.heartbeat.interval_s:
+            return
+        sync.asked_t[rank] = now
+        flags = p.FLAG_STOP if sync.stop else 0
+        self.endpoint.send(st.identity, p.Kind.SYNC_REQUEST, rank=rank, flags=flags)
+
+    def _on_sync(self, identity: bytes, msg: p.Message) -> None:
+        sync = self.sync
+        if sync is None:
+            self.endpoint.send(identity, p.Kind.SYNC_CANCEL, rank=msg.rank)
+            return
+        sync.reported[msg.rank] = max(msg.step, sync.reported.get(msg.rank, -1))
+        if sync.target is None and len(sync.reported) >= self.world_size:
+            sync.target = max(sync.reported.values()) + 1
+        if sync.target is None:
+            self.endpoint.send(identity, p.Kind.CONTINUE, rank=msg.rank)
+        else:
+            flags = p.FLAG_STOP if sync.stop else 0
+            self.endpoint.send(
+                identity, p.Kind.SAVE_AT, rank=msg.rank, step=sync.target, flags=flags
+            )
+
+    # ------------------------------------------------------------------ ending
+    def _is_ending(self) -> bool:
+        return self._done is None or self._done.done()
+
+    def _finish(self, outcome: str) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(outcome)
+
+    def _set_state(self, new: JobState) -> None:
+        if new is not self.state:
+            self.state = new
+            self._transition(new)
+
+    async def _dump_stacks_if_hung(self, outcome: str) -> str | None:
+        """Ask every rank for its Python stacks (faulthandler, armed by the SDK) before the kill."""
+        if outcome != "hang":
+            return None
+        pids = [
+            pid
+            for pid, rank in self._rank_of_pid.items()
+            if rank is not None or pid in self._pidfds
+        ]
+        pids = [pid for pid in pids if self._popen is None or pid != self._popen.pid]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR2)
+                os.kill(pid, signal.SIGCONT)  # a stopped rank handles the signal once continued
+        await asyncio.sleep(DUMP_WAIT_S)
+        return str(self.diag_dir) if self.diag_dir.is_dir() else None
+
+    async def _teardown(self) -> None:
+        loop = asyncio.get_running_loop()
+        for pid, fd in list(self._pidfds.items()):
+            loop.remove_reader(fd)
+            os.close(fd)
+            self._pidfds.pop(pid)
+        if self._popen is None:
+            return
+        pids = set(self._rank_of_pid) | {self._popen.pid}
+        await asyncio.to_thread(
+            proctree.teardown,
+            pids,
+            term_timeout_s=self.cfg.launch.term_timeout_s,
+            popens=[self._popen],
+        )
+        if self._launcher_rc is None:
+            self._launcher_rc = self._popen.returncode
+
+    def _result(self, outcome: str, diagnostics: str | None) -> AttemptResult:
+        last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
+        hb_timeout = self.hang_timeout_s
+        obs = Observation(
+            exits=tuple(self._exits),
+            reports=tuple(self._reports),
+            launcher_exit=self._launcher_rc,
+            silent_ranks=self._silent,
+            hang_timeout_s=hb_timeout,
+            last_steps=last_steps,
+            stop_reason=self.stop_reason,
+            stderr_tail=launcher.stderr_tail(self.plan.log_dir) if outcome != "succeeded" else "",
+        )
+        detect_s = self._hang_silence_s if outcome == "hang" else None
+        newest = self.tracker.newest_step
+        progressed = newest is not None and (
+            self._started_step is None or newest > self._started_step
+        )
+        stop_step = None
+        if (
+            outcome == "stopped"
+            and self.sync is not None
+            and self.sync.target is not None
+            and (newest is not None and newest >= self.sync.target)
+        ):
+            stop_step = newest
+        return AttemptResult(
+            outcome="failed" if outcome == "hang" else outcome,
+            observation=obs,
+            detect_s=detect_s,
+            diagnostics=diagnostics,
+            progressed=progressed,
+            last_step=max(last_steps.values()) if last_steps else None,
+            stop_step=stop_step,
+            noticed_at=self._noticed_at,
+        )

@@ -1,0 +1,87 @@
+"""The supervisor's view of the checkpoint directory.
+
+Two sources say that a checkpoint was committed: rank 0's CKPT_COMMITTED message (immediate, carries
+the save's duration, works on a shared file system whose changes this node's inotify never sees),
+and a watchdog observer of the directory (sees the atomic rename even when the rank dies before its
+message leaves). Both feed :class:`CommitTracker`, which validates the directory the same way a
+resuming rank will (``worker_sdk.layout``) and reports each step once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from worker_sdk import layout
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    step: int
+    path: Path
+    nbytes: int
+    seconds: float | None
+    source: str  # "sdk" | "watchdog"
+
+
+class CommitTracker:
+    """Deduplicates commits by step and remembers the newest one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        latest = layout.latest(directory)
+        self.newest_step: int | None = latest.step if latest else None
+        self._seen: set[int] = set()
+
+    def observe(self, path: Path, *, seconds: float | None, source: str) -> Commit | None:
+        """A commit to report, or None if already reported or not a valid checkpoint."""
+        m = layout.COMMITTED_RE.match(path.name)
+        if m is None or path.parent != self.directory:
+            return None
+        step = int(m.group(1))
+        if step in self._seen:
+            return None
+        try:
+            info = layout.validate(path)
+        except (layout.CorruptCheckpointError, OSError):
+            return None
+        self._seen.add(step)
+        if self.newest_step is None or step > self.newest_step:
+            self.newest_step = step
+        return Commit(step, path, info.nbytes, seconds, source)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Path]) -> None:
+        self._loop = loop
+        self._queue = queue
+
+    def _offer(self, path: str | bytes) -> None:
+        p = Path(path if isinstance(path, str) else path.decode())
+        if layout.COMMITTED_RE.match(p.name):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, p)
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        self._offer(event.dest_path)
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        self._offer(event.src_path)
+
+
+class DirectoryWatch:
+    """A watchdog observer of one directory (not recursive) feeding an asyncio queue."""
+
+    def __init__(self, directory: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue: asyncio.Queue[Path] = asyncio.Queue()
+        self._observer = Observer()
+        self._observer.daemon = True
+        self._observer.schedule(_Handler(loop, self.queue), str(directory), recursive=False)
+        self._observer.start()
+
+    def close(self) -> None:
+        self._observer.stop()
+        self._observer.join(timeout=5)

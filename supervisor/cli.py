@@ -1,0 +1,202 @@
+"""``rvsup start|validate|status|stop|history JOB.toml``.
+
+Exit codes: 0 success; 2 bad configuration or usage; 3 gave up; 75 (EX_TEMPFAIL) stopped on request,
+preemption or time limit with the job resumable; 1 anything else (``status``/``stop`` without a
+running daemon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import control, history
+from .config import ConfigError, JobConfig, load_config, preflight, render_config
+from .launcher import find_torchrun
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_GAVE_UP = 3
+EXIT_TEMPFAIL = 75
+
+
+def _load(path: str) -> JobConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"rvsup: invalid job file {path}:", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"  {issue.key or '(file)'}: {issue.message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    sys.stdout.write(render_config(cfg))
+    return EXIT_OK
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    issues = preflight(cfg, torchrun=find_torchrun() or "torchrun")
+    if issues:
+        for issue in issues:
+            print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
+        return EXIT_USAGE
+    from .supervisor import AlreadyRunningError, Supervisor
+
+    try:
+        return asyncio.run(Supervisor(cfg, console=None if args.quiet else sys.stderr).run())
+    except AlreadyRunningError as exc:
+        print(f"rvsup: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    try:
+        answer = control.request(cfg.job.run_dir, "status")
+    except control.NotRunningError as exc:
+        rows = _history_rows(cfg)
+        last = rows[-1].outcome if rows else "never started"
+        if args.json:
+            print(json.dumps({"ok": False, "state": "not running", "last_outcome": last}))
+        else:
+            print(f"{cfg.job.name}: not running ({exc}); last attempt: {last}")
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    print(
+        f"{answer['job']}: {answer['state']}, attempt {answer['attempt']}, "
+        f"restarts {answer['restarts_used']}/{answer['max_restarts']}, "
+        f"newest checkpoint step {answer['newest_checkpoint_step']}, "
+        f"hang timeout {_fmt(answer['hang_timeout_s'])}, daemon pid {answer['pid']}"
+    )
+    print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'last step':>9}  {'heartbeat age':>13}  phase")
+    for r in answer["ranks"]:
+        print(
+            f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['last_step']:>9}  "
+            f"{r['heartbeat_age_s']:>12.1f}s  {r['phase'] or ''}"
+        )
+    msgs = answer["messages"]
+    dropped = ", ".join(f"{k}: {v}" for k, v in sorted(msgs["dropped"].items())) or "none"
+    print(f"messages accepted: {msgs['accepted']}; dropped: {dropped}")
+    return EXIT_OK
+
+
+def _fmt(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    try:
+        info = json.loads((cfg.job.run_dir / control.DAEMON_FILE).read_text())
+        answer = control.request(cfg.job.run_dir, "stop")
+    except (control.NotRunningError, OSError, ValueError) as exc:
+        print(f"rvsup: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if not answer.get("ok"):
+        print(f"rvsup: {answer.get('error')}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{cfg.job.name}: stop requested (checkpoint at a common step, then exit)")
+    if args.no_wait:
+        return EXIT_OK
+    deadline = time.monotonic() + cfg.launch.stop_timeout_s + cfg.launch.term_timeout_s + 30
+    pid = int(info["pid"])
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            print(f"rvsup: daemon {pid} is still running", file=sys.stderr)
+            return EXIT_ERROR
+        time.sleep(0.1)
+    events, _ = history.read_events(cfg.job.run_dir / "events.jsonl")
+    stopped = [e for e in events if e.get("event") == "job_stopped"]
+    if stopped:
+        last = stopped[-1]
+        print(f"{cfg.job.name}: stopped; checkpoint step {last.get('step')} {last.get('note', '')}")
+    return EXIT_OK
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _history_rows(cfg: JobConfig) -> list[history.AttemptRow]:
+    events, _ = history.read_events(cfg.job.run_dir / "events.jsonl")
+    return history.attempts(events)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    path = cfg.job.run_dir / "events.jsonl"
+    events, skipped = history.read_events(path)
+    rows = history.attempts(events)
+    if args.json:
+        print(json.dumps(history.rows_to_json(rows), indent=2))
+    elif not rows:
+        print(f"{cfg.job.name}: no attempts recorded in {path}")
+    else:
+        print(history.render_table(rows))
+    if skipped:
+        print(f"rvsup: skipped {skipped} unreadable line(s) of {path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rvsup", description="Fault-tolerant supervisor for PyTorch training."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("job", metavar="JOB.toml", help="the job file")
+        return p
+
+    p = add("start", "run the job in the foreground until it ends")
+    p.add_argument("--quiet", action="store_true", help="no event lines on stderr")
+    p.set_defaults(func=cmd_start)
+    add("validate", "print the resolved configuration or every error").set_defaults(
+        func=cmd_validate
+    )
+    p = add("status", "state, attempt, per-rank last step and heartbeat age")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = add("stop", "checkpoint at a common step, then stop the job (it exits 75)")
+    p.add_argument("--no-wait", action="store_true", help="return once the daemon has the request")
+    p.set_defaults(func=cmd_stop)
+    p = add("history", "one row per attempt")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not Path(args.job).is_file() and args.command != "validate":
+        print(f"rvsup: {args.job}: no such job file", file=sys.stderr)
+        return EXIT_USAGE
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Failure classification: what ended an attempt, as one pure function.
+
+The supervisor collects an :class:`Observation` (rank exits, the SDK's failure reports, the
+launcher's status, silent ranks, the stop it asked for, ...) and :func:`classify` turns it
+into one :class:`Failure`. Nothing here reads a clock or a file.
+
+Precedence, highest first (the first rule that matches wins):
+
+1. ``stop_reason`` set -> ``preempted`` / ``timelimit`` / ``stopped``: the supervisor asked
+   the ranks to stop, so whatever exits follow are the stop, not a failure.
+2. ``lost_nodes`` non-empty -> ``node_failure``: the ranks on a lost node die with it, and
+   the rest of the group fails as a consequence.
+3. Out of memory -> ``oom``: a rank reported ``kind == "oom"``, a rank (or the launcher)
+   exited with :data:`worker_sdk.protocol.EXIT_OOM`, the cgroup counted new host OOM kills,
+   or the ranks' stderr mentions ``OutOfMemoryError`` / ``CUDA out of memory``.
+4. ``silent_ranks`` non-empty -> ``hang``: live ranks without progress past the hang
+   timeout; the ranks that are furthest behind (lowest last step) come first.
+5. Otherwise -> ``crash``: the first rank exit that is non-zero or by a signal is the
+   culprit (a rank that exited 0 while others failed is not); with no failing rank exit
+   at all, the launcher's status is what we know ("launcher exited with code 1").
+
+Exit statuses follow the POSIX shell convention as well: a code ``128 + N`` (from a
+wrapper shell or ``srun``) means "killed by signal N", and a negative launcher status
+``-N`` (Python's ``returncode``) means the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from worker_sdk.protocol import EXIT_OOM, EXIT_SUPERVISOR_LOST, EXIT_SYNC_TIMEOUT
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` for Python 3.10: members are their string values."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = [
+    "Failure",
+    "FailureKind",
+    "Observation",
+    "RankExit",
+    "RankReport",
+    "classify",
+    "deterministic_signature",
+    "signal_name",
+]
+
+OOM_MARKERS: Final = ("OutOfMemoryError", "CUDA out of memory")
+"""Substrings of a rank's stderr that mean it ran out of memory (fallback evidence)."""
+
+_T = TypeVar("_T")
+_SHELL_SIGNAL_BASE: Final = 128
+_MAX_SIGNAL: Final = 64
+_DETAIL_MESSAGE_CHARS: Final = 160
+_EXIT_MEANINGS: Final[Mapping[int, str]] = {
+    EXIT_OOM: "out of memory",
+    EXIT_SUPERVISOR_LOST: "the supervisor disappeared",
+    EXIT_SYNC_TIMEOUT: "a coordinated save timed out",
+}
+
+
+class FailureKind(StrEnum):
+    """Why an attempt ended; the values are the ``kind`` field of ``failure_detected``."""
+
+    CRASH = "crash"
+    OOM = "oom"
+    HANG = "hang"
+    PREEMPTED = "preempted"
+    TIMELIMIT = "timelimit"
+    NODE_FAILURE = "node_failure"
+    STOPPED = "stopped"
+
+
+_STOP_KINDS: Final[Mapping[str, FailureKind]] = {
+    "preempted": FailureKind.PREEMPTED,
+    "timelimit": FailureKind.TIMELIMIT,
+    "stopped": FailureKind.STOPPED,
+}
+_STOP_TEXT: Final[Mapping[str, str]] = {
+    "preempted": "stopped on preemption",
+    "timelimit": "stopped before the time limit",
+    "stopped": "stopped on request",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """One rank's process ended."""
+
+    rank: int | None
+    """The rank, or None if the process never said hello (only its pid is known)."""
+    pid: int
+    exit_code: int | None
+    """The exit status; None if killed by a signal or unknown."""
+    signal: int | None
+    """The number of the signal that killed it, if any."""
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """What a rank said before dying (the SDK's FAILURE message)."""
+
+    rank: int
+    kind: str
+    """``"oom"`` or ``"exception"``."""
+    type: str
+    """The exception's type name, e.g. ``"torch.OutOfMemoryError"``."""
+    message: str
+    step: int
+    """The rank's last finished step (-1 before the first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything the supervisor saw that ended (or is ending) an attempt."""
+
+    exits: tuple[RankExit, ...] = ()
+    """Ranks that ended, in the order seen."""
+    reports: tuple[RankReport, ...] = ()
+    """SDK failure reports during this attempt."""
+    launcher_exit: int | None = None
+    """torchrun's (or srun's) exit status if it ended; negative: ``-signal``."""
+    silent_ranks: tuple[int, ...] = ()
+    """Live ranks without progress past the hang timeout."""
+    hang_timeout_s: float | None = None
+    last_steps: Mapping[int, int] = field(default_factory=dict)
+    """Rank -> last finished step it reported."""
+    stop_reason: str | None = None
+    """``"preempted"`` | ``"timelimit"`` | ``"stopped"`` when a stop was requested."""
+    stderr_tail: str = ""
+    """The last lines of the ranks' stderr (OOM fallback)."""
+    host_oom_kills: int = 0
+    """New ``oom_kill`` count from the cgroup's ``memory.events`` during this attempt."""
+    lost_nodes: tuple[str, ...] = ()
+    """Nodes whose srun task or slurmd went away."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One classified failure, as ``failure_detected`` records it."""
+
+    kind: FailureKind
+    ranks: tuple[int, ...]
+    """Ranks implicated: the first failing (or furthest behind) first, then the others
+    ascending (so that the same failure twice gives the same tuple); may be empty."""
+    exit_codes: tuple[int, ...]
+    """Exit statuses of the implicated ranks that exited with a code, in the order seen."""
+    signals: tuple[str, ...]
+    """Names of the signals that killed implicated ranks, e.g. ``("SIGKILL",)``."""
+    last_step: int | None
+    """The highest last finished step over all ranks (None if none finished a step)."""
+    detail: str
+    """One human sentence, e.g. ``"rank 1 killed by SIGKILL at step 57"``."""
+    nodes: tuple[str, ...] = ()
+
+
+def signal_name(signum: int) -> str:
+    """``9 -> "SIGKILL"``; a number this platform does not name becomes ``"SIG<n>"``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def deterministic_signature(f: Failure) -> tuple[str, tuple[int, ...], int | None]:
+    """``(kind, ranks, last_step)``: equal for two failures that look like the same bug."""
+    return (str(f.kind), f.ranks, f.last_step)
+
+
+def classify(obs: Observation) -> Failure:
+    """Classify what ended an attempt; see the module docstring for the precedence."""
+    last_step = _overall_last_step(obs)
+    if obs.stop_reason is not None:
+        return _stop(obs, last_step)
+    if obs.lost_nodes:
+        return _node_failure(obs, last_step)
+    oom = _oom(obs, last_step)
+    if oom is not None:
+        return oom
+    if obs.silent_ranks:
+        return _hang(obs, last_step)
+    return _crash(obs, last_step)
+
+
+# ---------------------------------------------------------------- one rule each
+
+
+def _stop(obs: Observation, last_step: int | None) -> Failure:
+    reason = obs.stop_reason or ""
+    kind = _STOP_KINDS.get(reason, FailureKind.STOPPED)
+    what = _STOP_TEXT.get(reason, f"stopped ({reason})")
+    return Failure(kind, (), (), (), last_step, f"{what}{_at_step(last_step)}")
+
+
+def _node_failure(obs: Observation, last_step: int | None) -> Failure:
+    lost = set(obs.lost_nodes)
+    on_lost = [e for e in obs.exits if e.node in lost]
+    ranks = list(_stable(_unique(e.rank for e in on_lost if e.rank is not None)))
+    codes, sigs = _codes_and_signals(on_lost)
+    nodes = tuple(_unique(obs.lost_nodes))
+    label = "node" if len(nodes) == 1 else "nodes"
+    detail = f"{label} {', '.join(nodes)} lost"
+    if ranks:
+        detail += f" ({_ranks_text(ranks)})"
+    detail += _at_step(last_step)
+    return Failure(FailureKind.NODE_FAILURE, _stable(ranks), codes, sigs, last_step, detail, nodes)
+
+
+def _oom(obs: Observation, last_step: int | None) -> Failure | None:
+    oom_reports = [r for r in obs.reports if r.kind == "oom"]
+    oom_exits = [e for e in obs.exits if e.exit_code == EXIT_OOM]
+    host_killed = [
+        e for e in obs.exits if obs.host_oom_kills > 0 and _signal_of(e) == signal.SIGKILL
+    ]
+    in_stderr = any(marker in obs.stderr_tail for marker in OOM_MARKERS)
+    launcher_oom = obs.launcher_exit == EXIT_OOM
+    if not (oom_reports or oom_exits or obs.host_oom_kills > 0 or in_stderr or launcher_oom):
+        return None
+    ranks = _unique(
+        [r.rank for r in oom_reports]
+        + [e.rank for e in oom_exits + host_killed if e.rank is not None]
+    )
+    implicated = _unique_exits(oom_exits + host_killed)
+    codes, sigs = _codes_and_signals(implicated)
+    if oom_reports:
+        first = oom_reports[0]
+        where = _step_of(obs, first.rank, fallback=first.step)
+        detail = f"rank {first.rank} ran out of memory{_at_step(where)} ({_summary(first)})"
+    elif oom_exits:
+        first_exit = oom_exits[0]
+        where = _step_of(obs, first_exit.rank, fallback=None)
+        detail = f"{_who(first_exit)} exited with code {EXIT_OOM} (out of memory){_at_step(where)}"
+    elif obs.host_oom_kills > 0:
+        count = obs.host_oom_kills
+        detail = f"the host OOM killer killed {count} process{'es' if count != 1 else ''}"
+        if host_killed:
+            detail += f" ({_who(host_killed[0])} killed by SIGKILL)"
+        detail += _at_step(last_step)
+    elif in_stderr:
+        detail = f"out of memory reported in the ranks' stderr{_at_step(last_step)}"
+    else:
+        detail = f"launcher exited with code {EXIT_OOM} (out of memory){_at_step(last_step)}"
+    return Failure(FailureKind.OOM, _stable(ranks), codes, sigs, last_step, detail)
+
+
+def _hang(obs: Observation, last_step: int | None) -> Failure:
+    ranks = sorted(set(obs.silent_ranks), key=lambda r: (obs.last_steps.get(r, -1), r))
+    behind = ranks[0]
+    step = obs.last_steps.get(behind)
+    waited = f" for {obs.hang_timeout_s:g}s" if obs.hang_timeout_s is not None else ""
+    detail = f"{_ranks_text(ranks)} made no progress{waited}"
+    where = f"at step {step}" if step is not None and step >= 0 else "before its first step"
+    if len(ranks) == 1:
+        detail += f" {where}"
+    else:
+        detail += f"; rank {behind} is furthest behind, {where}"
+    return Failure(FailureKind.HANG, tuple(ranks), (), (), last_step, detail)
+
+
+def _crash(obs: Observation, last_step: int | None) -> Failure:
+    failing = [e for e in obs.exits if _failed(e)]
+    ranks = _unique(e.rank for e in failing if e.rank is not None)
+    codes, sigs = _codes_and_signals(failing)
+    exceptions = {r.rank: r for r in obs.reports if r.kind != "oom"}
+    if failing:
+        culprit = failing[0]
+        where = _step_of(obs, culprit.rank, fallback=None)
+        detail = f"{_who(culprit)} {_how(culprit)}{_at_step(where)}"
+        report = exceptions.get(culprit.rank) if culprit.rank is not None else None
+        if report is not None:
+            detail += f" ({_summary(report)})"
+    elif exceptions:
+        report = next(iter(exceptions.values()))
+        ranks = _unique([report.rank, *exceptions])
+        where = _step_of(obs, report.rank, fallback=report.step)
+        detail = f"rank {report.rank} raised{_at_step(where)} ({_summary(report)})"
+    else:
+        detail = _launcher_text(obs.launcher_exit) + _at_step(last_step)
+    return Failure(FailureKind.CRASH, _stable(ranks), codes, sigs, last_step, detail)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _overall_last_step(obs: Observation) -> int | None:
+    steps = [s for s in obs.last_steps.values() if s >= 0]
+    steps += [r.step for r in obs.reports if r.step >= 0]
+    return max(steps) if steps else None
+
+
+def _signal_of(e: RankExit) -> int | None:
+    """The signal that ended ``e``: explicit, negative status, or a shell-style 128+N."""
+    if e.signal is not None:
+        return e.signal
+    return _signal_from_status(e.exit_code)
+
+
+def _signal_from_status(status: int | None) -> int | None:
+    if status is None:
+        return None
+    if status < 0:
+        return -status
+    if _SHELL_SIGNAL_BASE < status <= _SHELL_SIGNAL_BASE + _MAX_SIGNAL:
+        return status - _SHELL_SIGNAL_BASE
+    return None
+
+
+def _failed(e: RankExit) -> bool:
+    return _signal_of(e) is not None or (e.exit_code is not None and e.exit_code != 0)
+
+
+def _codes_and_signals(exits: Iterable[RankExit]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    codes: list[int] = []
+    sigs: list[str] = []
+    for e in exits:
+        if e.exit_code is not None and e.exit_code >= 0:
+            codes.append(e.exit_code)
+        signum = _signal_of(e)
+        if signum is not None:
+            sigs.append(signal_name(signum))
+    return tuple(codes), tuple(sigs)
+
+
+def _how(e: RankExit) -> str:
+    signum = _signal_of(e)
+    if signum is not None:
+        text = f"killed by {signal_name(signum)}"
+        if e.exit_code is not None and e.exit_code > 0:
+            text += f" (exit code {e.exit_code})"
+        return text
+    if e.exit_code is None:
+        return "ended with an unknown status"
+    meaning = _EXIT_MEANINGS.get(e.exit_code)
+    return f"exited with code {e.exit_code}" + (f" ({meaning})" if meaning else "")
+
+
+def _launcher_text(status: int | None) -> str:
+    if status is None:
+        return "launcher exited without any rank reporting a failure"
+    signum = _signal_from_status(status)
+    if signum is not None:
+        return f"launcher killed by {signal_name(signum)}"
+    return f"launcher exited with code {status}"
+
+
+def _who(e: RankExit) -> str:
+    return f"rank {e.rank}" if e.rank is not None else f"pid {e.pid} (rank unknown)"
+
+
+def _step_of(obs: Observation, rank: int | None, fallback: int | None) -> int | None:
+    step = obs.last_steps.get(rank) if rank is not None else None
+    return step if step is not None else fallback
+
+
+def _at_step(step: int | None) -> str:
+    return f" at step {step}" if step is not None and step >= 0 else ""
+
+
+def _summary(report: RankReport) -> str:
+    message = " ".join(report.message.split())
+    if len(message) > _DETAIL_MESSAGE_CHARS:
+        message = message[: _DETAIL_MESSAGE_CHARS - 3] + "..."
+    return f"{report.type}: {message}" if message else report.type
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    label = "rank" if len(ranks) == 1 else "ranks"
+    return f"{label} {', '.join(str(r) for r in ranks)}"
+
+
+def _unique(items: Iterable[_T]) -> list[_T]:
+    """The items without repeats, in first-seen order."""
+    return list(dict.fromkeys(items))
+
+
+def _stable(ranks: list[int]) -> tuple[int, ...]:
+    """The first rank, then the others ascending: the order of collateral exits varies."""
+    return tuple(ranks[:1]) + tuple(sorted(ranks[1:]))
+
+
+def _unique_exits(exits: list[RankExit]) -> list[RankExit]:
+    seen: dict[int, RankExit] = {}
+    for e in exits:
+        seen.setdefault(e.pid, e)
+    return list(seen.values())

@@ -1,0 +1,69 @@
+"""When silence means a hang: the hang timeout rule (pure).
+
+A rank reports its last finished step with every heartbeat, and with it the longest step it took
+since the previous heartbeat. With ``hang_timeout = "auto"`` the timeout is::
+
+    min(ceiling, max(FLOOR_S, 2 x heartbeat interval + FACTOR x p99(longest steps)))
+
+over the last 256 heartbeats of every rank (FACTOR = 10, FLOOR_S = 5 s, ceiling =
+``hang_timeout_max``, 30 min by default). Before the first finished step, ``startup_timeout``
+applies instead. While a rank writes a checkpoint or is inside ``worker_sdk.phase()`` its silence
+is judged against ``max(timeout, startup_timeout)``: saves and declared phases may be long.
+A configured ``hang_timeout`` replaces the automatic value (the same extensions apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FACTOR = 10.0
+FLOOR_S = 5.0
+PERCENTILE = 0.99
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of a non-empty sequence."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))
+    return ordered[index]
+
+
+def auto_timeout(
+    step_times: Sequence[float], *, interval_s: float, ceiling_s: float
+) -> float | None:
+    """The automatic hang timeout, or None before any step duration was observed."""
+    if not step_times:
+        return None
+    learned = 2 * interval_s + FACTOR * percentile(step_times, PERCENTILE)
+    return min(ceiling_s, max(FLOOR_S, learned))
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """One rank's situation, as the hang check sees it."""
+
+    rank: int
+    silent_s: float  # seconds since its last progress (or since the attempt started)
+    started: bool  # has it finished a step in this attempt?
+    busy: bool  # saving a checkpoint or inside a declared phase
+
+
+def hung_ranks(
+    ranks: Sequence[Silence],
+    *,
+    timeout_s: float | None,
+    startup_timeout_s: float,
+) -> tuple[int, ...]:
+    """Ranks whose silence exceeds what is allowed for their situation."""
+    out = []
+    for r in ranks:
+        if not r.started or timeout_s is None:
+            limit = startup_timeout_s
+        elif r.busy:
+            limit = max(timeout_s, startup_timeout_s)
+        else:
+            limit = timeout_s
+        if r.silent_s > limit:
+            out.append(r.rank)
+    return tuple(out)

@@ -1,0 +1,213 @@
+"""The supervisor's end of the rank channel: a ZeroMQ ROUTER and the per-rank table it feeds.
+
+Every accepted message is stamped with the supervisor's monotonic clock: ranks' clocks are never
+compared. Anything that fails authentication, decoding, the attempt check or the replay check is
+dropped and counted by reason (shown by ``rvsup status``); nothing received is unpickled and no
+message can raise out of :meth:`HeartbeatEndpoint.receive`.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from worker_sdk import protocol as p
+
+_IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
+_STEP_TIMES_KEPT = 256
+
+
+def socket_dir(run_dir: Path) -> Path:
+    """A 0700 directory for the job's IPC sockets: ``<run_dir>/ctl``, or a private temporary one
+    when that path is too long for a Unix socket name."""
+    preferred = run_dir / "ctl"
+    if len(str(preferred / "control.sock")) <= _IPC_PATH_MAX:
+        preferred.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(preferred, 0o700)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="rvsup-"))
+
+
+@dataclass(slots=True)
+class RankState:
+    """What the supervisor knows about one rank of the current attempt."""
+
+    rank: int
+    pid: int
+    host: str
+    identity: bytes
+    hello_t: float
+    resume_step: int = 0
+    last_step: int = -1  # last finished step reported
+    last_progress_t: float = 0.0  # when last_step last grew (or hello)
+    last_seen_t: float = 0.0
+    first_step_t: float | None = None
+    phase: str | None = None
+    saving_since: float | None = None
+    step_times: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=_STEP_TIMES_KEPT)
+    )
+
+    def to_status(self, now: float) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "host": self.host,
+            "last_step": self.last_step,
+            "heartbeat_age_s": round(now - self.last_seen_t, 3),
+            "progress_age_s": round(now - self.last_progress_t, 3),
+            "phase": self.phase,
+        }
+
+
+class RankTable:
+    """Folds accepted messages into per-rank state. Owned by the supervisor."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankState] = {}
+
+    def clear(self) -> None:
+        self.ranks.clear()
+
+    def __iter__(self) -> Iterator[RankState]:
+        return iter(self.ranks.values())
+
+    def observe(self, identity: bytes, msg: p.Message, now: float) -> RankState:
+        """Update the sender's state from one message; returns it."""
+        st = self.ranks.get(msg.rank)
+        if st is None or st.pid != msg.pid:
+            host = str(msg.payload.get("host", "?")) if msg.kind is p.Kind.HELLO else "?"
+            st = RankState(msg.rank, msg.pid, host, identity, now, last_progress_t=now)
+            self.ranks[msg.rank] = st
+        st.identity = identity
+        st.last_seen_t = now
+        if msg.kind is p.Kind.HELLO:
+            st.host = str(msg.payload.get("host", st.host))
+            st.resume_step = msg.step
+            st.last_step = max(st.last_step, msg.step - 1)
+        elif msg.kind in (p.Kind.HEARTBEAT, p.Kind.SYNC, p.Kind.CKPT_COMMITTED, p.Kind.EXITING):
+            if msg.kind is p.Kind.HEARTBEAT and msg.value > 0:
+                st.step_times.append(msg.value)
+            if msg.step > st.last_step:
+                st.last_step = msg.step
+                st.last_progress_t = now
+                if st.first_step_t is None:
+                    st.first_step_t = now
+            if msg.kind is not p.Kind.SYNC:
+                st.saving_since = None
+        elif msg.kind is p.Kind.CKPT_BEGIN:
+            st.saving_since = now
+        elif msg.kind is p.Kind.PHASE:
+            st.phase = str(msg.payload.get("name")) if msg.payload.get("begin") else None
+            st.last_progress_t = now  # entering or leaving a phase is a sign of life
+        return st
+
+    def step_times(self) -> list[float]:
+        """Every recent per-heartbeat longest-step duration, over all ranks."""
+        return [t for st in self.ranks.values() for t in st.step_times]
+
+
+class HeartbeatEndpoint:
+    """The bound ROUTER socket; ``endpoint`` is what ranks connect to."""
+
+    def __init__(self, secret: bytes, *, sock_dir: Path, tcp: bool) -> None:
+        self._key = secret
+        self.attempt = 0
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.accepted = 0
+        self._last_seq: dict[tuple[int, int], int] = {}
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 * p.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        if tcp:
+            sock.bind("tcp://0.0.0.0:0")
+            bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+            assert isinstance(bound, bytes)
+            port = bound.decode().rsplit(":", 1)[1]
+            self.endpoint = f"tcp://{_routable_host()}:{port}"
+        else:
+            path = sock_dir / "hb.sock"
+            sock.bind(f"ipc://{path}")
+            os.chmod(path, 0o600)
+            self.endpoint = f"ipc://{path}"
+        self._sock = sock
+
+    def new_attempt(self, attempt: int) -> None:
+        self.attempt = attempt
+        self._last_seq.clear()
+
+    async def receive(self) -> tuple[bytes, p.Message]:
+        """Wait for the next acceptable message, dropping and counting the rest."""
+        while True:
+            frames = await self._sock.recv_multipart(copy=True)
+            checked = self._check(frames)
+            if checked is not None:
+                return checked
+
+    def _check(self, frames: list[bytes]) -> tuple[bytes, p.Message] | None:
+        if len(frames) != 2:
+            self.dropped["malformed"] += 1
+            return None
+        identity, frame = frames
+        try:
+            msg = p.decode(self._key, frame)
+        except p.BadMessageError as exc:
+            self.dropped[exc.reason] += 1
+            return None
+        if msg.kind >= p.Kind.SYNC_REQUEST:
+            self.dropped["wrong direction"] += 1
+            return None
+        if msg.attempt != self.attempt:
+            self.dropped["other attempt"] += 1
+            return None
+        sender = (msg.rank, msg.pid)
+        if msg.seq <= self._last_seq.get(sender, 0):
+            self.dropped["replayed"] += 1
+            return None
+        self._last_seq[sender] = msg.seq
+        self.accepted += 1
+        return identity, msg
+
+    def send(
+        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
+    ) -> None:
+        """Send to one rank; never blocks (a full or vanished peer drops the message)."""
+        frame = p.encode(
+            self._key,
+            kind,
+            rank=rank,
+            attempt=self.attempt,
+            pid=os.getpid(),
+            seq=0,
+            step=step,
+            flags=flags,
+        )
+        try:
+            self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped["send failed"] += 1
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def _routable_host() -> str:
+    """An address of this host that other nodes of the allocation can reach."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name

@@ -1,0 +1,183 @@
+"""Builds the torchrun (or srun + torchrun) command line and environment of one attempt, and starts it.
+
+torchrun is started in a session of its own with the parent-death signal armed (SIGKILL when the
+supervisor dies), and it runs every rank through ``worker_sdk._bootstrap``, which arms the same
+signal before exec'ing the user's command: killing the supervisor with SIGKILL takes the whole tree
+with it. torchrun never restarts anything itself (``--max-restarts=0``): the supervisor decides.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from worker_sdk import protocol as p
+
+from .config import JobConfig
+
+if TYPE_CHECKING:
+    from .slurm import Allocation
+
+_CHILD_ENV_DROP = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything needed to start one attempt."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+    log_dir: Path
+    nnodes: int
+    nproc_per_node: int
+
+
+def find_torchrun() -> str | None:
+    """torchrun next to this Python first (the job's virtualenv), then on PATH."""
+    here = Path(sys.executable).parent / "torchrun"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("torchrun")
+
+
+def visible_gpus(env: Mapping[str, str]) -> int:
+    """GPUs this node exposes, without importing torch (0 when none)."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
+    return len(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+def resolve_sizes(
+    cfg: JobConfig, alloc: Allocation | None, env: Mapping[str, str]
+) -> tuple[int, int]:
+    """(nnodes, nproc_per_node) with "auto" resolved from the allocation and the GPUs visible."""
+    nnodes = cfg.launch.nnodes or (len(alloc.nodes) if alloc is not None else 1)
+    nproc = cfg.launch.nproc_per_node
+    if nproc is None:
+        gpus = visible_gpus(env) or (alloc.gpus_per_node or 0 if alloc is not None else 0)
+        nproc = gpus or 1
+    return nnodes, nproc
+
+
+def build_plan(
+    cfg: JobConfig,
+    *,
+    attempt: int,
+    torchrun: str,
+    rank_env: Mapping[str, str],
+    alloc: Allocation | None = None,
+    rdzv_port: int = 29400,
+    base_env: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """The command line and environment of attempt ``attempt``."""
+    env = dict(os.environ if base_env is None else base_env)
+    for key in _CHILD_ENV_DROP:
+        env.pop(key, None)
+    env.update(cfg.job.env)
+    env.update(rank_env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    nnodes, nproc = resolve_sizes(cfg, alloc, env)
+    log_dir = cfg.job.run_dir / "logs" / f"attempt-{attempt}"
+    tr = [torchrun, f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.5"]
+    if nnodes == 1:
+        tr.append("--standalone")
+    else:
+        assert alloc is not None, "several nodes need a Slurm allocation"
+        tr += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={alloc.nodes[0]}:{rdzv_port}",
+            f"--rdzv-id={cfg.job.name}-{attempt}",
+        ]
+    tr += [f"--log-dir={log_dir}", "--redirects=3", "--tee=3", *cfg.launch.torchrun_args]
+    tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *cfg.job.command]
+    argv = tr
+    if nnodes > 1 and alloc is not None:
+        from .slurm import srun_argv
+
+        argv = srun_argv(alloc, tr, job_name=cfg.job.name)
+    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc)
+
+
+def rank_environment(
+    cfg: JobConfig,
+    *,
+    attempt: int,
+    endpoint: str,
+    secret_file: Path,
+    diagnostics_dir: Path,
+    last_failure: str | None,
+    oom_count: int,
+    restarts_used: int,
+) -> dict[str, str]:
+    """The RVSUP_* variables every rank sees (the contract in worker_sdk.protocol)."""
+    ck = cfg.checkpoint
+    env = {
+        p.ENV_ENDPOINT: endpoint,
+        p.ENV_SECRET_FILE: str(secret_file),
+        p.ENV_JOB: cfg.job.name,
+        p.ENV_ATTEMPT: str(attempt),
+        p.ENV_RUN_DIR: str(cfg.job.run_dir),
+        p.ENV_CHECKPOINT_DIR: str(cfg.job.checkpoint_dir),
+        p.ENV_CKPT_EVERY_STEPS: str(ck.every_steps),
+        p.ENV_KEEP_LAST: str(ck.keep_last),
+        p.ENV_HEARTBEAT_INTERVAL: repr(cfg.heartbeat.interval_s),
+        p.ENV_SUPERVISOR_PID: str(os.getpid()),
+        p.ENV_DIAGNOSTICS_DIR: str(diagnostics_dir),
+        p.ENV_DUMP_SIGNAL: str(int(signal.SIGUSR2)),
+        p.ENV_OOM_COUNT: str(oom_count),
+        p.ENV_RESTART_COUNT: str(restarts_used),
+    }
+    if last_failure:
+        env[p.ENV_LAST_FAILURE] = last_failure
+    return env
+
+
+def spawn(plan: LaunchPlan) -> subprocess.Popen[bytes]:
+    """Start the attempt in a new session, through the bootstrap so that it dies with us.
+
+    Call it from the supervisor's main thread: the parent-death signal fires when the thread that
+    forked the child exits.
+    """
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker_sdk._bootstrap", *plan.argv],
+        env=dict(plan.env),
+        cwd=plan.cwd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def stderr_tail(log_dir: Path, *, max_bytes: int = 8192) -> str:
+    """The end of every rank's stderr log of an attempt (OOM evidence when the SDK could not say)."""
+    parts: list[str] = []
+    for path in sorted(log_dir.glob("**/stderr.log")):
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                parts.append(f.read().decode(errors="replace"))
+        except OSError:
+            continue
+    return "\n".join(parts)
+
+
+def parse_command(argv: Sequence[str]) -> str:
+    """The attempt's command line as one shell-quoted string (for the history)."""
+    import shlex
+
+    return shlex.join(argv)

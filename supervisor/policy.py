@@ -1,0 +1,236 @@
+"""Restart policy: what to do after an attempt ended, as one pure function.
+
+:func:`decide` takes the job's history *before* the attempt that just ended, the
+classified :class:`~supervisor.failures.Failure`, the configured :class:`RestartPolicy`,
+whether the attempt committed a new checkpoint, and a random number drawn by the caller
+(so that the function stays pure), and returns a :data:`Decision`:
+
+- ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
+  budget, even when the budget is spent.
+- ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
+  -> :class:`GiveUp`.
+- Anything else is a charged restart, unless the budget is spent
+  (``restarts_used >= max_restarts``) or the attempt made no progress and would be the
+  ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns this check
+  off); then :class:`GiveUp`.
+
+The delay before a restart grows exponentially with the restarts already charged and is
+capped; see :func:`backoff_s`. :meth:`JobHistory.after` folds one more attempt into the
+history with the same rules, so the supervisor and the tests share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from supervisor.failures import Failure, FailureKind, deterministic_signature
+
+__all__ = [
+    "Decision",
+    "GiveUp",
+    "JobHistory",
+    "PastAttempt",
+    "Requeue",
+    "Restart",
+    "RestartPolicy",
+    "backoff_s",
+    "decide",
+    "deterministic_text",
+    "next_no_progress_streak",
+]
+
+_ON_FAILURE_CHOICES: Final = ("restart", "fail")
+_NEVER_CHARGED: Final = frozenset(
+    {FailureKind.PREEMPTED, FailureKind.TIMELIMIT, FailureKind.STOPPED}
+)
+_DETERMINISTIC_KINDS: Final = frozenset({FailureKind.CRASH, FailureKind.OOM})
+_MAX_DOUBLINGS: Final = 64  # past this the cap applies anyway; avoids float overflow
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """The ``[restart]`` table of job.toml, durations in seconds."""
+
+    max_restarts: int
+    """Charged restarts allowed for the whole job, across allocations."""
+    backoff_s: float
+    """Delay before the first restart; doubled for each charged restart already used."""
+    backoff_max_s: float
+    """Cap on the delay."""
+    max_no_progress: int
+    """Give up at this many charged attempts in a row without a new checkpoint (0: never)."""
+    on_oom: str = "restart"
+    """``"restart"`` or ``"fail"``."""
+    on_node_failure: str = "restart"
+    """``"restart"`` or ``"fail"``."""
+
+    def __post_init__(self) -> None:
+        """Reject values that make no sense (the config layer reports them per key first)."""
+        if self.max_restarts < 0 or self.max_no_progress < 0:
+            raise ValueError("max_restarts and max_no_progress must be >= 0")
+        if self.backoff_s < 0 or self.backoff_max_s < 0:
+            raise ValueError("backoff_s and backoff_max_s must be >= 0")
+        for name in ("on_oom", "on_node_failure"):
+            if getattr(self, name) not in _ON_FAILURE_CHOICES:
+                raise ValueError(f'{name} must be "restart" or "fail"')
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Start the next attempt after ``after_s`` seconds."""
+
+    after_s: float
+    charged: bool
+    """The restart uses one from the budget."""
+    restarts_left: int
+    """Restarts left in the budget after this one."""
+    deterministic: bool
+    """The previous charged attempt failed the same way (same kind, ranks and step)."""
+    note: str
+    """One human sentence for the log, e.g. ``"restart 2 of 5 in 9.1s"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """End the job: exit 3."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Stop this allocation and let Slurm requeue it (or just stop: exit 75)."""
+
+    reason: str
+    """The failure kind: ``"preempted"``, ``"timelimit"`` or ``"stopped"``."""
+
+
+Decision: TypeAlias = Restart | GiveUp | Requeue
+
+
+@dataclass(frozen=True, slots=True)
+class PastAttempt:
+    """One finished attempt of this job, as the history records it."""
+
+    failure: Failure | None
+    """What ended it; None if it succeeded (or nothing was classified)."""
+    charged: bool
+    """It used one restart from the budget."""
+    progressed: bool
+    """A checkpoint newer than any before it was committed during the attempt."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobHistory:
+    """What :func:`decide` needs to know about the attempts before the one that just ended."""
+
+    attempts: tuple[PastAttempt, ...] = ()
+    restarts_used: int = 0
+    no_progress_streak: int = 0
+    """Charged attempts in a row, most recent last, that committed no new checkpoint."""
+    oom_count: int = 0
+
+    def after(
+        self, failure: Failure | None, decision: Decision | None, progressed: bool
+    ) -> JobHistory:
+        """This history with one more finished attempt folded in (``decision`` None: no
+        decision was taken, e.g. the attempt succeeded)."""
+        charged = isinstance(decision, Restart) and decision.charged
+        is_oom = failure is not None and failure.kind == FailureKind.OOM
+        return JobHistory(
+            attempts=(*self.attempts, PastAttempt(failure, charged, progressed)),
+            restarts_used=self.restarts_used + int(charged),
+            no_progress_streak=next_no_progress_streak(
+                self.no_progress_streak, charged=charged, progressed=progressed
+            ),
+            oom_count=self.oom_count + int(is_oom),
+        )
+
+    def last_charged_failure(self) -> Failure | None:
+        """The failure of the most recent charged attempt, if any."""
+        for past in reversed(self.attempts):
+            if past.charged:
+                return past.failure
+        return None
+
+
+def next_no_progress_streak(streak: int, *, charged: bool, progressed: bool) -> int:
+    """The streak after one more attempt: reset by progress, grown by a charged attempt."""
+    if progressed:
+        return 0
+    return streak + 1 if charged else streak
+
+
+def backoff_s(n: int, policy: RestartPolicy, jitter: float) -> float:
+    """The delay before a restart when ``n`` charged restarts were already used.
+
+    ``d = min(backoff_max_s, backoff_s * 2**n)``; the delay is ``d/2 + jitter * d/2``:
+    random like "full jitter" (restarts of many jobs spread out) but never below ``d/2``.
+    ``jitter`` is drawn by the caller from [0, 1).
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be in [0, 1), not {jitter}")
+    grown = policy.backoff_s * 2.0**n if n < _MAX_DOUBLINGS else float("inf")
+    d = min(policy.backoff_max_s, grown)
+    return d / 2 + jitter * d / 2
+
+
+def deterministic_text(f: Failure) -> str:
+    """``"deterministic: rank 1 fails at step 30 every time"``."""
+    who = f"rank {f.ranks[0]}" if f.ranks else "the launch"
+    what = "runs out of memory" if f.kind == FailureKind.OOM else "fails"
+    when = f"at step {f.last_step}" if f.last_step is not None else "before its first step"
+    return f"deterministic: {who} {what} {when} every time"
+
+
+def decide(
+    history: JobHistory,
+    failure: Failure,
+    policy: RestartPolicy,
+    *,
+    progressed: bool,
+    jitter: float,
+) -> Decision:
+    """What to do after the attempt that ended with ``failure`` (module docstring: rules)."""
+    if failure.kind in _NEVER_CHARGED:
+        return Requeue(str(failure.kind))
+    previous = history.last_charged_failure()
+    deterministic = (
+        failure.kind in _DETERMINISTIC_KINDS
+        and previous is not None
+        and deterministic_signature(previous) == deterministic_signature(failure)
+    )
+    suffix = f" ({deterministic_text(failure)})" if deterministic else ""
+    if failure.kind == FailureKind.OOM and policy.on_oom == "fail":
+        return GiveUp(f'out of memory and restart.on_oom = "fail"{suffix}')
+    if failure.kind == FailureKind.NODE_FAILURE and policy.on_node_failure == "fail":
+        return GiveUp(f'node failure and restart.on_node_failure = "fail"{suffix}')
+    if history.restarts_used >= policy.max_restarts:
+        used = f"{history.restarts_used} of {policy.max_restarts}"
+        noun = _plural(policy.max_restarts, "restart")
+        return GiveUp(f"restart budget spent: {used} {noun} used{suffix}")
+    streak = history.no_progress_streak + 1
+    if not progressed and policy.max_no_progress > 0 and streak >= policy.max_no_progress:
+        return GiveUp(
+            f"no progress: {streak} {_plural(streak, 'restart')} in a row without a new checkpoint"
+            f"{suffix}"
+        )
+    delay = backoff_s(history.restarts_used, policy, jitter)
+    number = history.restarts_used + 1
+    note = f"restart {number} of {policy.max_restarts} in {delay:.1f}s after {failure.kind}"
+    if deterministic:
+        note += f"; {deterministic_text(failure)}"
+    return Restart(
+        after_s=delay,
+        charged=True,
+        restarts_left=policy.max_restarts - number,
+        deterministic=deterministic,
+        note=note,
+    )
+
+
+def _plural(count: int, noun: str) -> str:
+    return noun if count == 1 else f"{noun}s"

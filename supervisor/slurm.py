@@ -1,0 +1,391 @@
+"""The Slurm allocation this process runs in, and the Slurm commands the supervisor uses.
+
+- :func:`detect` reads the allocation from the environment Slurm gives a batch script (or a
+  ``salloc`` shell, or an ``srun`` task): job id, node list, this node, tasks, GPUs and CPUs
+  per node, how often the job was requeued.
+- :func:`time_left_s`, :func:`job_info`, :func:`is_requeueable` and :func:`requeue` ask the
+  controller (``squeue``, ``scontrol``). Every command runs as a subprocess with a timeout;
+  failures that are transient (the controller is busy, restarting or unreachable, a socket
+  timed out, or the command ran past its timeout) are retried with exponential back-off by
+  tenacity, a few times; any other failure raises :class:`SlurmError` at once, with the
+  command's stderr.
+- :func:`srun_argv` builds the one ``srun`` step that runs torchrun once on every node; see its
+  docstring for each flag and for how to tear the step down. :func:`step_ids`,
+  :func:`signal_step` and :func:`cancel_step` act on that step by its name.
+- :func:`expand_hostlist`, :func:`expand_counts` and :func:`parse_time_left` are pure parsers of
+  Slurm's compact notations.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+__all__ = [
+    "Allocation",
+    "SlurmError",
+    "cancel_step",
+    "detect",
+    "expand_counts",
+    "expand_hostlist",
+    "is_requeueable",
+    "job_info",
+    "parse_time_left",
+    "requeue",
+    "signal_step",
+    "srun_argv",
+    "step_ids",
+    "time_left_s",
+]
+
+#: Seconds one Slurm command may take before it counts as a (transient) failure.
+COMMAND_TIMEOUT_S: Final = 30.0
+#: How many times a command that fails transiently is tried in all.
+COMMAND_ATTEMPTS: Final = 4
+#: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
+_BATCH_STEP_IDS: Final = frozenset({"batch", "4294967294"})
+# stderr fragments of failures that go away when the command is tried again a little later.
+_TRANSIENT_ERRORS: Final = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "connection refused",
+    "connection reset",
+    "zero bytes were transmitted or received",
+    "resource temporarily unavailable",
+    "communication connection failure",
+    "slurm_receive_msg",
+    "backup controller in standby mode",
+    "controller in standby",
+)
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; ``stderr`` says why, ``transient`` whether a retry may help."""
+
+    def __init__(self, argv: Sequence[str], detail: str, *, transient: bool = False) -> None:
+        super().__init__(f"{' '.join(argv)}: {detail.strip() or 'failed without a message'}")
+        self.argv = tuple(argv)
+        self.stderr = detail.strip()
+        self.transient = transient
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The Slurm job this process belongs to, as seen from this node."""
+
+    job_id: str  #: SLURM_JOB_ID (for an array task: its own id, which scontrol accepts)
+    nodes: tuple[str, ...]  #: every node of the job, in Slurm's order (node rank order)
+    this_node: str  #: SLURMD_NODENAME, else the short host name (a salloc shell)
+    tasks_per_node: int | None  #: tasks Slurm planned on this node, if it says
+    gpus_per_node: int | None  #: GPUs of the job on this node, if any were requested
+    cpus_on_node: int | None  #: CPUs of the job (or step) on this node
+    restart_count: int  #: times the job was requeued (SLURM_RESTART_COUNT), 0 at first
+    in_batch_step: bool  #: this process is the batch script's, not an srun task's or salloc's
+
+
+def _run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+    """Run one Slurm command once and return its stdout; raise :class:`SlurmError` if it fails."""
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(argv, f"no answer within {timeout_s:g} s", transient=True) from None
+    except OSError as error:
+        raise SlurmError(argv, str(error)) from error
+    if done.returncode != 0:
+        lowered = done.stderr.lower()
+        transient = any(fragment in lowered for fragment in _TRANSIENT_ERRORS)
+        raise SlurmError(argv, done.stderr or f"exit status {done.returncode}", transient=transient)
+    return done.stdout
+
+
+def _run_retrying(argv: Sequence[str]) -> str:
+    """:func:`_run`, retried with exponential back-off while the failure is transient."""
+    retrying = Retrying(
+        retry=retry_if_exception(lambda error: isinstance(error, SlurmError) and error.transient),
+        stop=stop_after_attempt(COMMAND_ATTEMPTS),
+        wait=wait_exponential(multiplier=0.5, max=8.0),
+        reraise=True,
+    )
+    return retrying(_run, argv)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None or not text.strip().isdigit():
+        return None
+    return int(text)
+
+
+def detect(env: Mapping[str, str] | None = None) -> Allocation | None:
+    """The allocation described by ``env`` (default: this process's environment).
+
+    Returns None outside Slurm (no SLURM_JOB_ID). The node list is expanded by
+    ``scontrol show hostnames`` (Slurm's own parser) and by :func:`expand_hostlist` when scontrol
+    is missing or fails.
+    """
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    this_node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    nodes = _hostnames(nodelist) if nodelist else (this_node,)
+    step_id = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    return Allocation(
+        job_id=job_id,
+        nodes=nodes,
+        this_node=this_node,
+        tasks_per_node=_tasks_on_node(env, nodes, this_node),
+        gpus_per_node=_gpus_on_node(env),
+        cpus_on_node=_int_or_none(env.get("SLURM_CPUS_ON_NODE")),
+        restart_count=_int_or_none(env.get("SLURM_RESTART_COUNT")) or 0,
+        # slurmstepd sets SLURMD_NODENAME for the batch script and for srun tasks, not for a
+        # salloc shell; the batch script has no step id (or the batch one), srun tasks a number.
+        in_batch_step="SLURMD_NODENAME" in env and (step_id is None or step_id in _BATCH_STEP_IDS),
+    )
+
+
+def _hostnames(nodelist: str) -> tuple[str, ...]:
+    try:
+        names = tuple(_run(["scontrol", "show", "hostnames", nodelist], timeout_s=10.0).split())
+    except SlurmError:
+        names = ()
+    return names or expand_hostlist(nodelist)
+
+
+def _tasks_on_node(env: Mapping[str, str], nodes: Sequence[str], this_node: str) -> int | None:
+    per_node = _int_or_none(env.get("SLURM_NTASKS_PER_NODE"))
+    if per_node is not None:
+        return per_node
+    try:
+        counts = expand_counts(env.get("SLURM_TASKS_PER_NODE", ""))
+    except ValueError:
+        return None
+    if this_node in nodes and len(counts) == len(nodes):
+        return counts[nodes.index(this_node)]
+    return counts[0] if counts and len(set(counts)) == 1 else None
+
+
+def _gpus_on_node(env: Mapping[str, str]) -> int | None:
+    on_node = _int_or_none(env.get("SLURM_GPUS_ON_NODE"))
+    if on_node is not None:
+        return on_node
+    # --gpus-per-node=[type:]count[,[type:]count...]
+    per_node = env.get("SLURM_GPUS_PER_NODE")
+    if not per_node:
+        return None
+    counts = [_int_or_none(part.rpartition(":")[2]) for part in per_node.split(",")]
+    return None if None in counts else sum(count or 0 for count in counts)
+
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def expand_hostlist(nodelist: str) -> tuple[str, ...]:
+    """Expand Slurm's compact host list: "node[1-3,5],gpu07" -> node1 node2 node3 node5 gpu07.
+
+    Zero padding is kept ("n[08-10]" -> n08 n09 n10); several bracket groups in one name expand
+    left to right ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2). Raises ValueError for malformed text.
+    """
+    names: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        names.extend(_expand_item(item))
+    return tuple(names)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets."""
+    items, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:position])
+            start = position + 1
+        if depth not in (0, 1):
+            raise ValueError(f"unbalanced brackets in host list {text!r}")
+    if depth:
+        raise ValueError(f"unbalanced brackets in host list {text!r}")
+    items.append(text[start:])
+    if any(not item.strip() for item in items):
+        raise ValueError(f"empty name in host list {text!r}")
+    return [item.strip() for item in items]
+
+
+def _expand_item(item: str) -> list[str]:
+    opening = item.find("[")
+    if opening < 0:
+        if "]" in item:
+            raise ValueError(f"unbalanced brackets in host name {item!r}")
+        return [item]
+    closing = item.index("]", opening)
+    prefix, ranges, rest = item[:opening], item[opening + 1 : closing], item[closing + 1 :]
+    numbers: list[str] = []
+    for part in ranges.split(","):
+        match = _RANGE.fullmatch(part.strip())
+        if match is None:
+            raise ValueError(f"bad range {part!r} in host name {item!r}")
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low):
+            raise ValueError(f"descending range {part!r} in host name {item!r}")
+        width = len(low) if low.startswith("0") else 0
+        numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    tails = _expand_item(rest) if rest else [""]
+    return [f"{prefix}{number}{tail}" for number in numbers for tail in tails]
+
+
+_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def expand_counts(text: str) -> tuple[int, ...]:
+    """Expand Slurm's per-node counts: "2(x3),1" -> (2, 2, 2, 1). Raises ValueError if malformed."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _COUNT.fullmatch(part.strip())
+        if match is None:
+            raise ValueError(f"bad per-node count {part!r} in {text!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return tuple(counts)
+
+
+_TIME_LEFT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?:(\d+)")
+
+
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` text, or None when there is no usable limit.
+
+    squeue prints "M:SS", "H:MM:SS" or "D-HH:MM:SS"; "UNLIMITED" (no limit), "NOT_SET" (no limit
+    yet) and "INVALID" (time left below zero or above a year) give None, as does anything else.
+    """
+    match = _TIME_LEFT.fullmatch(text.strip())
+    if match is None:
+        return None
+    days, first, second, last = match.groups()
+    if days is not None and second is None:
+        return None  # "1-02:03" is not a format squeue prints
+    hours, minutes = (int(first), int(second)) if second is not None else (0, int(first))
+    return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + int(last))
+
+
+def time_left_s(job_id: str) -> float | None:
+    """Seconds until the job's time limit (squeue %L); None without a limit or once it ended."""
+    return parse_time_left(_run_retrying(["squeue", "-h", "-j", job_id, "-o", "%L"]))
+
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o ID`` as a dict (JobState, Requeue, Restarts, TimeLimit, EndTime, ...).
+
+    A value may contain spaces (JobName, Command): it runs up to the next ``Key=``.
+    """
+    lines = _run_retrying(["scontrol", "show", "job", "-o", job_id]).splitlines()
+    wanted = [line for line in lines if line.startswith(f"JobId={job_id} ")]
+    line = (wanted or lines or [""])[0]
+    fields = list(_FIELD.finditer(line))
+    info: dict[str, str] = {}
+    for index, field in enumerate(fields):
+        end = fields[index + 1].start() if index + 1 < len(fields) else len(line)
+        info[field.group(1)] = line[field.end() : end].strip()
+    return info
+
+
+def is_requeueable(job_id: str) -> bool:
+    """Whether Slurm may requeue the job (``Requeue=1``: sbatch --requeue or JobRequeue=1)."""
+    return job_info(job_id).get("Requeue") == "1"
+
+
+def requeue(job_id: str) -> None:
+    """``scontrol requeue ID``: Slurm ends the job (SIGTERM, KillWait, SIGKILL to everything,
+    the batch script included) and queues it again; it restarts with SLURM_RESTART_COUNT + 1.
+    Raises :class:`SlurmError` with scontrol's message if Slurm refuses."""
+    _run_retrying(["scontrol", "requeue", job_id])
+
+
+def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list[str]:
+    """The srun command that runs ``inner`` once on every node of ``alloc``, as one job step.
+
+    Each task learns its node rank from SLURM_NODEID (0..N-1, in :attr:`Allocation.nodes`
+    order; SLURM_PROCID is the same here). The flags, and why:
+
+    - ``--nodes=N --ntasks=N --ntasks-per-node=1``: one task per node, on all nodes; torchrun
+      starts the ranks of its node itself.
+    - ``--cpus-per-task=C`` (C = the job's CPUs on this node): torchrun's ranks need every CPU
+      of the node. srun alone would give the step all of them, but an inherited
+      SRUN_CPUS_PER_TASK (22.05) or SLURM_CPUS_PER_TASK (23.11+) shrinks the step to that many
+      CPUs; a command-line value wins. Assumes every node has the same CPUs, as torchrun does.
+    - ``--gpus-per-node=G`` (G = the job's GPUs on this node): otherwise a job submitted with
+      ``--gpus-per-task=1 --ntasks-per-node=8`` hands this one-task step one GPU per node.
+    - ``--overlap``: share CPUs, memory and GPUs with other steps of the job. Without it the
+      step waits, maybe forever, while any other step holds them: the previous attempt's step
+      still completing, or a step the user started (say ``srun rvsup start ...``).
+    - ``--kill-on-bad-exit=1``: one task ending non-zero kills the step on every node, so the
+      other nodes do not sit in a collective until the hang timeout (whatever the cluster's
+      KillOnBadExit).
+    - ``--export=ALL``: the tasks get this environment even when the job was submitted with
+      ``--export=NONE`` (which leaves SLURM_EXPORT_ENV=NONE behind for srun to obey).
+    - ``--mpi=none``: torchrun does its own rendezvous; skip the cluster's MpiDefault (PMIx)
+      set-up and its failure modes.
+    - ``--job-name``: names the step, to find it again (:func:`step_ids`) and in accounting.
+
+    Tearing the step down (measured on Slurm 22.05):
+
+    - SIGTERM, SIGHUP or SIGQUIT to srun is not forwarded: srun answers it by SIGKILLing every
+      task on every node at once ("forcing job termination") and exits (status 137). Use it
+      for the hard stop. SIGKILL to srun also ends the step: slurmstepd kills the tasks once
+      srun's connection is gone.
+    - For a graceful stop, signal the tasks, not srun: ``signal_step(step, "TERM")`` (scancel
+      --signal) delivers SIGTERM to the task on every node and nothing else; srun forwards
+      other signals (USR1, USR2, ...) to every task as they are.
+    - ``cancel_step(step)`` (scancel STEP) ends a step whose srun is gone; the tasks get
+      SIGTERM and soon SIGKILL.
+    """
+    count = len(alloc.nodes)
+    argv = [
+        "srun",
+        f"--nodes={count}",
+        f"--ntasks={count}",
+        "--ntasks-per-node=1",
+    ]
+    if alloc.cpus_on_node:
+        argv.append(f"--cpus-per-task={alloc.cpus_on_node}")
+    if alloc.gpus_per_node:
+        argv.append(f"--gpus-per-node={alloc.gpus_per_node}")
+    argv += [
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--mpi=none",
+        f"--job-name={job_name}",
+        "--",
+        *inner,
+    ]
+    return argv
+
+
+def step_ids(job_id: str, job_name: str) -> tuple[str, ...]:
+    """Ids ("JOB.STEP") of the job's live steps named ``job_name``."""
+    out = _run_retrying(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
+    pairs = (line.split(maxsplit=1) for line in out.splitlines())
+    return tuple(pair[0] for pair in pairs if len(pair) == 2 and pair[1].strip() == job_name)
+
+
+def signal_step(step_id: str, signal_name: str) -> None:
+    """Send a signal ("TERM", "USR1", ...) to every task of the step; the step is not ended."""
+    _run_retrying(["scancel", f"--signal={signal_name}", step_id])
+
+
+def cancel_step(step_id: str) -> None:
+    """End the step on every node (SIGTERM, then SIGKILL)."""
+    _run_retrying(["scancel", step_id])

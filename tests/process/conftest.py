@@ -1,0 +1,20 @@
+"""Shared fixtures of the process tests: an uninterrupted reference run of the trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness import rvsup, write_job
+
+
+@pytest.fixture(scope="session")
+def reference_final(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The final state of an uninterrupted 60-step run under rvsup (checkpoint every 10 steps)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    final = tmp / "final.pt"
+    job = write_job(tmp, env={"FINAL": str(final)})
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    return final

@@ -1,0 +1,177 @@
+"""Helpers for the process tests: write a job, run ``rvsup`` for real, read its history."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+TRAINER = Path(__file__).with_name("trainer.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_job(
+    tmp: Path,
+    *,
+    name: str = "toy",
+    total: int = 60,
+    env: Mapping[str, str] | None = None,
+    checkpoint: str = "every_steps = 10",
+    heartbeat: str = 'interval = "0.2s"\nstartup_timeout = "60s"',
+    restart: str = 'max_restarts = 3\nbackoff = "0.1s"\nbackoff_max = "1s"',
+    launch: str = 'term_timeout = "3s"\nstop_timeout = "30s"',
+) -> Path:
+    """A job.toml running the fault-switch trainer on 2 ranks."""
+    job_env = {"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})}
+    env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in job_env.items())
+    text = f"""
+[job]
+name = "{name}"
+command = [{json.dumps(sys.executable)}, {json.dumps(str(TRAINER))}]
+run_dir = "run"
+checkpoint_dir = "ckpt"
+env = {{ {env_toml} }}
+
+[launch]
+nproc_per_node = 2
+{launch}
+
+[checkpoint]
+{checkpoint}
+
+[heartbeat]
+{heartbeat}
+
+[restart]
+{restart}
+"""
+    path = tmp / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def rvsup_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def rvsup(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run an rvsup command to completion (killed at the timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        env=rvsup_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def running(job: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    """``rvsup start JOB`` in the background; always killed (whole tree) on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "start", str(job), *extra],
+        env=rvsup_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        kill_tree(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=10)
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=10)
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def named(evs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in evs if e["event"] == name]
+
+
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def status(job: Path) -> dict[str, Any] | None:
+    res = rvsup("status", str(job), "--json", timeout=20)
+    if res.returncode != 0:
+        return None
+    answer: dict[str, Any] = json.loads(res.stdout)
+    return answer
+
+
+def wait_progress(job: Path, *, min_step: int, timeout: float = 90) -> dict[str, Any]:
+    """Wait until every rank of the current attempt finished ``min_step``; returns the status."""
+
+    def ready() -> dict[str, Any] | None:
+        st = status(job)
+        if st and len(st["ranks"]) == 2 and all(r["last_step"] >= min_step for r in st["ranks"]):
+            return st
+        return None
+
+    result: dict[str, Any] = wait_for(ready, timeout=timeout, what=f"step {min_step}", interval=0.2)
+    return result
+
+
+def load_final(path: Path) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
+
+
+def assert_same_state(a: Any, b: Any, where: str = "") -> None:
+    """Bit-identical nested state (tensors compared with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, Mapping):
+        assert isinstance(b, Mapping) and set(a) == set(b), f"{where}: keys differ"
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"

@@ -1,0 +1,92 @@
+"""The process tests' training script: the example's DDP MLP plus fault switches.
+
+FAULT="kind:rank:step[:attempt]" (several separated by ","); attempt "*" or absent means every
+attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
+forever inside the loop), sigstop (SIGSTOP itself), mismatch (an extra all_reduce the other ranks
+never join: a real gloo hang), ignore_term (ignore SIGTERM from that step on), exit0 (leave early).
+STEP_SLEEP=seconds slows every step, BALLAST_MB=n adds n MB to every rank's checkpoint. FINAL=path: rank 0 saves the final model and optimizer there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import worker_sdk
+
+
+def faults_now(rank: int, step: int, attempt: int) -> list[str]:
+    out = []
+    for spec in filter(None, os.environ.get("FAULT", "").split(",")):
+        kind, r, s, *a = spec.split(":")
+        if int(r) == rank and int(s) == step and (not a or a[0] in ("*", str(attempt))):
+            out.append(kind)
+    return out
+
+
+def inject(kind: str, step: int) -> None:
+    if kind == "raise":
+        raise RuntimeError(f"injected failure at step {step}")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    if kind == "sleep":
+        while True:
+            time.sleep(3600)
+    if kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "mismatch":
+        dist.all_reduce(torch.ones(1))
+    if kind == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if kind == "exit0":
+        os._exit(0)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("RVSUP_ATTEMPT", "0"))
+    total = int(os.environ.get("TOTAL_STEPS", "60"))
+    step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.7)
+    torch.manual_seed(1000 + rank)
+    extra = {"seen": torch.zeros(1)}
+    ballast_mb = int(os.environ.get("BALLAST_MB", "0"))  # makes every save slow
+    if ballast_mb:
+        extra["ballast"] = torch.zeros(ballast_mb * 2**18)
+    start, extra = worker_sdk.resume(ddp, opt, sched, extra=extra)
+    print(f"rank {rank} attempt {attempt} resumes at {start}", flush=True)
+    for step in range(start, total):
+        for kind in faults_now(rank, step, attempt):
+            inject(kind, step)
+        x = torch.randn(16, 32)
+        loss = nn.functional.mse_loss(ddp(x), x[:, :1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        extra["seen"] += 1
+        if step_sleep:
+            time.sleep(step_sleep)
+        worker_sdk.step(step, extra=extra)
+    final = os.environ.get("FINAL")
+    if rank == 0 and final:
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "seen": extra["seen"]}
+        torch.save(state, final)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

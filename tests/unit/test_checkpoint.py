@@ -1,0 +1,343 @@
+"""Checkpointer in one process: bit-exact round trips, unwrapping, corruption, commit rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from worker_sdk import checkpoint, layout
+from worker_sdk.checkpoint import Checkpointer, LoadResult, Stateful, unwrap
+from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
+
+
+@dataclass
+class Cursor:
+    """A non-tensor object in ``extra``: weights-only loading rejects it."""
+
+    epoch: int
+    offset: int
+
+
+class Trainer:
+    """A tiny model, Adam and a step LR schedule, trained on torch-random data."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
+
+    @property
+    def objects(self) -> list[Stateful]:
+        return [self.model, self.opt, self.sched]
+
+    def step(self) -> None:
+        x = torch.randn(16, 4)
+        loss = self.model(x).pow(2).mean() + random.random() + float(np.random.rand())
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.sched.step()
+
+
+def make(directory: Path, keep_last: int = 3, tag: str = "a1", **kw: int) -> Checkpointer:
+    return Checkpointer(
+        directory,
+        rank=kw.get("rank", 0),
+        world_size=kw.get("world_size", 1),
+        attempt_tag=tag,
+        keep_last=keep_last,
+    )
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Recursive equality; tensors must be bit-identical (torch.equal, same dtype)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, Mapping):
+        assert isinstance(b, Mapping), where
+        assert set(a) == set(b), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b), where
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def draws() -> tuple[list[float], list[float], torch.Tensor]:
+    return [random.random() for _ in range(3)], list(np.random.rand(3)), torch.rand(3)
+
+
+def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
+    """Model, Adam moments, LR schedule, extra and every RNG come back exactly."""
+    t = Trainer(seed=1)
+    for _ in range(3):
+        t.step()
+    extra = (torch.arange(5), 7, torch.tensor([1.5, -2.0]))
+    result = make(tmp_path).save(2, t.objects, extra)
+    assert (result.committed, result.step, result.path) == (True, 2, tmp_path / committed_name(2))
+    assert result.nbytes == layout.validate(result.path).nbytes > 0
+    assert result.seconds > 0
+    saved = [obj.state_dict() for obj in t.objects]
+    expected_draws = draws()
+
+    fresh = Trainer(seed=2)
+    fresh.step()
+    random.seed(5)
+    np.random.seed(5)
+    loaded = make(tmp_path).load_latest(fresh.objects, extra=None)
+    assert (loaded.step, loaded.path, loaded.skipped) == (2, result.path, ())
+    assert_same(loaded.extra, extra)
+    for before, obj in zip(saved, fresh.objects, strict=True):
+        assert_same(before, obj.state_dict())
+    assert fresh.opt.state_dict()["state"][0]["exp_avg_sq"].abs().sum() > 0
+    got = draws()
+    assert got[:2] == expected_draws[:2]
+    assert torch.equal(got[2], expected_draws[2])
+
+
+def test_resumed_training_equals_uninterrupted(tmp_path: Path) -> None:
+    """Training resumed from a checkpoint computes exactly what the uninterrupted run does."""
+    t = Trainer(seed=1)
+    for step in range(6):
+        t.step()
+        if step == 2:
+            make(tmp_path).save(step, t.objects, extra=None)
+    resumed = Trainer(seed=3)
+    start = make(tmp_path).load_latest(resumed.objects, extra=None).step
+    assert start == 2
+    for _ in range(start + 1, 6):
+        resumed.step()
+    assert_same(t.model.state_dict(), resumed.model.state_dict())
+    assert_same(t.opt.state_dict(), resumed.opt.state_dict())
+
+
+def test_fresh_start_returns_given_extra(tmp_path: Path) -> None:
+    """With nothing committed load_latest is a fresh start and hands back the given extra."""
+    t = Trainer(seed=1)
+    assert make(tmp_path / "none").load_latest(t.objects, extra=(1, 2)) == LoadResult(
+        None, None, (1, 2), ()
+    )
+
+
+def test_save_layout_on_disk(tmp_path: Path) -> None:
+    """A save leaves the marker, the committed directory with its manifest, and nothing else."""
+    make(tmp_path / "c").save(4, Trainer(1).objects, extra=None)
+    assert sorted(os.listdir(tmp_path / "c")) == [MARKER, committed_name(4)]
+    assert (os.stat(tmp_path / "c" / MARKER).st_mode & 0o777) == 0o600
+    path = tmp_path / "c" / committed_name(4)
+    assert sorted(os.listdir(path)) == sorted([MANIFEST, SHARED, rank_file(0)])
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert (manifest["format"], manifest["step"], manifest["world_size"]) == (1, 4, 1)
+    shared = torch.load(path / SHARED, weights_only=True)
+    assert [e["class"] for e in shared["objects"].values()] == ["Sequential", "Adam", "StepLR"]
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A real 1-process gloo group (file store in tmp_path), destroyed afterwards."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_ddp_model_is_saved_unwrapped(tmp_path: Path) -> None:
+    """A DDP model is saved as its inner module and loads into wrapped and plain models."""
+    t = Trainer(seed=1)
+    ddp = nn.parallel.DistributedDataParallel(t.model)
+    make(tmp_path / "c").save(0, [ddp, t.opt], extra=None)
+    shared = torch.load(tmp_path / "c" / committed_name(0) / SHARED, weights_only=True)
+    keys = list(shared["objects"]["0"]["state"])
+    assert keys
+    assert not any(k.startswith("module.") for k in keys)
+    plain = Trainer(seed=2)
+    make(tmp_path / "c").load_latest([plain.model, plain.opt], extra=None)
+    assert_same(t.model.state_dict(), plain.model.state_dict())
+    wrapped = Trainer(seed=3)
+    make(tmp_path / "c").load_latest(
+        [nn.parallel.DistributedDataParallel(wrapped.model), wrapped.opt], None
+    )
+    assert_same(t.model.state_dict(), wrapped.model.state_dict())
+
+
+def test_unwrap() -> None:
+    """unwrap sees through DataParallel and torch.compile, and leaves other objects alone."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert unwrap(model) is model
+    assert unwrap(opt) is opt
+    assert unwrap(nn.DataParallel(model)) is model
+    assert unwrap(torch.compile(model)) is model
+    assert unwrap(torch.compile(nn.DataParallel(model))) is model
+
+
+def scribble(path: Path) -> None:
+    """Overwrite bytes in the middle of shared.pt: the size stays right, the content is wrong."""
+    with open(path / SHARED, "r+b") as f:
+        f.seek(os.path.getsize(path / SHARED) // 2)
+        f.write(b"\x5a" * 64)
+
+
+def truncate(path: Path) -> None:
+    with open(path / rank_file(0), "r+b") as f:
+        f.truncate(os.path.getsize(path / rank_file(0)) - 10)
+
+
+@pytest.mark.parametrize(("damage", "reason"), [(truncate, "bytes"), (scribble, "damaged archive")])
+def test_damaged_newest_is_skipped_and_reported(tmp_path: Path, damage: Any, reason: str) -> None:
+    """A torn or corrupt newest checkpoint is passed over, reported, and the older one loaded."""
+    t = Trainer(seed=1)
+    ck = make(tmp_path)
+    ck.save(1, t.objects, extra="one")
+    t.step()
+    ck.save(2, t.objects, extra="two")
+    damage(tmp_path / committed_name(2))
+    loaded = make(tmp_path).load_latest(Trainer(seed=2).objects, extra=None)
+    assert (loaded.step, loaded.extra) == (1, "one")
+    [(path, why)] = loaded.skipped
+    assert path == tmp_path / committed_name(2)
+    assert reason in why
+
+
+def test_temp_dir_is_never_loaded(tmp_path: Path) -> None:
+    """A complete-looking temporary directory of a newer step is ignored by load."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(1, t.objects, extra="committed")
+    tmp = tmp_path / temp_name(9, "a0")
+    shutil.copytree(tmp_path / committed_name(1), tmp)
+    manifest = json.loads((tmp / MANIFEST).read_text())
+    (tmp / MANIFEST).write_text(json.dumps(manifest | {"step": 9}))
+    loaded = make(tmp_path, tag="a2").load_latest(t.objects, extra=None)
+    assert (loaded.step, loaded.extra, loaded.skipped) == (1, "committed", ())
+
+
+def test_same_step_twice_keeps_the_first(tmp_path: Path) -> None:
+    """Saving a step that is already validly committed keeps it and leaves no temp behind."""
+    t = Trainer(seed=1)
+    first = make(tmp_path).save(3, t.objects, extra="first")
+    again = make(tmp_path, tag="a2").save(3, t.objects, extra="second")
+    assert (again.committed, again.path, again.nbytes) == (True, first.path, first.nbytes)
+    assert sorted(os.listdir(tmp_path)) == [MARKER, committed_name(3)]
+    assert make(tmp_path).load_latest(t.objects, None).extra == "first"
+
+
+def test_same_step_replaces_a_torn_one(tmp_path: Path) -> None:
+    """Saving a step whose committed directory is torn replaces it with the new one."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(3, t.objects, extra="first")
+    truncate(tmp_path / committed_name(3))
+    make(tmp_path, tag="a2").save(3, t.objects, extra="second")
+    assert sorted(os.listdir(tmp_path)) == [MARKER, committed_name(3)]
+    assert make(tmp_path).load_latest(t.objects, None).extra == "second"
+
+
+def test_same_step_replaces_one_that_failed_to_load(tmp_path: Path) -> None:
+    """A checkpoint with right sizes that failed to load is replaced when its step is re-saved."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(3, t.objects, extra="first")
+    scribble(tmp_path / committed_name(3))
+    ck = make(tmp_path, tag="a2")
+    assert ck.load_latest(t.objects, None).step is None
+    ck.save(3, t.objects, extra="second")
+    loaded = make(tmp_path).load_latest(t.objects, None)
+    assert (loaded.step, loaded.extra, loaded.skipped) == (3, "second", ())
+
+
+def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:
+    """After several saves only the newest keep_last committed checkpoints remain."""
+    ck = make(tmp_path, keep_last=2)
+    t = Trainer(seed=1)
+    for step in range(5):
+        ck.save(step, t.objects, extra=step)
+    assert sorted(os.listdir(tmp_path)) == [MARKER, committed_name(3), committed_name(4)]
+
+
+def test_failure_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If writing a part fails, the step is not committed and the previous one stays newest."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(1, t.objects, extra="one")
+    real_save = torch.save
+
+    def dies_on_rank_file(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if "rng" in obj:
+            raise OSError("disk full")
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr("torch.save", dies_on_rank_file)
+    with pytest.raises(OSError, match="disk full"):
+        make(tmp_path).save(2, t.objects, extra="two")
+    monkeypatch.undo()
+    assert not (tmp_path / committed_name(2)).exists()
+    assert make(tmp_path, tag="a2").load_latest(t.objects, None).extra == "one"
+
+
+def test_ranks_without_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch.distributed rank 0 commits only once every rank's part is there,
+    and each rank loads its own part."""
+    t = Trainer(seed=1)
+    monkeypatch.setattr(checkpoint, "_PART_WAIT_S", 0.2)
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\]"):
+        make(tmp_path, world_size=2).save(1, t.objects, extra="r0")
+    assert not (tmp_path / committed_name(1)).exists()
+    r1 = make(tmp_path, rank=1, world_size=2).save(1, t.objects, extra="r1")
+    assert not r1.committed
+    assert make(tmp_path, world_size=2).save(1, t.objects, extra="r0").committed
+    for rank in (0, 1):
+        loaded = make(tmp_path, rank=rank, world_size=2).load_latest(t.objects, None)
+        assert (loaded.step, loaded.extra) == (1, f"r{rank}")
+
+
+def test_world_size_change_is_refused(tmp_path: Path) -> None:
+    """A checkpoint written by another number of ranks is refused, not resharded."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(1, t.objects, extra=None)
+    with pytest.raises(RuntimeError, match=r"written by 1 ranks.*resharding is not supported"):
+        make(tmp_path, world_size=2).load_latest(t.objects, None)
+
+
+@pytest.mark.parametrize(
+    ("pick", "message"),
+    [(lambda t: [t.opt, t.model, t.sched], "order"), (lambda t: [t.model], "holds 3 objects")],
+)
+def test_different_objects_are_refused(tmp_path: Path, pick: Any, message: str) -> None:
+    """Objects given in another order or number than saved are refused with a clear error."""
+    t = Trainer(seed=1)
+    make(tmp_path).save(1, t.objects, extra=None)
+    with pytest.raises(RuntimeError, match=message):
+        make(tmp_path).load_latest(pick(Trainer(seed=2)), None)
+
+
+def test_pickled_extra_loads_only_from_a_trusted_directory(tmp_path: Path) -> None:
+    """extra that needs unpickling loads from the user's own directory, and is refused
+    once others can write there."""
+    t = Trainer(seed=1)
+    make(tmp_path / "c").save(1, t.objects, extra=Cursor(2, 30))
+    assert make(tmp_path / "c").load_latest(t.objects, None).extra == Cursor(2, 30)
+    step_dir = tmp_path / "c" / committed_name(1)
+    os.chmod(step_dir, 0o775)
+    with pytest.raises(RuntimeError, match="writable by group or others") as caught:
+        make(tmp_path / "c").load_latest(t.objects, None)
+    assert "Cursor" in str(caught.value)

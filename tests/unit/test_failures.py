@@ -1,0 +1,384 @@
+"""classify(): each precedence rule, signals, shell-style 128+N codes and the wording of details."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from supervisor.failures import (
+    Failure,
+    FailureKind,
+    Observation,
+    RankExit,
+    RankReport,
+    classify,
+    deterministic_signature,
+    signal_name,
+)
+from worker_sdk.protocol import EXIT_OOM
+
+K = FailureKind
+OOM_REPORT = RankReport(
+    1, "oom", "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", 30
+)
+VALUE_ERROR = RankReport(1, "exception", "ValueError", "bad batch\n  shape (3,)", 30)
+
+
+def sig(rank: int | None, signum: int, node: str | None = None, pid: int = 0) -> RankExit:
+    return RankExit(rank, pid or 1000 + (rank or 0), None, signum, node)
+
+
+def code(rank: int | None, status: int, node: str | None = None, pid: int = 0) -> RankExit:
+    return RankExit(rank, pid or 1000 + (rank or 0), status, None, node)
+
+
+@dataclass(frozen=True)
+class Row:
+    obs: Observation
+    kind: FailureKind
+    ranks: tuple[int, ...]
+    detail: str
+    exit_codes: tuple[int, ...] = ()
+    signals: tuple[str, ...] = ()
+    last_step: int | None = None
+    nodes: tuple[str, ...] = ()
+
+
+EVERYTHING_WRONG = Observation(
+    exits=(sig(2, 9, "n2"), code(1, EXIT_OOM, "n1")),
+    reports=(OOM_REPORT,),
+    silent_ranks=(0,),
+    hang_timeout_s=300,
+    last_steps={0: 57, 1: 30, 2: 56},
+    lost_nodes=("n2",),
+    host_oom_kills=1,
+    stderr_tail="torch.OutOfMemoryError: CUDA out of memory",
+)
+
+ROWS = {
+    # ---- 1. a requested stop beats everything
+    "preempted-beats-all": Row(
+        Observation(
+            exits=EVERYTHING_WRONG.exits,
+            reports=EVERYTHING_WRONG.reports,
+            silent_ranks=(0,),
+            last_steps={0: 57, 1: 30, 2: 56},
+            lost_nodes=("n2",),
+            host_oom_kills=1,
+            stop_reason="preempted",
+        ),
+        K.PREEMPTED,
+        (),
+        "stopped on preemption at step 57",
+        last_step=57,
+    ),
+    "timelimit": Row(
+        Observation(stop_reason="timelimit", last_steps={0: 99, 1: 99}),
+        K.TIMELIMIT,
+        (),
+        "stopped before the time limit at step 99",
+        last_step=99,
+    ),
+    "stopped-on-request": Row(
+        Observation(stop_reason="stopped", exits=(code(0, 0),), last_steps={0: 5}),
+        K.STOPPED,
+        (),
+        "stopped on request at step 5",
+        last_step=5,
+    ),
+    "unknown-stop-reason-is-stopped": Row(
+        Observation(stop_reason="drain"), K.STOPPED, (), "stopped (drain)"
+    ),
+    # ---- 2. a lost node beats OOM, hang and crash
+    "lost-node-beats-oom": Row(
+        EVERYTHING_WRONG,
+        K.NODE_FAILURE,
+        (2,),
+        "node n2 lost (rank 2) at step 57",
+        signals=("SIGKILL",),
+        last_step=57,
+        nodes=("n2",),
+    ),
+    "two-lost-nodes": Row(
+        Observation(
+            exits=(sig(3, 9, "n3"), code(0, 1, "n1"), sig(2, 15, "n3"), sig(1, 9, "n2")),
+            lost_nodes=("n3", "n2", "n3"),
+        ),
+        K.NODE_FAILURE,
+        (3, 1, 2),
+        "nodes n3, n2 lost (ranks 3, 1, 2)",
+        signals=("SIGKILL", "SIGTERM", "SIGKILL"),
+        nodes=("n3", "n2"),
+    ),
+    # ---- 3. out of memory, from any of its four sources, beats hang and crash
+    "oom-report-beats-hang": Row(
+        Observation(
+            exits=(code(1, 1),),
+            reports=(OOM_REPORT,),
+            silent_ranks=(0,),
+            last_steps={0: 31, 1: 30},
+        ),
+        K.OOM,
+        (1,),
+        "rank 1 ran out of memory at step 30 "
+        "(torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)",
+        last_step=31,
+    ),
+    "oom-exit-code": Row(
+        Observation(exits=(code(0, 0), code(3, EXIT_OOM)), last_steps={3: 12}),
+        K.OOM,
+        (3,),
+        f"rank 3 exited with code {EXIT_OOM} (out of memory) at step 12",
+        exit_codes=(EXIT_OOM,),
+        last_step=12,
+    ),
+    "host-oom-killer": Row(
+        Observation(exits=(sig(1, 9), sig(0, 15)), host_oom_kills=1, last_steps={1: 7}),
+        K.OOM,
+        (1,),
+        "the host OOM killer killed 1 process (rank 1 killed by SIGKILL) at step 7",
+        signals=("SIGKILL",),
+        last_step=7,
+    ),
+    "host-oom-killer-shell-137": Row(
+        Observation(exits=(code(0, 137),), host_oom_kills=2),
+        K.OOM,
+        (0,),
+        "the host OOM killer killed 2 processes (rank 0 killed by SIGKILL)",
+        exit_codes=(137,),
+        signals=("SIGKILL",),
+    ),
+    "oom-in-stderr-beats-hang": Row(
+        Observation(
+            silent_ranks=(1,),
+            stderr_tail="Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory.",
+            last_steps={0: 3},
+        ),
+        K.OOM,
+        (),
+        "out of memory reported in the ranks' stderr at step 3",
+        last_step=3,
+    ),
+    "oom-launcher-exit": Row(
+        Observation(launcher_exit=EXIT_OOM),
+        K.OOM,
+        (),
+        f"launcher exited with code {EXIT_OOM} (out of memory)",
+    ),
+    # ---- 4. silent ranks: a hang beats a crash; the ranks furthest behind come first
+    "hang-behind-first": Row(
+        Observation(
+            silent_ranks=(0, 3, 1), hang_timeout_s=300, last_steps={0: 50, 1: 41, 2: 50, 3: 50}
+        ),
+        K.HANG,
+        (1, 0, 3),
+        "ranks 1, 0, 3 made no progress for 300s; rank 1 is furthest behind, at step 41",
+        last_step=50,
+    ),
+    "hang-beats-crash": Row(
+        Observation(exits=(code(0, 1),), silent_ranks=(1,), hang_timeout_s=12.5, last_steps={1: 9}),
+        K.HANG,
+        (1,),
+        "rank 1 made no progress for 12.5s at step 9",
+        last_step=9,
+    ),
+    "hang-before-first-step": Row(
+        Observation(silent_ranks=(0,), hang_timeout_s=600),
+        K.HANG,
+        (0,),
+        "rank 0 made no progress for 600s before its first step",
+    ),
+    # ---- 5. crash: the first failing exit is the culprit
+    "crash-sigkill": Row(
+        Observation(exits=(sig(1, 9),), last_steps={0: 57, 1: 57}),
+        K.CRASH,
+        (1,),
+        "rank 1 killed by SIGKILL at step 57",
+        signals=("SIGKILL",),
+        last_step=57,
+    ),
+    "crash-shell-128-plus-n": Row(
+        Observation(exits=(code(1, 137),), last_steps={1: 57}),
+        K.CRASH,
+        (1,),
+        "rank 1 killed by SIGKILL (exit code 137) at step 57",
+        exit_codes=(137,),
+        signals=("SIGKILL",),
+        last_step=57,
+    ),
+    "crash-sigsegv": Row(
+        Observation(exits=(sig(0, 11),)),
+        K.CRASH,
+        (0,),
+        "rank 0 killed by SIGSEGV",
+        signals=("SIGSEGV",),
+    ),
+    "crash-exit-zero-ranks-ignored": Row(
+        Observation(exits=(code(0, 0), code(2, 0), code(1, 1)), last_steps={0: 99, 1: 98}),
+        K.CRASH,
+        (1,),
+        "rank 1 exited with code 1 at step 98",
+        exit_codes=(1,),
+        last_step=99,
+    ),
+    "crash-collateral-ranks-sorted": Row(
+        Observation(exits=(code(2, 1), sig(1, 15), sig(0, 15)), last_steps={2: 4}),
+        K.CRASH,
+        (2, 0, 1),
+        "rank 2 exited with code 1 at step 4",
+        exit_codes=(1,),
+        signals=("SIGTERM", "SIGTERM"),
+        last_step=4,
+    ),
+    "crash-with-exception-report": Row(
+        Observation(exits=(code(1, 1),), reports=(VALUE_ERROR,), last_steps={1: 30}),
+        K.CRASH,
+        (1,),
+        "rank 1 exited with code 1 at step 30 (ValueError: bad batch shape (3,))",
+        exit_codes=(1,),
+        last_step=30,
+    ),
+    "crash-report-without-exit": Row(
+        Observation(reports=(VALUE_ERROR,)),
+        K.CRASH,
+        (1,),
+        "rank 1 raised at step 30 (ValueError: bad batch shape (3,))",
+        last_step=30,
+    ),
+    "crash-rank-never-said-hello": Row(
+        Observation(exits=(code(None, 1, pid=4242),)),
+        K.CRASH,
+        (),
+        "pid 4242 (rank unknown) exited with code 1",
+        exit_codes=(1,),
+    ),
+    "crash-supervisor-lost-code": Row(
+        Observation(exits=(code(0, 87),)),
+        K.CRASH,
+        (0,),
+        "rank 0 exited with code 87 (the supervisor disappeared)",
+        exit_codes=(87,),
+    ),
+    "sigkill-without-host-oom-is-crash": Row(
+        Observation(exits=(sig(0, 9),), host_oom_kills=0),
+        K.CRASH,
+        (0,),
+        "rank 0 killed by SIGKILL",
+        signals=("SIGKILL",),
+    ),
+    # ---- nothing but the launcher
+    "empty-observation": Row(
+        Observation(), K.CRASH, (), "launcher exited without any rank reporting a failure"
+    ),
+    "launcher-exit-code": Row(
+        Observation(exits=(code(0, 0),), launcher_exit=1),
+        K.CRASH,
+        (),
+        "launcher exited with code 1",
+    ),
+    "launcher-negative-signal": Row(
+        Observation(launcher_exit=-9), K.CRASH, (), "launcher killed by SIGKILL"
+    ),
+    "launcher-shell-143": Row(
+        Observation(launcher_exit=143), K.CRASH, (), "launcher killed by SIGTERM"
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
+def test_classify(row: Row) -> None:
+    """classify() picks the kind by precedence and reports ranks, codes, signals, step, detail."""
+    assert classify(row.obs) == Failure(
+        kind=row.kind,
+        ranks=row.ranks,
+        exit_codes=row.exit_codes,
+        signals=row.signals,
+        last_step=row.last_step,
+        detail=row.detail,
+        nodes=row.nodes,
+    )
+
+
+def test_empty_observation_detail_names_the_launcher() -> None:
+    """With nothing observed, the failure is a crash whose detail says the launcher exited."""
+    failure = classify(Observation())
+    assert failure.kind is FailureKind.CRASH
+    assert failure.detail.startswith("launcher exited")
+
+
+def test_long_report_message_is_shortened() -> None:
+    """A huge exception message does not flood the one-sentence detail."""
+    report = RankReport(0, "exception", "RuntimeError", "x" * 10_000, 1)
+    detail = classify(Observation(reports=(report,))).detail
+    assert len(detail) < 250
+    assert detail.endswith("...)")
+
+
+@pytest.mark.parametrize(
+    ("signum", "name"),
+    [(9, "SIGKILL"), (15, "SIGTERM"), (6, "SIGABRT"), (11, "SIGSEGV"), (200, "SIG200")],
+)
+def test_signal_name(signum: int, name: str) -> None:
+    """Signal numbers become names; an unknown number still gets a readable one."""
+    assert signal_name(signum) == name
+
+
+def test_failure_kind_values_are_the_event_strings() -> None:
+    """The enum's values are the documented `kind` strings, and str() gives the value."""
+    assert [str(k) for k in FailureKind] == [
+        "crash",
+        "oom",
+        "hang",
+        "preempted",
+        "timelimit",
+        "node_failure",
+        "stopped",
+    ]
+    assert FailureKind("oom") is FailureKind.OOM
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        pytest.param(
+            Observation(exits=(code(1, 1), sig(0, 15)), last_steps={0: 30, 1: 30}),
+            Observation(exits=(code(1, 1), sig(0, 15)), last_steps={0: 30, 1: 30}),
+            True,
+            id="same-crash",
+        ),
+        pytest.param(
+            Observation(exits=(code(2, 1), sig(0, 15), sig(1, 15)), last_steps={2: 30}),
+            Observation(exits=(code(2, 1), sig(1, 15), sig(0, 15)), last_steps={2: 30}),
+            True,
+            id="collateral-order-differs",
+        ),
+        pytest.param(
+            Observation(exits=(code(1, 1),), last_steps={1: 30}),
+            Observation(exits=(code(1, 1),), last_steps={1: 31}),
+            False,
+            id="different-step",
+        ),
+        pytest.param(
+            Observation(exits=(code(1, 1),), last_steps={1: 30}),
+            Observation(exits=(code(0, 1),), last_steps={0: 30}),
+            False,
+            id="different-rank",
+        ),
+        pytest.param(
+            Observation(exits=(code(1, 1),), last_steps={1: 30}),
+            Observation(exits=(code(1, EXIT_OOM),), last_steps={1: 30}),
+            False,
+            id="different-kind",
+        ),
+    ],
+)
+def test_deterministic_signature(a: Observation, b: Observation, same: bool) -> None:
+    """Two failures share a signature exactly when kind, ranks and last step agree."""
+    assert (deterministic_signature(classify(a)) == deterministic_signature(classify(b))) is same
+
+
+def test_deterministic_signature_shape() -> None:
+    """The signature is (kind string, ranks, last step)."""
+    failure = classify(Observation(exits=(sig(1, 9),), last_steps={1: 57}))
+    assert deterministic_signature(failure) == ("crash", (1,), 57)

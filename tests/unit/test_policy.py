@@ -1,0 +1,329 @@
+"""decide(), backoff_s(), JobHistory.after(): budget, progress, OOM/node rules, determinism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from supervisor.failures import Failure, FailureKind
+from supervisor.policy import (
+    Decision,
+    GiveUp,
+    JobHistory,
+    PastAttempt,
+    Requeue,
+    Restart,
+    RestartPolicy,
+    backoff_s,
+    decide,
+    next_no_progress_streak,
+)
+
+K = FailureKind
+POLICY = RestartPolicy(max_restarts=5, backoff_s=5.0, backoff_max_s=300.0, max_no_progress=2)
+
+
+def failure(kind: FailureKind, ranks: tuple[int, ...] = (1,), step: int | None = 30) -> Failure:
+    return Failure(kind, ranks, (), (), step, f"{kind} of rank(s) {ranks} at step {step}")
+
+
+def policy(**changes: object) -> RestartPolicy:
+    fields = {
+        "max_restarts": POLICY.max_restarts,
+        "backoff_s": POLICY.backoff_s,
+        "backoff_max_s": POLICY.backoff_max_s,
+        "max_no_progress": POLICY.max_no_progress,
+        "on_oom": POLICY.on_oom,
+        "on_node_failure": POLICY.on_node_failure,
+    }
+    fields.update(changes)
+    return RestartPolicy(**fields)  # type: ignore[arg-type]
+
+
+CRASH_30 = failure(K.CRASH)
+CHARGED_CRASH_30 = PastAttempt(CRASH_30, charged=True, progressed=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    history: JobHistory
+    failure: Failure
+    expected: Decision
+    policy: RestartPolicy = POLICY
+    progressed: bool = True
+    jitter: float = 0.0
+
+
+def restart(n_used: int, *, max_restarts: int = 5, kind: str = "crash") -> Restart:
+    """The Restart that decide() gives with POLICY, jitter 0, n_used restarts used, no repeat."""
+    delay = min(300.0, 5.0 * 2**n_used) / 2
+    note = f"restart {n_used + 1} of {max_restarts} in {delay:.1f}s after {kind}"
+    return Restart(delay, True, max_restarts - n_used - 1, False, note)
+
+
+SPENT = JobHistory(restarts_used=5, no_progress_streak=1)
+CASES = {
+    "preempted-uncharged-even-when-spent": Case(SPENT, failure(K.PREEMPTED), Requeue("preempted")),
+    "timelimit-requeues": Case(SPENT, failure(K.TIMELIMIT), Requeue("timelimit")),
+    "stopped-requeues": Case(
+        JobHistory(), failure(K.STOPPED), Requeue("stopped"), progressed=False
+    ),
+    "crash-first-restart": Case(JobHistory(), CRASH_30, restart(0)),
+    "hang-restarts": Case(JobHistory(restarts_used=2), failure(K.HANG), restart(2, kind="hang")),
+    "oom-restart": Case(JobHistory(), failure(K.OOM), restart(0, kind="oom")),
+    "oom-fail": Case(
+        JobHistory(),
+        failure(K.OOM),
+        GiveUp('out of memory and restart.on_oom = "fail"'),
+        policy=policy(on_oom="fail"),
+    ),
+    "oom-fail-ignores-crash": Case(
+        JobHistory(), CRASH_30, restart(0), policy=policy(on_oom="fail")
+    ),
+    "node-failure-restart": Case(
+        JobHistory(), failure(K.NODE_FAILURE), restart(0, kind="node_failure")
+    ),
+    "node-failure-fail": Case(
+        JobHistory(),
+        failure(K.NODE_FAILURE),
+        GiveUp('node failure and restart.on_node_failure = "fail"'),
+        policy=policy(on_node_failure="fail"),
+    ),
+    "last-restart-of-budget": Case(JobHistory(restarts_used=4), CRASH_30, restart(4)),
+    "budget-spent": Case(
+        JobHistory(restarts_used=5), CRASH_30, GiveUp("restart budget spent: 5 of 5 restarts used")
+    ),
+    "budget-checked-before-progress": Case(
+        SPENT,
+        CRASH_30,
+        GiveUp("restart budget spent: 5 of 5 restarts used"),
+        progressed=False,
+    ),
+    "zero-budget": Case(
+        JobHistory(),
+        CRASH_30,
+        GiveUp("restart budget spent: 0 of 0 restarts used"),
+        policy=policy(max_restarts=0),
+    ),
+    "no-progress-first-time": Case(JobHistory(), CRASH_30, restart(0), progressed=False),
+    "no-progress-second-time": Case(
+        JobHistory(restarts_used=1, no_progress_streak=1),
+        CRASH_30,
+        GiveUp("no progress: 2 restarts in a row without a new checkpoint"),
+        progressed=False,
+    ),
+    "streak-but-progressed": Case(
+        JobHistory(restarts_used=1, no_progress_streak=1), CRASH_30, restart(1), progressed=True
+    ),
+    "no-progress-check-off": Case(
+        JobHistory(restarts_used=1, no_progress_streak=9),
+        CRASH_30,
+        restart(1),
+        policy=policy(max_no_progress=0),
+        progressed=False,
+    ),
+    "max-no-progress-one": Case(
+        JobHistory(),
+        CRASH_30,
+        GiveUp("no progress: 1 restart in a row without a new checkpoint"),
+        policy=policy(max_no_progress=1),
+        progressed=False,
+    ),
+    "jitter-stretches-delay": Case(
+        JobHistory(restarts_used=3),
+        CRASH_30,
+        Restart(30.0, True, 1, False, "restart 4 of 5 in 30.0s after crash"),
+        jitter=0.5,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_decide(case: Case) -> None:
+    """decide() follows the documented rules for each history, failure and policy."""
+    got = decide(
+        case.history, case.failure, case.policy, progressed=case.progressed, jitter=case.jitter
+    )
+    assert got == case.expected
+
+
+D = [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0, 300.0, 300.0]  # capped at 300
+
+
+@pytest.mark.parametrize("n", range(11))
+@pytest.mark.parametrize("jitter", [0.0, 0.999])
+def test_backoff_values(n: int, jitter: float) -> None:
+    """Delay doubles per restart used, is capped, and lies in [d/2, d) with d the capped value."""
+    expected = {0.0: D[n] / 2, 0.999: D[n] * 0.9995}[jitter]
+    assert backoff_s(n, POLICY, jitter) == pytest.approx(expected)
+
+
+def test_backoff_literal_values() -> None:
+    """A few hand-computed delays, so that the table above is not only the formula again."""
+    assert backoff_s(0, POLICY, 0.0) == 2.5
+    assert backoff_s(3, POLICY, 0.0) == 20.0
+    assert backoff_s(6, POLICY, 0.0) == 150.0
+    assert backoff_s(10, POLICY, 0.999) == pytest.approx(299.85)
+
+
+def test_backoff_huge_n_is_capped_without_overflow() -> None:
+    """A job with an absurd restart count still gets the capped delay, not an OverflowError."""
+    assert backoff_s(10_000, POLICY, 0.0) == 150.0
+
+
+@pytest.mark.parametrize(("n", "jitter"), [(-1, 0.0), (0, 1.0), (0, -0.1)])
+def test_backoff_rejects_bad_arguments(n: int, jitter: float) -> None:
+    """A negative count or a jitter outside [0, 1) is a caller bug."""
+    with pytest.raises(ValueError, match="must be"):
+        backoff_s(n, POLICY, jitter)
+
+
+# ---------------------------------------------------------------- deterministic failures
+
+
+def hist(*attempts: PastAttempt, restarts_used: int = 1) -> JobHistory:
+    return JobHistory(attempts=attempts, restarts_used=restarts_used)
+
+
+DETERMINISM = {
+    "same-crash-again": (hist(CHARGED_CRASH_30), CRASH_30, True),
+    "same-oom-again": (
+        hist(PastAttempt(failure(K.OOM), True, True)),
+        failure(K.OOM),
+        True,
+    ),
+    "other-step": (hist(CHARGED_CRASH_30), failure(K.CRASH, step=31), False),
+    "other-rank": (hist(CHARGED_CRASH_30), failure(K.CRASH, ranks=(0,)), False),
+    "same-hang-is-not-deterministic": (
+        hist(PastAttempt(failure(K.HANG), True, True)),
+        failure(K.HANG),
+        False,
+    ),
+    "uncharged-preemption-in-between": (
+        hist(CHARGED_CRASH_30, PastAttempt(failure(K.PREEMPTED), False, True)),
+        CRASH_30,
+        True,
+    ),
+    "only-the-last-charged-counts": (
+        hist(CHARGED_CRASH_30, PastAttempt(failure(K.CRASH, step=80), True, True)),
+        CRASH_30,
+        False,
+    ),
+    "first-failure": (JobHistory(), CRASH_30, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("history", "now", "expected"), DETERMINISM.values(), ids=list(DETERMINISM)
+)
+def test_deterministic_detection(history: JobHistory, now: Failure, expected: bool) -> None:
+    """A crash/OOM with the previous charged attempt's kind, ranks and step is flagged."""
+    got = decide(history, now, POLICY, progressed=True, jitter=0.0)
+    assert isinstance(got, Restart)
+    assert got.deterministic is expected
+    assert ("deterministic:" in got.note) is expected
+
+
+def test_deterministic_note_wording() -> None:
+    """The note names the rank and the step the failure repeats at."""
+    got = decide(hist(CHARGED_CRASH_30), CRASH_30, POLICY, progressed=True, jitter=0.0)
+    assert isinstance(got, Restart)
+    assert got.note.endswith("; deterministic: rank 1 fails at step 30 every time")
+
+
+def test_deterministic_give_up_reason() -> None:
+    """When the job gives up on a repeating failure, the reason says it is deterministic."""
+    history = JobHistory(attempts=(CHARGED_CRASH_30,), restarts_used=5)
+    got = decide(history, CRASH_30, POLICY, progressed=True, jitter=0.0)
+    assert got == GiveUp(
+        "restart budget spent: 5 of 5 restarts used "
+        "(deterministic: rank 1 fails at step 30 every time)"
+    )
+
+
+# ---------------------------------------------------------------- folding attempts in
+
+
+@pytest.mark.parametrize(
+    ("streak", "charged", "progressed", "expected"),
+    [
+        (0, True, False, 1),
+        (3, True, False, 4),
+        (3, True, True, 0),
+        (3, False, False, 3),
+        (3, False, True, 0),
+    ],
+)
+def test_next_no_progress_streak(
+    streak: int, charged: bool, progressed: bool, expected: int
+) -> None:
+    """Progress resets the streak; a charged attempt without progress grows it; others keep it."""
+    assert next_no_progress_streak(streak, charged=charged, progressed=progressed) == expected
+
+
+def test_after_folds_one_attempt() -> None:
+    """after() appends the attempt and updates restarts, streak and OOM count together."""
+    oom = failure(K.OOM)
+    charged = Restart(2.5, True, 4, False, "restart 1 of 5")
+    h1 = JobHistory().after(oom, charged, False)
+    assert h1 == JobHistory(
+        attempts=(PastAttempt(oom, True, False),),
+        restarts_used=1,
+        no_progress_streak=1,
+        oom_count=1,
+    )
+    preempted = failure(K.PREEMPTED)
+    h2 = h1.after(preempted, Requeue("preempted"), True)
+    assert (h2.restarts_used, h2.no_progress_streak, h2.oom_count) == (1, 0, 1)
+    assert h2.attempts[-1] == PastAttempt(preempted, False, True)
+    h3 = h2.after(CRASH_30, GiveUp("x"), False)
+    assert (h3.restarts_used, h3.no_progress_streak, len(h3.attempts)) == (1, 0, 3)
+    assert h3.last_charged_failure() == oom
+
+
+@pytest.mark.parametrize(
+    ("progress_each_time", "max_no_progress", "attempts_before_giving_up", "reason"),
+    [
+        (False, 2, 2, "no progress: 2 restarts in a row without a new checkpoint"),
+        (False, 3, 3, "no progress: 3 restarts in a row without a new checkpoint"),
+        (True, 2, 6, "restart budget spent: 5 of 5 restarts used"),
+    ],
+)
+def test_a_crash_loop_ends(
+    progress_each_time: bool, max_no_progress: int, attempts_before_giving_up: int, reason: str
+) -> None:
+    """Feeding decide() its own history: a job that keeps failing gives up at the right attempt."""
+    rules = policy(max_no_progress=max_no_progress)
+    history = JobHistory()
+    for attempt in range(1, 20):
+        crash = failure(K.CRASH, step=attempt * 10)
+        decision = decide(history, crash, rules, progressed=progress_each_time, jitter=0.3)
+        if isinstance(decision, GiveUp):
+            assert attempt == attempts_before_giving_up
+            assert decision.reason.startswith(reason)
+            return
+        history = history.after(crash, decision, progress_each_time)
+    pytest.fail("never gave up")
+
+
+def test_preemptions_never_spend_the_budget() -> None:
+    """Any number of preemptions leaves every restart of the budget available."""
+    history = JobHistory()
+    for _ in range(50):
+        stop = failure(K.PREEMPTED, ranks=())
+        decision = decide(history, stop, POLICY, progressed=False, jitter=0.0)
+        assert decision == Requeue("preempted")
+        history = history.after(stop, decision, False)
+    assert (history.restarts_used, history.no_progress_streak) == (0, 0)
+    assert isinstance(decide(history, CRASH_30, POLICY, progressed=False, jitter=0.0), Restart)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"on_oom": "maybe"}, {"on_node_failure": "retry"}, {"max_restarts": -1}, {"backoff_s": -1.0}],
+)
+def test_policy_rejects_nonsense(changes: dict[str, object]) -> None:
+    """A RestartPolicy with an impossible value cannot be built."""
+    with pytest.raises(ValueError, match="must be"):
+        policy(**changes)

@@ -1,0 +1,156 @@
+"""Slurm's compact notations (host lists, per-node counts, squeue %L) and reading the allocation
+from an environment, without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor import slurm
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "expected"),
+    [
+        ("node1", ("node1",)),
+        ("node[1-3]", ("node1", "node2", "node3")),
+        ("node[1-3,5],gpu07", ("node1", "node2", "node3", "node5", "gpu07")),
+        ("n[08-11]", ("n08", "n09", "n10", "n11")),
+        ("n[098-100]", ("n098", "n099", "n100")),
+        ("a[1-2],b", ("a1", "a2", "b")),
+        ("r[1-2]n[1-2]", ("r1n1", "r1n2", "r2n1", "r2n2")),
+        ("rack[1-2]-gpu[01,3]", ("rack1-gpu01", "rack1-gpu3", "rack2-gpu01", "rack2-gpu3")),
+        ("node[7]", ("node7",)),
+        ("node[3-3],x.y-z", ("node3", "x.y-z")),
+        (" node[1-2] ", ("node1", "node2")),
+    ],
+)
+def test_expand_hostlist(nodelist: str, expected: tuple[str, ...]) -> None:
+    """Slurm host lists expand in order, with zero padding and several bracket groups."""
+    assert slurm.expand_hostlist(nodelist) == expected
+
+
+@pytest.mark.parametrize(
+    "nodelist",
+    ["node[1-3", "node1-3]", "node[a-b]", "node[3-1]", "node[1,,2]", "a,,b", "", "x[1-2]]"],
+)
+def test_expand_hostlist_rejects_malformed(nodelist: str) -> None:
+    """Malformed host lists raise ValueError instead of producing wrong names."""
+    with pytest.raises(ValueError, match=r"host|range|bracket"):
+        slurm.expand_hostlist(nodelist)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", (1,)),
+        ("2(x3)", (2, 2, 2)),
+        ("2(x3),1", (2, 2, 2, 1)),
+        ("4,2(x2),8", (4, 2, 2, 8)),
+    ],
+)
+def test_expand_counts(text: str, expected: tuple[int, ...]) -> None:
+    """Per-node counts such as SLURM_TASKS_PER_NODE expand to one number per node."""
+    assert slurm.expand_counts(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "2(x)", "x2", "2(x3", "1,,2"])
+def test_expand_counts_rejects_malformed(text: str) -> None:
+    """Malformed per-node counts raise ValueError."""
+    with pytest.raises(ValueError, match="per-node count"):
+        slurm.expand_counts(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("UNLIMITED", None),
+        ("NOT_SET", None),
+        ("INVALID", None),
+        ("1-02:03:04", 93784.0),
+        ("12-00:00:00", 1036800.0),
+        ("02:03:04", 7384.0),
+        ("2:03:04", 7384.0),
+        ("03:04", 184.0),
+        ("4:59", 299.0),
+        ("0:04", 4.0),
+        ("0:00", 0.0),
+        ("  5:00\n", 300.0),
+        ("1-02:03", None),
+        ("", None),
+        ("N/A", None),
+        ("5", None),
+    ],
+)
+def test_parse_time_left(text: str, expected: float | None) -> None:
+    """squeue %L text becomes seconds; no limit, an invalid one or garbage become None."""
+    assert slurm.parse_time_left(text) == expected
+
+
+def _env(**values: str) -> dict[str, str]:
+    # a node list scontrol cannot expand without a cluster is expanded by the Python parser
+    return {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]", **values}
+
+
+def test_detect_outside_slurm_is_none() -> None:
+    """Without SLURM_JOB_ID there is no allocation."""
+    assert slurm.detect({"SLURM_NODELIST": "node1"}) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "expected"),
+    [
+        (_env(), "nodes", ("node1", "node2")),
+        (_env(SLURMD_NODENAME="node2"), "this_node", "node2"),
+        (_env(), "restart_count", 0),
+        (_env(SLURM_RESTART_COUNT="3"), "restart_count", 3),
+        (_env(SLURM_TASKS_PER_NODE="4(x2)"), "tasks_per_node", 4),
+        (_env(SLURM_TASKS_PER_NODE="3,1", SLURMD_NODENAME="node2"), "tasks_per_node", 1),
+        (_env(SLURM_TASKS_PER_NODE="3,1", SLURM_NTASKS_PER_NODE="2"), "tasks_per_node", 2),
+        (_env(SLURM_TASKS_PER_NODE="3,1"), "tasks_per_node", None),
+        (_env(), "tasks_per_node", None),
+        (_env(SLURM_GPUS_ON_NODE="8", SLURM_GPUS_PER_NODE="4"), "gpus_per_node", 8),
+        (_env(SLURM_GPUS_PER_NODE="a100:4"), "gpus_per_node", 4),
+        (_env(SLURM_GPUS_PER_NODE="a100:2,v100:1"), "gpus_per_node", 3),
+        (_env(), "gpus_per_node", None),
+        (_env(SLURM_CPUS_ON_NODE="16"), "cpus_on_node", 16),
+        (_env(SLURMD_NODENAME="node1"), "in_batch_step", True),
+        (_env(SLURMD_NODENAME="node1", SLURM_STEP_ID="batch"), "in_batch_step", True),
+        (_env(SLURMD_NODENAME="node1", SLURM_STEP_ID="0"), "in_batch_step", False),
+        (_env(), "in_batch_step", False),  # a salloc shell: no slurmstepd around it
+    ],
+)
+def test_detect_reads_environment(env: dict[str, str], field: str, expected: object) -> None:
+    """Each Allocation field comes from the Slurm variable that describes it."""
+    alloc = slurm.detect(env)
+    assert alloc is not None
+    assert getattr(alloc, field) == expected
+
+
+def test_srun_argv_one_task_per_node() -> None:
+    """The step covers every node with one task each, and ends with the inner command."""
+    alloc = slurm.detect(_env(SLURM_CPUS_ON_NODE="16", SLURM_GPUS_ON_NODE="8"))
+    assert alloc is not None
+    argv = slurm.srun_argv(alloc, ["torchrun", "--nnodes=2", "train.py"], job_name="rvsup-x")
+    assert argv[0] == "srun"
+    assert argv[argv.index("--") + 1 :] == ["torchrun", "--nnodes=2", "train.py"]
+    flags = argv[1 : argv.index("--")]
+    for flag in (
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=16",
+        "--gpus-per-node=8",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--job-name=rvsup-x",
+    ):
+        assert flag in flags
+
+
+def test_srun_argv_leaves_out_unknown_resources() -> None:
+    """Without CPU or GPU counts in the environment srun picks its defaults."""
+    alloc = slurm.detect(_env())
+    assert alloc is not None
+    argv = slurm.srun_argv(alloc, ["true"], job_name="x")
+    assert not [flag for flag in argv if flag.startswith(("--cpus-per-task", "--gpus-per-node"))]

@@ -1,0 +1,138 @@
+"""rvsup's worker SDK: two calls make a training script restartable.
+
+.. code-block:: python
+
+    import worker_sdk
+
+    start, extra = worker_sdk.resume(model, optimizer, scheduler, extra=(x, y))
+    for step in range(start, total_steps):
+        ...  # forward, backward, optimizer.step()
+        worker_sdk.step(step, extra=(x, y))
+
+Under ``rvsup start`` the settings come from job.toml; without rvsup pass ``checkpoint_dir=`` (or set
+``RVSUP_CHECKPOINT_DIR``) and ``every_steps=`` to keep the checkpointing, without heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from . import protocol
+
+if TYPE_CHECKING:  # the supervisor imports worker_sdk.protocol: keep torch out of this module
+    from ._runtime import Runtime
+    from .checkpoint import Stateful
+
+__all__ = ["phase", "protocol", "resume", "step"]
+
+_runtime: Runtime | None = None
+_monotonic = time.monotonic
+
+
+def resume(
+    *objects: Stateful,
+    extra: Any = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    every_steps: int | None = None,
+    every: float | None = None,
+    keep_last: int | None = None,
+) -> tuple[int, Any]:
+    """Register what to checkpoint, restore the newest complete checkpoint; return (start_step, extra).
+
+    Call once, after the model is wrapped (DDP/FSDP) and the optimizer built, and after
+    ``torch.distributed.init_process_group`` when the job is distributed. ``start_step`` is 0 on a
+    fresh start; ``extra`` is the saved one, or the given one on a fresh start. The keyword
+    arguments apply only when the script runs without rvsup (job.toml wins under rvsup).
+    """
+    global _runtime
+    if _runtime is not None:
+        raise RuntimeError("worker_sdk.resume() was already called in this process")
+    from ._runtime import Runtime, install_excepthook
+    from ._settings import resolve
+    from .checkpoint import Checkpointer, LoadResult
+
+    settings = resolve(
+        checkpoint_dir=checkpoint_dir, every_steps=every_steps, every_s=every, keep_last=keep_last
+    )
+    rank, world_size = _rank_and_world()
+    checkpointer = None
+    if settings.checkpoint_dir is not None:
+        checkpointer = Checkpointer(
+            settings.checkpoint_dir,
+            rank=rank,
+            world_size=world_size,
+            attempt_tag=settings.attempt_tag,
+            keep_last=settings.keep_last,
+        )
+        loaded = checkpointer.load_latest(objects, extra)
+    else:
+        loaded = LoadResult(step=None, path=None, extra=extra, skipped=())
+    channel = None
+    if settings.supervised:
+        from .heartbeat import Channel
+
+        assert settings.endpoint is not None and settings.secret_file is not None
+        channel = Channel(
+            settings.endpoint,
+            protocol.read_secret(settings.secret_file),
+            rank=rank,
+            attempt=settings.attempt,
+        )
+    rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
+    start = rt.start(loaded)
+    install_excepthook(rt)
+    _runtime = rt
+    return start, loaded.extra
+
+
+def step(step: int, extra: Any = None) -> None:
+    """Mark iteration ``step`` (0-based) finished: heartbeat, save or stop when one is due."""
+    rt = _runtime
+    if rt is None:
+        raise RuntimeError("call worker_sdk.resume() before worker_sdk.step()")
+    now = _monotonic()
+    dt = now - rt.t_last
+    rt.t_last = now
+    rt.last_step = step
+    if dt > rt.max_dt:
+        rt.max_dt = dt
+    if step >= rt.next_save_step or now >= rt.next_due:
+        rt.slow_path(step, extra, now)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Declare a long phase (evaluation, a big save) so that it is not taken for a hang."""
+    rt = _runtime
+    if rt is None:
+        yield
+        return
+    began = _monotonic()
+    rt.phase_changed(name, True)
+    try:
+        yield
+    finally:
+        rt.phase_changed(name, False)
+        rt.t_last += _monotonic() - began  # the phase is not part of a step's duration
+
+
+def _rank_and_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a requirement of the SDK
+        dist = None  # type: ignore[assignment]
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _reset_for_tests() -> None:
+    """Forget the runtime (tests that call resume() twice in one process)."""
+    global _runtime
+    if _runtime is not None:
+        _runtime.shutdown()
+    _runtime = None

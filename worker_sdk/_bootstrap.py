@@ -1,0 +1,46 @@
+"""What torchrun starts on every rank under rvsup: arm the parent-death signal, then exec the command.
+
+``python -m worker_sdk._bootstrap CMD [ARGS...]`` asks the kernel to SIGKILL this process when its
+parent (torchrun) dies, then replaces itself with ``CMD``. The setting survives ``execve``, so the
+training process dies with torchrun, which itself dies with the supervisor (set by the supervisor
+the same way): killing the supervisor with SIGKILL leaves no orphaned rank behind, even one stopped
+with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it costs a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def arm_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent thread exits (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: exec ``argv`` with the parent-death signal armed."""
+    if not argv:
+        print("usage: python -m worker_sdk._bootstrap CMD [ARGS...]", file=sys.stderr)
+        return 2
+    parent = os.getppid()
+    arm_parent_death_signal()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        return 1
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"rvsup: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""Capture and restore every random number generator a training step may draw from.
+
+The captured form holds only tuples, ints, floats, strings and tensors, so a checkpoint
+holding it loads with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is optional for training scripts
+    np = None  # type: ignore[assignment]
+
+
+def capture() -> dict[str, Any]:
+    """The current states of Python's, NumPy's (if importable), torch's CPU and CUDA RNGs.
+
+    CUDA states are captured only once CUDA is initialised in this process, so a CPU-only
+    script on a GPU host does not create CUDA contexts just to be checkpointed.
+    """
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": (version, tuple(internal), gauss),
+        "torch": torch.get_rng_state(),
+    }
+    np_state = None if np is None else np.random.get_state(legacy=True)
+    if isinstance(np_state, tuple):
+        kind, keys, pos, has_gauss, cached = np_state
+        state["numpy"] = {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore(state: Mapping[str, Any]) -> None:
+    """Put back the states :func:`capture` returned (those present in ``state``)."""
+    version, internal, gauss = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    torch.set_rng_state(_byte_tensor(state["torch"]))
+    saved_np = state.get("numpy")
+    if np is not None and saved_np is not None:
+        np.random.set_state(
+            (
+                str(saved_np["kind"]),
+                saved_np["keys"].numpy().astype(np.uint32),
+                int(saved_np["pos"]),
+                int(saved_np["has_gauss"]),
+                float(saved_np["cached_gaussian"]),
+            )
+        )
+    saved_cuda = state.get("cuda")
+    if saved_cuda and torch.cuda.is_available():
+        for index, cuda_state in enumerate(saved_cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_byte_tensor(cuda_state), index)
+
+
+def _byte_tensor(value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"an RNG state must be a tensor, got {type(value).__name__}")
+    return value.detach().to(device="cpu", dtype=torch.uint8).contiguous()

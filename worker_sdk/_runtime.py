@@ -1,0 +1,292 @@
+"""One rank's runtime: the state behind ``resume()`` and ``step()``.
+
+The per-step path (:meth:`Runtime.step` inlined in ``worker_sdk.step``) reads the monotonic clock
+(vDSO, no syscall), updates three slots and compares two numbers; everything else happens in
+:meth:`Runtime.slow_path` when a heartbeat, a save or a coordinated stop is due.
+
+Coordinated saves (a stop, or a time-based save the supervisor schedules) must happen at one step on
+every rank, or a rank would block in a collective the others skip. The supervisor sends
+SYNC_REQUEST; each rank notices it at its next heartbeat and from then on reports every finished step
+with SYNC and waits for the answer: CONTINUE, or SAVE_AT S once every rank has reported. Because each
+rank waits after every reported step, no rank can be past S = (highest reported step) + 1.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import IO, Any
+
+from . import protocol as p
+from ._settings import Settings
+from .checkpoint import Checkpointer, LoadResult, Stateful
+from .heartbeat import Channel
+
+_NEVER = sys.maxsize
+
+
+class Runtime:
+    """State of one rank. Created by ``worker_sdk.resume()``."""
+
+    __slots__ = (
+        "_dump_file",
+        "channel",
+        "checkpointer",
+        "extra_default",
+        "hb_due",
+        "in_phase",
+        "last_step",
+        "max_dt",
+        "next_due",
+        "next_save_step",
+        "objects",
+        "periodic_next",
+        "rank",
+        "save_due_t",
+        "settings",
+        "stop_after_save",
+        "sync_mode",
+        "sync_save_at",
+        "t_last",
+        "world_size",
+    )
+
+    def __init__(
+        self,
+        settings: Settings,
+        objects: Sequence[Stateful],
+        checkpointer: Checkpointer | None,
+        channel: Channel | None,
+        *,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.settings = settings
+        self.objects = objects
+        self.checkpointer = checkpointer
+        self.channel = channel
+        self.rank = rank
+        self.world_size = world_size
+        self.extra_default: Any = None
+        now = time.monotonic()
+        self.t_last = now
+        self.max_dt = 0.0
+        self.last_step = -1
+        self.in_phase = False
+        self.sync_mode = False
+        self.stop_after_save = False
+        self.periodic_next = _NEVER
+        self.sync_save_at = _NEVER
+        self.next_save_step = _NEVER
+        self.hb_due = now + settings.heartbeat_interval_s if channel else math.inf
+        every_s = settings.every_s if world_size == 1 and checkpointer else None
+        self.save_due_t = now + every_s if every_s else math.inf
+        self.next_due = min(self.hb_due, self.save_due_t)
+        self._dump_file: IO[str] | None = None
+
+    # ------------------------------------------------------------------ start-up
+    def start(self, loaded: LoadResult) -> int:
+        """Announce the rank, report what was loaded; return the first step to run."""
+        start = 0 if loaded.step is None else loaded.step + 1
+        self._set_periodic(start - 1)
+        if self.channel is not None:
+            s = self.settings
+            self.channel.send(
+                p.Kind.HELLO,
+                step=start,
+                payload={
+                    "host": s.host,
+                    "local_rank": _local_rank(),
+                    "world_size": self.world_size,
+                },
+            )
+            for path, reason in loaded.skipped:
+                self.channel.send(
+                    p.Kind.CKPT_SKIPPED, payload={"path": str(path), "reason": reason}
+                )
+            loaded_from = str(loaded.path) if loaded.path else None
+            self.channel.send(p.Kind.LOADED, step=start, payload={"path": loaded_from})
+        self._arm_stack_dumps()
+        self.t_last = time.monotonic()
+        return start
+
+    def _arm_stack_dumps(self) -> None:
+        diag = self.settings.diagnostics_dir
+        if diag is None:
+            return
+        diag.mkdir(parents=True, exist_ok=True)
+        self._dump_file = open(diag / f"rank-{self.rank:05d}.stacks", "a")  # noqa: SIM115
+        faulthandler.register(
+            self.settings.dump_signal, file=self._dump_file, all_threads=True, chain=False
+        )
+
+    def _set_periodic(self, last_finished: int) -> None:
+        n = self.settings.every_steps
+        if n <= 0 or self.checkpointer is None:
+            self.periodic_next = _NEVER
+        else:
+            # save after step s when (s + 1) % n == 0: the checkpoint resumes at a multiple of n
+            self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
+        self.next_save_step = min(self.periodic_next, self.sync_save_at)
+
+    # ------------------------------------------------------------------ the slow path
+    def slow_path(self, step: int, extra: Any, now: float) -> None:
+        """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
+        if now >= self.hb_due:
+            self._heartbeat(step, now)
+        if self.sync_mode:
+            self._sync_round(step)
+        if step >= self.next_save_step or now >= self.save_due_t:
+            self._save(step, extra)
+        self.next_due = 0.0 if self.sync_mode else min(self.hb_due, self.save_due_t)
+
+    def _heartbeat(self, step: int, now: float) -> None:
+        ch = self.channel
+        assert ch is not None
+        flags = p.FLAG_IN_PHASE if self.in_phase else 0
+        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, flags=flags)
+        self.max_dt = 0.0
+        self.hb_due = now + self.settings.heartbeat_interval_s
+        while (msg := ch.receive()) is not None:
+            if msg.kind is p.Kind.SYNC_REQUEST:
+                self.sync_mode = True
+
+    def _sync_round(self, step: int) -> None:
+        ch = self.channel
+        assert ch is not None
+        ch.send(p.Kind.SYNC, step=step)
+        deadline = time.monotonic() + 600.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(f"rvsup: rank {self.rank}: no answer to a coordinated save", file=sys.stderr)
+                os._exit(p.EXIT_SYNC_TIMEOUT)
+            msg = ch.receive(timeout_s=min(left, 1.0))
+            if msg is None:
+                continue
+            if msg.kind is p.Kind.CONTINUE:
+                return
+            if msg.kind is p.Kind.SYNC_CANCEL:
+                self.sync_mode = False
+                return
+            if msg.kind is p.Kind.SAVE_AT:
+                if msg.step < step:
+                    raise RuntimeError(
+                        f"rvsup: asked to save at step {msg.step}, already at {step}"
+                    )
+                self.sync_mode = False
+                self.stop_after_save = self.stop_after_save or bool(msg.flags & p.FLAG_STOP)
+                if self.checkpointer is None:  # nothing to save: stop now or go on
+                    self._leave_if_stopping(step)
+                    return
+                self.sync_save_at = msg.step
+                self.next_save_step = min(self.periodic_next, msg.step)
+                return
+
+    def _save(self, step: int, extra: Any) -> None:
+        ck = self.checkpointer
+        if ck is not None:
+            if self.channel is not None:
+                self.channel.send(p.Kind.CKPT_BEGIN, step=step)
+            result = ck.save(step, self.objects, extra)
+            if self.channel is not None and result.committed:
+                self.channel.send(
+                    p.Kind.CKPT_COMMITTED,
+                    step=step,
+                    value=result.seconds,
+                    payload={"path": str(result.path), "bytes": result.nbytes},
+                )
+        now = time.monotonic()
+        if self.save_due_t != math.inf and self.settings.every_s:
+            self.save_due_t = now + self.settings.every_s
+        coordinated = step >= self.sync_save_at
+        if coordinated:
+            self.sync_save_at = _NEVER
+        self._set_periodic(step)
+        self.t_last = now  # the save is not a training step
+        if coordinated:
+            self._leave_if_stopping(step)
+
+    def _leave_if_stopping(self, step: int) -> None:
+        if not self.stop_after_save:
+            return
+        if self.channel is not None:
+            self.channel.send(p.Kind.EXITING, step=step, payload={"reason": "stop requested"})
+        self.shutdown()
+        _leave_process_group()
+        sys.exit(0)
+
+    # ------------------------------------------------------------------ phases and failures
+    def phase_changed(self, name: str, begin: bool) -> None:
+        self.in_phase = begin
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.PHASE, step=self.last_step, payload={"name": name, "begin": begin}
+            )
+
+    def report_exception(self, exc: BaseException) -> bool:
+        """Tell the supervisor why this rank dies; True when it is an out-of-memory error."""
+        oom = _is_oom(exc)
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.FAILURE,
+                step=self.last_step + 1,
+                payload={
+                    "kind": "oom" if oom else "exception",
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:2000],
+                },
+            )
+        return oom
+
+    def shutdown(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self._dump_file is not None:
+            faulthandler.unregister(self.settings.dump_signal)
+            self._dump_file.close()
+            self._dump_file = None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if "torch" in sys.modules:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    return type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def install_excepthook(rt: Runtime) -> None:
+    """Report uncaught exceptions (OOM in particular) before the rank dies."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        oom = False
+        try:
+            oom = rt.report_exception(exc)
+            rt.shutdown()
+        finally:
+            previous(kind, exc, tb)
+        if oom:
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(p.EXIT_OOM)
+
+    sys.excepthook = hook

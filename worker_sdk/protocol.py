@@ -1,0 +1,177 @@
+"""The wire contract between the supervisor and the ranks.
+
+Shared by both sides: the supervisor may import this module, the SDK never imports the
+supervisor. Nothing here imports torch.
+
+A message is one ZeroMQ frame::
+
+    header (struct ``HEADER``) | payload (UTF-8 JSON object, often empty) | HMAC-SHA256 (32 bytes)
+
+The MAC covers header and payload and is keyed with the per-job secret. Receivers drop
+(and count) anything that is too long, too short, badly tagged, wrongly authenticated, from
+another attempt, or replayed (a sequence number not above the last one from that sender).
+Nothing received is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+# ---------------------------------------------------------------- environment variables
+ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to
+ENV_SECRET_FILE: Final = "RVSUP_SECRET_FILE"  # 0600 file holding the per-job secret
+ENV_JOB: Final = "RVSUP_JOB"  # job name
+ENV_ATTEMPT: Final = "RVSUP_ATTEMPT"  # attempt number, 1-based, across allocations
+ENV_RUN_DIR: Final = "RVSUP_RUN_DIR"
+ENV_CHECKPOINT_DIR: Final = "RVSUP_CHECKPOINT_DIR"  # also read standalone (no supervisor)
+ENV_CKPT_EVERY_STEPS: Final = "RVSUP_CKPT_EVERY_STEPS"  # 0: never by step count
+ENV_CKPT_EVERY_S: Final = "RVSUP_CKPT_EVERY_S"  # standalone only; the supervisor drives time
+ENV_KEEP_LAST: Final = "RVSUP_KEEP_LAST"
+ENV_HEARTBEAT_INTERVAL: Final = "RVSUP_HEARTBEAT_INTERVAL"  # seconds, float
+ENV_SUPERVISOR_PID: Final = "RVSUP_SUPERVISOR_PID"
+ENV_DIAGNOSTICS_DIR: Final = "RVSUP_DIAGNOSTICS_DIR"  # where stack dumps of this attempt go
+ENV_DUMP_SIGNAL: Final = "RVSUP_DUMP_SIGNAL"  # signal number that makes a rank dump stacks
+ENV_LAST_FAILURE: Final = "RVSUP_LAST_FAILURE"  # kind of the failure that ended the last attempt
+ENV_OOM_COUNT: Final = "RVSUP_OOM_COUNT"  # OOM failures so far in this job
+ENV_RESTART_COUNT: Final = "RVSUP_RESTART_COUNT"  # restarts charged so far in this job
+
+# ---------------------------------------------------------------- reserved rank exit codes
+EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
+EXIT_SUPERVISOR_LOST: Final = 87  # the SDK's watchdog saw the supervisor disappear
+EXIT_SYNC_TIMEOUT: Final = 88  # a coordinated save never got the supervisor's answer
+
+# ---------------------------------------------------------------- limits
+MAX_MESSAGE_BYTES: Final = 16 * 1024
+MAC_BYTES: Final = 32
+SECRET_BYTES: Final = 32
+MAGIC: Final = b"RV1"
+# magic, type, flags, rank, attempt, pid, seq, step, value
+HEADER: Final = struct.Struct("<3sBBxxxiIIQqd")
+FLAG_STOP: Final = 1  # SAVE_AT / SYNC_REQUEST: exit after the save
+FLAG_IN_PHASE: Final = 2  # HEARTBEAT: the rank is inside worker_sdk.phase()
+FLAG_SAVING: Final = 4  # HEARTBEAT: the rank is writing a checkpoint
+
+
+class Kind(enum.IntEnum):
+    """Message types. Values below 20 travel rank -> supervisor, the rest the other way."""
+
+    HELLO = 1  # payload: host, local_rank, world_size
+    HEARTBEAT = 2  # step: last finished step; value: longest step (s) since the last heartbeat
+    SYNC = 3  # step: last finished step; the rank waits for CONTINUE or SAVE_AT
+    CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes (rank 0 only)
+    CKPT_SKIPPED = 5  # payload: path, reason (a torn or corrupt checkpoint passed over)
+    FAILURE = 6  # step; payload: kind ("oom" | "exception"), type, message
+    PHASE = 7  # payload: name, begin (bool)
+    EXITING = 8  # step; payload: reason; the rank leaves cleanly after a requested stop
+    CKPT_BEGIN = 9  # step: a save started; hang detection allows for it
+    LOADED = 10  # step: resume step; payload: path (or null on a fresh start)
+    SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
+    CONTINUE = 21  # answer to SYNC: go on with the next step
+    SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)
+    SYNC_CANCEL = 23  # answer to SYNC when no coordinated save is pending: leave sync mode
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded, authenticated message."""
+
+    kind: Kind
+    rank: int
+    attempt: int
+    pid: int
+    seq: int
+    step: int = -1
+    value: float = 0.0
+    flags: int = 0
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class BadMessageError(ValueError):
+    """Raised by :func:`decode` with the reason a frame was dropped."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def encode(
+    key: bytes,
+    kind: Kind,
+    *,
+    rank: int,
+    attempt: int,
+    pid: int,
+    seq: int,
+    step: int = -1,
+    value: float = 0.0,
+    flags: int = 0,
+    payload: dict[str, Any] | None = None,
+) -> bytes:
+    """Serialise and authenticate one message."""
+    body = HEADER.pack(MAGIC, int(kind), flags, rank, attempt, pid, seq, step, value)
+    if payload:
+        body += json.dumps(payload, separators=(",", ":")).encode()
+    return body + hmac.digest(key, body, "sha256")
+
+
+def decode(key: bytes, frame: bytes) -> Message:
+    """Check and decode one frame; raise :class:`BadMessageError` saying why it is dropped."""
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise BadMessageError("oversized")
+    if len(frame) < HEADER.size + MAC_BYTES:
+        raise BadMessageError("truncated")
+    body, mac = frame[:-MAC_BYTES], frame[-MAC_BYTES:]
+    if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256")):
+        raise BadMessageError("unauthenticated")
+    magic, kind, flags, rank, attempt, pid, seq, step, value = HEADER.unpack_from(body)
+    if magic != MAGIC:
+        raise BadMessageError("bad magic")
+    try:
+        k = Kind(kind)
+    except ValueError:
+        raise BadMessageError("unknown kind") from None
+    payload: dict[str, Any] = {}
+    if len(body) > HEADER.size:
+        try:
+            loaded = json.loads(body[HEADER.size :])
+        except (UnicodeDecodeError, ValueError):
+            raise BadMessageError("bad payload") from None
+        if not isinstance(loaded, dict):
+            raise BadMessageError("bad payload")
+        payload = loaded
+    return Message(k, rank, attempt, pid, seq, step, value, flags, payload)
+
+
+def new_secret() -> bytes:
+    return os.urandom(SECRET_BYTES)
+
+
+def write_secret(path: str, secret: bytes) -> None:
+    """Write the secret to a new 0600 file (replacing an old one atomically)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secret.hex().encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_secret(path: str) -> bytes:
+    """Read the secret; refuse a file that others can read or write."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077:
+            raise PermissionError(f"{path}: secret file must not be accessible to others")
+        data = os.read(fd, 4 * SECRET_BYTES)
+    finally:
+        os.close(fd)
+    return bytes.fromhex(data.decode().strip())
