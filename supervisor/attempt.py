@@ -104,6 +104,8 @@ class Attempt:
         self._stop_deadline = float("inf")
         self._hang_silence_s: float | None = None
         self._noticed_at: float | None = None
+        self._oom_baseline = proctree.host_oom_kill_count()
+        self._sigkilled = False  # a rank died of SIGKILL: maybe the kernel's OOM killer
         self._t0 = time.monotonic()
         self.state = JobState.STARTING
 
@@ -250,6 +252,8 @@ class Attempt:
         self._exits.append(
             RankExit(rank=rank, pid=pid, exit_code=status.code, signal=status.signal)
         )
+        if status.signal == signal.SIGKILL:
+            self._sigkilled = True
         if status.code != 0:
             self._sign_of_failure(now)
 
@@ -325,9 +329,13 @@ class Attempt:
             silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
         )
         if hung:
-            behind = sorted(hung, key=lambda r: self._last_step_of(r))
-            self._silent = tuple(behind)
-            self._hang_silence_s = max(s.silent_s for s in silences if s.rank in hung)
+            # every rank that has been quiet for a while is part of the hang (in lock-step training
+            # the others wait in a collective); the furthest behind, then the longest silent, first
+            limit = max(s.silent_s for s in silences if s.rank in hung)
+            quiet = [s for s in silences if s.silent_s >= limit / 2]
+            quiet.sort(key=lambda s: (self._last_step_of(s.rank), -s.silent_s))
+            self._silent = tuple(s.rank for s in quiet)
+            self._hang_silence_s = limit
             self._first_sign_t = now
             self._noticed_at = time.time()
             self._finish("hang")
@@ -425,6 +433,12 @@ class Attempt:
         if self._launcher_rc is None:
             self._launcher_rc = self._popen.returncode
 
+    def _host_oom_kills(self) -> int:
+        """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
+        if not self._sigkilled or self._oom_baseline is None:
+            return 0
+        return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
+
     def _result(self, outcome: str, diagnostics: str | None) -> AttemptResult:
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
         hb_timeout = self.hang_timeout_s
@@ -437,6 +451,7 @@ class Attempt:
             last_steps=last_steps,
             stop_reason=self.stop_reason,
             stderr_tail=launcher.stderr_tail(self.plan.log_dir) if outcome != "succeeded" else "",
+            host_oom_kills=self._host_oom_kills(),
         )
         detect_s = self._hang_silence_s if outcome == "hang" else None
         newest = self.tracker.newest_step

@@ -12,8 +12,8 @@
 - :func:`srun_argv` builds the one ``srun`` step that runs torchrun once on every node; see its
   docstring for each flag and for how to tear the step down. :func:`step_ids`,
   :func:`signal_step` and :func:`cancel_step` act on that step by its name.
-- :func:`expand_hostlist`, :func:`expand_counts` and :func:`parse_time_left` are pure parsers of
-  Slurm's compact notations.
+- :func:`expand_hostlist`, :func:`expand_counts`, :func:`parse_time_left` and
+  :func:`parse_job_record` are pure parsers of Slurm's notations.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "expand_hostlist",
     "is_requeueable",
     "job_info",
+    "parse_job_record",
     "parse_time_left",
     "requeue",
     "signal_step",
@@ -49,6 +50,9 @@ __all__ = [
 COMMAND_TIMEOUT_S: Final = 30.0
 #: How many times a command that fails transiently is tried in all.
 COMMAND_ATTEMPTS: Final = 4
+#: Back-off between tries: RETRY_WAIT_S, doubling, at most RETRY_WAIT_MAX_S.
+RETRY_WAIT_S: Final = 0.5
+RETRY_WAIT_MAX_S: Final = 8.0
 #: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
 _BATCH_STEP_IDS: Final = frozenset({"batch", "4294967294"})
 # stderr fragments of failures that go away when the command is tried again a little later.
@@ -61,8 +65,7 @@ _TRANSIENT_ERRORS: Final = (
     "resource temporarily unavailable",
     "communication connection failure",
     "slurm_receive_msg",
-    "backup controller in standby mode",
-    "controller in standby",
+    "in standby mode",
 )
 
 
@@ -90,8 +93,9 @@ class Allocation:
     in_batch_step: bool  #: this process is the batch script's, not an srun task's or salloc's
 
 
-def _run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+def _run(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
     """Run one Slurm command once and return its stdout; raise :class:`SlurmError` if it fails."""
+    timeout_s = COMMAND_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         done = subprocess.run(
             list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
@@ -112,16 +116,17 @@ def _run_retrying(argv: Sequence[str]) -> str:
     retrying = Retrying(
         retry=retry_if_exception(lambda error: isinstance(error, SlurmError) and error.transient),
         stop=stop_after_attempt(COMMAND_ATTEMPTS),
-        wait=wait_exponential(multiplier=0.5, max=8.0),
+        wait=wait_exponential(multiplier=RETRY_WAIT_S, max=RETRY_WAIT_MAX_S),
         reraise=True,
     )
     return retrying(_run, argv)
 
 
 def _int_or_none(text: str | None) -> int | None:
-    if text is None or not text.strip().isdigit():
+    try:
+        return None if text is None else int(text)
+    except ValueError:
         return None
-    return int(text)
 
 
 def detect(env: Mapping[str, str] | None = None) -> Allocation | None:
@@ -286,11 +291,17 @@ _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
 def job_info(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o ID`` as a dict (JobState, Requeue, Restarts, TimeLimit, EndTime, ...).
+    """``scontrol show job -o ID`` as a dict: JobState, Requeue, Restarts, TimeLimit, EndTime..."""
+    return parse_job_record(_run_retrying(["scontrol", "show", "job", "-o", job_id]), job_id)
 
-    A value may contain spaces (JobName, Command): it runs up to the next ``Key=``.
+
+def parse_job_record(text: str, job_id: str) -> dict[str, str]:
+    """The ``Key=Value`` fields of job ``job_id`` in ``scontrol show job -o`` output.
+
+    The output has one line per job (several for an array); the line of ``job_id`` is used, else
+    the first. A value may contain spaces (JobName, Command): it runs up to the next `` Key=``.
     """
-    lines = _run_retrying(["scontrol", "show", "job", "-o", job_id]).splitlines()
+    lines = text.splitlines()
     wanted = [line for line in lines if line.startswith(f"JobId={job_id} ")]
     line = (wanted or lines or [""])[0]
     fields = list(_FIELD.finditer(line))

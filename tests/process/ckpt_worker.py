@@ -72,8 +72,15 @@ def main() -> None:
         if mode == "load":
             got = ck.load_latest([model, opt], extra=None)
             skipped = [[str(p), why] for p, why in got.skipped]
-            emit(event="loaded", step=got.step, extra=got.extra, digest=digest(model),
-                 next_draw=torch.rand(1).item(), skipped=skipped)  # fmt: skip
+            draw = torch.rand(1).item()
+            emit(
+                event="loaded",
+                step=got.step,
+                extra=got.extra,
+                digest=digest(model),
+                next_draw=draw,
+                skipped=skipped,
+            )
             return
         for step in range(max(steps, default=-1) + 1):
             loss = model(torch.randn(8, 4)).pow(2).mean()
@@ -82,8 +89,14 @@ def main() -> None:
             opt.step()
             if step in steps:
                 result = ck.save(step, [model, opt], extra={"rank": rank, "step": step})
-                emit(event="saved", step=step, committed=result.committed, digest=digest(model),
-                     next_draw=torch.rand(1).item())  # fmt: skip
+                draw = torch.rand(1).item()
+                emit(
+                    event="saved",
+                    step=step,
+                    committed=result.committed,
+                    digest=digest(model),
+                    next_draw=draw,
+                )
     finally:
         dist.destroy_process_group()
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,10 +76,10 @@ def run_group(args: list[str]) -> list[list[dict[str, Any]]]:
         return outputs
 
 
-def wait_for(paths: list[Path], timeout_s: float) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"never appeared: {[p for p in paths if not p.exists()]}"
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
 
@@ -116,11 +116,10 @@ def test_rank_killed_before_agreement_commits_nothing(tmp_path: Path) -> None:
     """kill -9 of rank 1 after writing its part but before the ranks agree: the step is never
     committed, and the previous checkpoint is what a restart loads."""
     ck = tmp_path / "ckpt"
-    [[first], _] = run_group(["save", str(ck), str(tmp_path / "store1"), "a1", "1"])
     hang_file = tmp_path / "rank1-hangs"
-    tmp_dir = ck / temp_name(2, "a2")
+    tmp_dir = ck / temp_name(2, "a1")
     with launched() as procs:
-        args = ["save", str(ck), str(tmp_path / "store2"), "a2", "1,2"]
+        args = ["save", str(ck), str(tmp_path / "store1"), "a1", "1,2"]
         rank0 = spawn(procs, args, 0)
         rank1 = spawn(
             procs,
@@ -129,8 +128,15 @@ def test_rank_killed_before_agreement_commits_nothing(tmp_path: Path) -> None:
             {"CKPT_WORKER_HANG_AT": "2", "CKPT_WORKER_HANG_FILE": str(hang_file)},
         )
         parts = [tmp_dir / SHARED, tmp_dir / rank_file(0), tmp_dir / rank_file(1)]
-        wait_for([hang_file, *parts], timeout_s=GROUP_TIMEOUT_S)
+        committed = ck / committed_name(2)
+        wait_until(hang_file.exists, GROUP_TIMEOUT_S, "rank 1 to write its part")
+        wait_until(
+            lambda: all(p.exists() for p in parts) or committed.exists(),
+            GROUP_TIMEOUT_S,
+            "rank 0 to write its part",
+        )
         time.sleep(0.5)  # rank 0 is waiting for rank 1 in the agreement
+        assert not committed.exists()
         assert rank0.poll() is None
         os.kill(rank1.pid, signal.SIGKILL)
         assert rank1.wait(timeout=30) == -signal.SIGKILL
@@ -140,12 +146,15 @@ def test_rank_killed_before_agreement_commits_nothing(tmp_path: Path) -> None:
             os.killpg(rank0.pid, signal.SIGKILL)
             rank0.wait(timeout=30)
         assert rank0.returncode != 0
+        assert rank0.stdout is not None
+        [first] = [json.loads(line) for line in rank0.stdout.read().splitlines()]
+        assert (first["step"], first["committed"]) == (1, True)
     assert not (ck / committed_name(2)).exists()
     assert all(p.exists() for p in parts)  # every part was durable, yet nothing was committed
     newest = layout.latest(ck)
     assert newest is not None
     assert newest.step == 1
-    loaded = run_group(["load", str(ck), str(tmp_path / "store3"), "a3"])
+    loaded = run_group(["load", str(ck), str(tmp_path / "store2"), "a2"])
     for rank, (got,) in enumerate(loaded):
         assert (got["step"], got["extra"]) == (1, {"rank": rank, "step": 1})
         assert got["digest"] == first["digest"]

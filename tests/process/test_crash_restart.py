@@ -26,7 +26,9 @@ from .harness import (
 pytestmark = pytest.mark.process
 
 
-def test_kill9_of_rank1_restarts_and_ends_bit_identical(tmp_path: Path, reference_final: Path) -> None:
+def test_kill9_of_rank1_restarts_and_ends_bit_identical(
+    tmp_path: Path, reference_final: Path
+) -> None:
     """SIGKILL of rank 1 mid-run: noticed within 0.1 s, one crash and one restart in the history,
     and the final model and optimizer are bit-identical to an uninterrupted run."""
     final = tmp_path / "final.pt"
@@ -102,15 +104,15 @@ def test_torn_checkpoint_from_a_kill_during_save_is_never_loaded(
     """Rank 0 killed while writing a checkpoint: the torn one is never loaded; the result is still
     bit-identical."""
     final = tmp_path / "final.pt"
-    job = write_job(
-        tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05", "BALLAST_MB": "300"}
-    )
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05", "BALLAST_MB": "300"})
     ckpt = tmp_path / "ckpt"
     with running(job) as proc:
         st = wait_progress(job, min_step=12)
         rank0 = next(r for r in st["ranks"] if r["rank"] == 0)
         torn = wait_for(
-            lambda: sorted(ckpt.glob(".tmp-step-*")), timeout=60, what="a save in progress",
+            lambda: sorted(ckpt.glob(".tmp-step-*")),
+            timeout=60,
+            what="a save in progress",
             interval=0.002,
         )
         os.kill(rank0["pid"], signal.SIGKILL)
@@ -127,3 +129,34 @@ def test_torn_checkpoint_from_a_kill_during_save_is_never_loaded(
 
 def named_commit(evs: list[dict[str, object]], step: int) -> bool:
     return any(e["event"] == "checkpoint_committed" and e["step"] == step for e in evs)
+
+
+def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> None:
+    """A rank failing at step 15 every attempt: the first attempt committed step 9, the next ones
+    commit nothing new -> give up after max_no_progress restarts in a row, named deterministic."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "raise:1:15:*"},
+        restart='max_restarts = 10\nbackoff = "0.1s"\nmax_no_progress = 2',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 3, res.stderr
+    evs = events(tmp_path / "run")
+    assert len(named(evs, "attempt_started")) == 3
+    reason = named(evs, "job_gave_up")[0]["reason"]
+    assert "no progress: 2 restarts in a row without a new checkpoint" in reason
+    assert "deterministic: rank 1 fails at step 15" in reason
+
+
+def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
+    """max_restarts = 0: a SIGTERM stop and a fresh start still complete; nothing was charged."""
+    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"}, total=40, restart="max_restarts = 0")
+    with running(job) as proc:
+        wait_progress(job, min_step=5)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    res = rvsup("start", str(job), timeout=120)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert not named(evs, "restart_scheduled") and named(evs, "job_succeeded")

@@ -2,8 +2,9 @@
 
 FAULT="kind:rank:step[:attempt]" (several separated by ","); attempt "*" or absent means every
 attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
-forever inside the loop), sigstop (SIGSTOP itself), mismatch (an extra all_reduce the other ranks
-never join: a real gloo hang), ignore_term (ignore SIGTERM from that step on), exit0 (leave early).
+forever inside the loop), sigstop (SIGSTOP itself), mismatch (a receive the other rank never
+sends while it waits in the next all-reduce: a real gloo hang), ignore_term (ignore SIGTERM from that step on), exit0 (leave early), hostoom (join the
+memory-limited cgroup OOM_CGROUP and allocate until the kernel's OOM killer strikes).
 STEP_SLEEP=seconds slows every step, BALLAST_MB=n adds n MB to every rank's checkpoint. FINAL=path: rank 0 saves the final model and optimizer there.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,15 +44,23 @@ def inject(kind: str, step: int) -> None:
             time.sleep(3600)
     if kind == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
-    if kind == "mismatch":
-        dist.all_reduce(torch.ones(1))
+    if kind == "mismatch":  # a receive the peer never sends; the peer then waits in all-reduce
+        dist.recv(torch.zeros(1), src=1 - dist.get_rank())
     if kind == "ignore_term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if kind == "exit0":
         os._exit(0)
+    if kind == "hostoom":  # move into a memory-limited cgroup, then allocate until the kernel kills us
+        limited = Path(os.environ["OOM_CGROUP"])
+        (limited / "cgroup.procs").write_text(str(os.getpid()))
+        hog = []
+        while True:
+            hog.append(torch.ones(16 * 2**20 // 4))
 
 
 def main() -> None:
+    if os.environ.get("OOM_BEFORE_RESUME") == os.environ.get("RVSUP_ATTEMPT"):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected before the SDK was set up)")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     attempt = int(os.environ.get("RVSUP_ATTEMPT", "0"))
@@ -67,7 +77,9 @@ def main() -> None:
     if ballast_mb:
         extra["ballast"] = torch.zeros(ballast_mb * 2**18)
     start, extra = worker_sdk.resume(ddp, opt, sched, extra=extra)
-    print(f"rank {rank} attempt {attempt} resumes at {start}", flush=True)
+    last = os.environ.get("RVSUP_LAST_FAILURE", "-")
+    ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
+    print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)
     for step in range(start, total):
         for kind in faults_now(rank, step, attempt):
             inject(kind, step)

@@ -1,7 +1,11 @@
-"""Slurm's compact notations (host lists, per-node counts, squeue %L) and reading the allocation
-from an environment, without a cluster."""
+"""supervisor.slurm without a cluster: Slurm's notations (host lists, per-node counts, squeue %L,
+scontrol records), the allocation read from an environment, srun's argv, and retries of failing
+commands (a fake squeue)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +158,91 @@ def test_srun_argv_leaves_out_unknown_resources() -> None:
     assert alloc is not None
     argv = slurm.srun_argv(alloc, ["true"], job_name="x")
     assert not [flag for flag in argv if flag.startswith(("--cpus-per-task", "--gpus-per-node"))]
+
+
+RECORD = (
+    "JobId=7 JobName=my job UserId=root(0) GroupId=root(0) Priority=1 JobState=RUNNING "
+    "Reason=None Requeue=1 Restarts=2 BatchFlag=1 TimeLimit=00:05:00 "
+    "EndTime=2026-11-22T19:20:00 NodeList=node[1-2] NumNodes=2 TRES=cpu=2,node=2,billing=2 "
+    "Socks/Node=* NtasksPerN:B:S:C=0:0:*:* Command=/tmp/a b.sh Comment=x"
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("JobId", "7"),
+        ("JobName", "my job"),
+        ("JobState", "RUNNING"),
+        ("Requeue", "1"),
+        ("Restarts", "2"),
+        ("TimeLimit", "00:05:00"),
+        ("EndTime", "2026-11-22T19:20:00"),
+        ("TRES", "cpu=2,node=2,billing=2"),
+        ("Socks/Node", "*"),
+        ("NtasksPerN:B:S:C", "0:0:*:*"),
+        ("Command", "/tmp/a b.sh"),
+        ("Comment", "x"),
+    ],
+)
+def test_parse_job_record(key: str, expected: str) -> None:
+    """Each Key=Value of scontrol's one-line record is read, spaces in values included."""
+    assert slurm.parse_job_record(RECORD, "7")[key] == expected
+
+
+def test_parse_job_record_picks_the_asked_job() -> None:
+    """Of several records (an array job) the one of the asked id is used."""
+    text = "JobId=8 ArrayTaskId=1 JobState=PENDING\nJobId=9 ArrayTaskId=2 JobState=RUNNING\n"
+    assert slurm.parse_job_record(text, "9")["JobState"] == "RUNNING"
+    assert slurm.parse_job_record(text, "10")["JobState"] == "PENDING"
+    assert slurm.parse_job_record("", "10") == {}
+
+
+FAKE_SQUEUE = """#!/bin/bash
+# answers from $FAKE_DIR/answers, one line per call: transient, permanent, hang or the stdout
+echo "$*" >> "$FAKE_DIR/calls"
+answer=$(sed -n "$(wc -l < "$FAKE_DIR/calls")p" "$FAKE_DIR/answers")
+case $answer in
+  transient) echo "squeue: error: Socket timed out on send/recv operation" >&2; exit 1 ;;
+  permanent) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
+  hang) exec sleep 5 ;;
+  *) echo "$answer" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected", "calls"),
+    [
+        (["4:59"], 299.0, 1),
+        (["transient", "transient", "1:00"], 60.0, 3),
+        (["hang", "2:00"], 120.0, 2),
+        (["transient"] * 4, "transient", 4),
+        (["permanent", "1:00"], "permanent", 1),
+    ],
+)
+def test_transient_failures_are_retried(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    answers: list[str],
+    expected: float | str,
+    calls: int,
+) -> None:
+    """Transient failures and timeouts are retried a bounded number of times, others not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(FAKE_SQUEUE)
+    (bin_dir / "squeue").chmod(0o755)
+    (tmp_path / "answers").write_text("\n".join(answers) + "\n")
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm, "RETRY_WAIT_S", 0.01)
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    if isinstance(expected, float):
+        assert slurm.time_left_s("7") == expected
+    else:
+        with pytest.raises(slurm.SlurmError) as raised:
+            slurm.time_left_s("7")
+        assert raised.value.transient is (expected == "transient")
+        assert raised.value.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == ["-h -j 7 -o %L"] * calls

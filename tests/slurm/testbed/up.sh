@@ -8,7 +8,8 @@
 # (it calls down.sh), so it can be used any number of times in one CI run.
 #
 # Settings (environment):
-#   SLURM_CI_DIR   state, logs, configuration             (/tmp/rvsup-slurm)
+#   SLURM_CI_DIR   state, logs, configuration             (/tmp/rvsup-slurm; the munge user must
+#                  be able to reach it: not below a 0700 directory)
 #   NNODES         number of nodes                        (2)
 #   NODE_CPUS      CPUs per node                          (4)
 #   NODE_GPUS      GPUs per node, bookkeeping only: no devices behind them (2; 0 for none)
@@ -80,7 +81,8 @@ for i in $(seq 1 "$N"); do
   ip -n rvsns$i route add default via "$CTL_ADDR"
   hosts="$hosts$SUBNET.$((10 + i)) node$i $MARK"$'\n'
 done
-# /etc/hosts may be a bind mount (containers): rewrite it in place, never replace the file
+# /etc/hosts may be a bind mount (containers): append in place, never replace the file
+[ -z "$(tail -c 1 /etc/hosts)" ] || echo >> /etc/hosts
 printf '%s' "$hosts" >> /etc/hosts
 # the machine's DNS server is unreachable from the namespaces: make look-ups fail fast
 printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' > "$B/conf/resolv.conf.nodes"

@@ -1,0 +1,196 @@
+"""The benchmark workload: one DDP rank (gloo, CPU) of a small MLP, the same for every tool.
+
+Run by every launcher the benchmarks compare. ``BENCH_MODE`` picks how it checkpoints:
+
+- ``rvsup``: the two worker_sdk calls (checkpoint cadence from job.toml);
+- ``plain``: what people write without a supervisor: rank 0 ``torch.save``s model, optimizer and
+  step to ``BENCH_CKPT_DIR/ckpt-<step>.pt`` every ``BENCH_CKPT_EVERY`` steps, and every rank resumes
+  from the newest such file;
+- ``nvrx``: ``plain`` plus NVIDIA resiliency-extension heartbeats (one per step).
+
+Every rank appends JSON lines to ``BENCH_RECORD_DIR/rank-<rank>.jsonl``: ``{"t": wall time,
+"rank", "pid", "step", "event"}`` with events ``boot`` (process start, before torch is imported),
+``start`` (after the resume; ``step`` is the step run next), ``step`` (a finished step), ``fault``
+(just before a fault is injected) and ``done``. Every tool's MTTR and lost steps are computed from
+these records the same way (:mod:`benchmarks.records`).
+
+Faults: ``BENCH_FAULT="kind:rank:step[:every]"`` (several separated by ","). Without ``every`` a
+fault fires once per run (a marker file in the record directory remembers it across restarts).
+Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``mismatch`` (an all_reduce the
+other ranks never join), ``oom`` (raise torch.OutOfMemoryError).
+"""
+
+from __future__ import annotations
+
+import time
+
+BOOT_T = time.time()
+
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import IO, Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+IN_FEATURES = 64
+
+
+class Recorder:
+    """Appends this rank's event lines (flushed, not fsynced: a kill -9 keeps what was written)."""
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.pid = os.getpid()
+        self._file: IO[str] = open(directory / f"rank-{rank}.jsonl", "a")  # noqa: SIM115
+
+    def write(self, event: str, step: int, t: float | None = None, **extra: Any) -> None:
+        line = {"t": time.time() if t is None else t, "rank": self.rank, "pid": self.pid}
+        line.update(step=step, event=event, **extra)
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+
+def parse_faults(spec: str) -> list[tuple[str, int, int, bool]]:
+    """``"kill:1:40,oom:0:5:every"`` -> [(kind, rank, step, every_attempt)]."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        kind, rank, step, *rest = item.split(":")
+        out.append((kind, int(rank), int(step), bool(rest) and rest[0] == "every"))
+    return out
+
+
+def should_fire(record_dir: Path, kind: str, rank: int, step: int, every: bool) -> bool:
+    """True when the fault fires now: always for ``every``, else only the first time in a run."""
+    if every:
+        return True
+    marker = record_dir / f"fault-{kind}-{rank}-{step}.fired"
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def inject(kind: str, step: int) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "mismatch":
+        dist.all_reduce(torch.ones(1))
+    elif kind == "oom":
+        raise torch.OutOfMemoryError(f"CUDA out of memory at step {step} (injected)")
+    else:
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def build_model(width: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 1),
+    )
+
+
+class PlainCheckpoints:
+    """The usual hand-written scheme: rank 0 torch.saves every N steps; all ranks load the newest."""
+
+    def __init__(self, directory: Path, every: int, rank: int) -> None:
+        self.directory = directory
+        self.every = every
+        self.rank = rank
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        files = sorted(self.directory.glob("ckpt-*.pt"))
+        if not files:
+            return 0
+        state = torch.load(files[-1], map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return int(state["step"]) + 1
+
+    def maybe_save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.rank != 0 or self.every <= 0 or (step + 1) % self.every:
+            return
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        torch.save(state, self.directory / f"ckpt-{step:08d}.pt")
+
+
+def _pg_timeout() -> datetime.timedelta | None:
+    raw = os.environ.get("BENCH_PG_TIMEOUT", "")
+    return datetime.timedelta(seconds=float(raw)) if raw else None
+
+
+def main() -> None:
+    mode = os.environ.get("BENCH_MODE", "plain")
+    record_dir = Path(os.environ["BENCH_RECORD_DIR"])
+    total = int(os.environ.get("BENCH_STEPS", "200"))
+    width = int(os.environ.get("BENCH_WIDTH", "512"))
+    batch = int(os.environ.get("BENCH_BATCH", "200"))
+    faults = parse_faults(os.environ.get("BENCH_FAULT", ""))
+    timeout = _pg_timeout()
+    if timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    rank = dist.get_rank()
+    rec = Recorder(record_dir, rank)
+    rec.write("boot", -1, t=BOOT_T)
+    torch.manual_seed(0)
+    model = build_model(width)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    torch.manual_seed(1000 + rank)
+
+    plain: PlainCheckpoints | None = None
+    heartbeat: Any = None
+    if mode == "rvsup":
+        import worker_sdk
+
+        start, _ = worker_sdk.resume(ddp, optimizer)
+    else:
+        every = int(os.environ.get("BENCH_CKPT_EVERY", "50"))
+        plain = PlainCheckpoints(Path(os.environ["BENCH_CKPT_DIR"]), every, rank)
+        start = plain.resume(model, optimizer)
+        if mode == "nvrx":
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            heartbeat = RankMonitorClient()
+            heartbeat.init_workload_monitoring()
+    rec.write("start", start)
+
+    for step in range(start, total):
+        for kind, r, s, every in faults:
+            if r == rank and s == step and should_fire(record_dir, kind, r, s, every):
+                rec.write("fault", step, kind=kind)
+                inject(kind, step)
+        x = torch.randn(batch, IN_FEATURES)
+        y = x[:, :8].sum(dim=1, keepdim=True)
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        if plain is not None:
+            plain.maybe_save(step, model, optimizer)
+        if heartbeat is not None:
+            heartbeat.send_heartbeat()
+        if mode == "rvsup":
+            worker_sdk.step(step)
+        rec.write("step", step)
+    rec.write("done", total - 1)
+    if heartbeat is not None:
+        heartbeat.shutdown_workload_monitoring()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The job.toml schema: frozen section dataclasses that document every key, and config errors.
+
+:mod:`supervisor.config` reads job.toml into these; durations are seconds or strings like
+"90s", "5m", "1h30m" (see :mod:`supervisor.durations`). A TOML key is its field's name less
+the ``_s`` (seconds) suffix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    """One problem: the dotted key it is about ("" for the file itself) and what is wrong."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}" if self.key else self.message
+
+
+class ConfigError(Exception):
+    """job.toml cannot be used; ``str()`` is one ``<path>: <key>: <message>`` line per issue."""
+
+    def __init__(self, issues: Iterable[ConfigIssue], path: str | os.PathLike[str]) -> None:
+        self.issues: tuple[ConfigIssue, ...] = tuple(issues)
+        self.path = Path(path)
+        super().__init__("\n".join(f"{self.path}: {issue}" for issue in self.issues))
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[tuple[ConfigIssue, ...], Path]]:
+        return ConfigError, (self.issues, self.path)
+
+
+class FrozenEnv(Mapping[str, str]):
+    """A read-only, hashable mapping of environment variable names to values."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenEnv({self._items!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSection:
+    """``[job]``: what runs and where (the only required section).
+
+    - ``name`` (required): 1 to 64 characters of ``A-Z a-z 0-9 _ . -``, not starting with
+      ``.`` or ``-``; names the run.
+    - ``command`` (required): what torchrun runs on every rank, an array of strings; a
+      string is split like a shell would (quotes honoured, nothing expanded).
+    - ``workdir`` (default ``"."``): where the command runs; relative to job.toml's folder.
+      ``~`` is expanded in every path.
+    - ``run_dir`` (default ``"runs/<name>"``, relative to workdir): events.jsonl, rank logs,
+      the control socket, diagnostics.
+    - ``checkpoint_dir`` (default ``"checkpoints/<name>"``, relative to workdir): must be
+      owned by you and writable by nobody else (checkpoints are unpickled), and hold only
+      what rvsup wrote.
+    - ``env`` (default ``{}``): extra environment for every rank; values must be strings
+      (write ``OMP_NUM_THREADS = "4"``); ``RVSUP_*`` names are reserved.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    workdir: Path
+    run_dir: Path
+    checkpoint_dir: Path
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSection:
+    """``[launch]``: how torchrun is started.
+
+    - ``nproc_per_node`` (default ``"auto"``: the GPUs visible, else 1): ranks per node, >= 1.
+    - ``nnodes`` (default ``"auto"``: from the Slurm allocation, else 1): nodes, >= 1.
+    - ``torchrun_args`` (default ``[]``): extra torchrun arguments; the flags rvsup sets
+      itself (``--nnodes``, ``--nproc-per-node``, ``--max-restarts``, ``--rdzv-*``,
+      ``--standalone``, ``--node-rank``, ``--no-python``) are rejected.
+    - ``term_timeout`` (default ``"5s"``, >= 0): SIGTERM -> SIGKILL deadline when tearing down.
+    - ``stop_timeout`` (default ``"60s"``, > 0): deadline for a coordinated checkpoint + stop.
+    """
+
+    nproc_per_node: int | None
+    nnodes: int | None
+    torchrun_args: tuple[str, ...]
+    term_timeout_s: float
+    stop_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSection:
+    """``[checkpoint]``: when the SDK saves; whichever of the two comes first.
+
+    - ``every_steps`` (default 500): every N finished steps; 0 disables.
+    - ``every`` (default ``"30m"``): at most this long apart; ``0``, ``"off"`` or ``false``
+      disables (``every_s`` is then None).
+    - ``keep_last`` (default 3, >= 1): committed checkpoints kept; older ones are pruned.
+    """
+
+    every_steps: int
+    every_s: float | None
+    keep_last: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatSection:
+    """``[heartbeat]``: liveness of the ranks.
+
+    - ``interval`` (default ``"1s"``, > 0 and <= 60s): how often each rank reports.
+    - ``startup_timeout`` (default ``"10m"``, > 0): launch -> first finished step.
+    - ``hang_timeout`` (default ``"auto"``: learnt from observed step times, then None):
+      no progress for this long while processes live is a hang; > the interval.
+    - ``hang_timeout_max`` (default ``"30m"``, > 0): ceiling of the automatic hang timeout.
+    - ``transport`` (default ``"auto"``): ``"auto"``, ``"ipc"`` or ``"tcp"``.
+    """
+
+    interval_s: float
+    startup_timeout_s: float
+    hang_timeout_s: float | None
+    hang_timeout_max_s: float
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartSection:
+    """``[restart]``: the retry budget, for the whole job across allocations.
+
+    - ``max_restarts`` (default 5, >= 0): restarts charged before giving up; preemptions
+      are never charged.
+    - ``backoff`` (default ``"5s"``, >= 0): first delay, doubled each time, with jitter.
+    - ``backoff_max`` (default ``"5m"``, >= backoff): the longest delay.
+    - ``max_no_progress`` (default 2, >= 1): restarts in a row without a new checkpoint
+      before giving up.
+    - ``on_oom`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
+    - ``on_node_failure`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
+    """
+
+    max_restarts: int
+    backoff_s: float
+    backoff_max_s: float
+    max_no_progress: int
+    on_oom: str
+    on_node_failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSection:
+    """``[slurm]``: behaviour inside a Slurm allocation.
+
+    - ``requeue`` (default ``"auto"``): ``"auto"``, ``"always"`` or ``"never"`` requeue the
+      allocation on preemption / time limit; ``true`` / ``false`` mean always / never.
+    - ``stop_before_end`` (default ``"5m"``, >= 0; 0 disables): checkpoint and stop this
+      long before the time limit.
+    """
+
+    requeue: str
+    stop_before_end_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """The whole resolved job.toml; ``path`` is its absolute path."""
+
+    path: Path
+    job: JobSection
+    launch: LaunchSection
+    checkpoint: CheckpointSection
+    heartbeat: HeartbeatSection
+    restart: RestartSection
+    slurm: SlurmSection

@@ -1,0 +1,106 @@
+"""Checks of the machine just before a start: programs on PATH and private run/checkpoint dirs.
+
+:func:`preflight` reports problems as :class:`~supervisor.config_model.ConfigIssue` keyed like
+job.toml (``job.checkpoint_dir``); it creates missing directories but never deletes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from supervisor.config_model import ConfigIssue, JobConfig
+from worker_sdk import layout
+
+#: Marker file that :func:`preflight` puts into a new, empty checkpoint directory.
+CHECKPOINT_MARKER: Final = layout.MARKER
+
+
+def _private_dir_problem(directory: Path) -> str | None:
+    """Create ``directory`` (0700) if missing; say why it cannot hold rvsup's files, or None."""
+    try:
+        if not directory.exists():
+            directory.mkdir(mode=0o700, parents=True)
+            directory.chmod(0o700)
+    except OSError as exc:
+        return f"cannot create it: {exc.strerror or exc}"
+    try:
+        info = directory.stat()
+        if not stat.S_ISDIR(info.st_mode):
+            return "is not a directory"
+        if info.st_uid != os.geteuid():
+            return f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return "is writable by other users; chmod go-w it"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return "is not writable by you"
+        fd, probe = tempfile.mkstemp(prefix=".rvsup-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"is not usable: {exc.strerror or exc}"
+    return None
+
+
+def _checkpoint_dir_problem(directory: Path) -> str | None:
+    """Refuse a checkpoint directory holding foreign entries; mark a new, empty one as rvsup's."""
+    try:
+        names = sorted(os.listdir(directory))
+        foreign = [name for name in names if not layout.is_rvsup_entry(name)]
+        if foreign:
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            return (
+                f"holds files rvsup did not write ({', '.join(foreign[:3])}{more}); "
+                "use an empty directory or one rvsup created"
+            )
+        if not names:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(directory / CHECKPOINT_MARKER, flags, 0o600)
+            try:
+                os.write(fd, b"rvsup checkpoint directory: only rvsup writes here\n")
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        return f"is not usable: {exc.strerror or exc}"
+    return None
+
+
+def preflight(cfg: JobConfig, *, torchrun: str = "torchrun") -> list[ConfigIssue]:
+    """Check the machine before a start: programs, workdir, run and checkpoint directories.
+
+    Returns the problems found (raises nothing). Creates missing run and checkpoint
+    directories (0700) and the checkpoint marker file; never deletes or changes anything else.
+    """
+    issues: list[ConfigIssue] = []
+    job = cfg.job
+    if shutil.which(torchrun) is None:
+        issues.append(
+            ConfigIssue(
+                "launch", f"{torchrun} not found on PATH; install torch in this environment"
+            )
+        )
+    if not job.workdir.is_dir():
+        what = "is not a directory" if job.workdir.exists() else "does not exist"
+        issues.append(ConfigIssue("job.workdir", f"{job.workdir} {what}"))
+    program = job.command[0]
+    on_path = os.sep not in program and shutil.which(program, path=job.env.get("PATH")) is not None
+    if not on_path and not (job.workdir / program).is_file():
+        issues.append(
+            ConfigIssue("job.command[0]", f"{program!r} not found on PATH or in {job.workdir}")
+        )
+    for key, directory in (
+        ("job.run_dir", job.run_dir),
+        ("job.checkpoint_dir", job.checkpoint_dir),
+    ):
+        if directory.is_relative_to(job.workdir) and not job.workdir.is_dir():
+            continue  # do not create the missing workdir as a side effect
+        problem = _private_dir_problem(directory)
+        if problem is None and key == "job.checkpoint_dir":
+            problem = _checkpoint_dir_problem(directory)
+        if problem is not None:
+            issues.append(ConfigIssue(key, f"{directory} {problem}"))
+    return issues

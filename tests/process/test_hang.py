@@ -1,0 +1,73 @@
+"""Hangs: ranks alive but no step finished. Caught within the timeout, stacks collected first."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from .harness import events, named, rvsup, write_job
+
+pytestmark = pytest.mark.process
+
+HANG_TIMEOUT = 4.0
+
+
+def _run_hanging_job(tmp_path: Path, fault: str, hang_timeout: str) -> list[dict[str, object]]:
+    job = write_job(
+        tmp_path,
+        env={"FAULT": fault, "STEP_SLEEP": "0.02"},
+        total=40,
+        heartbeat=f'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = {hang_timeout}',
+        restart='max_restarts = 1\nbackoff = "0.1s"',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr
+    return events(tmp_path / "run")
+
+
+def _check_hang(evs: list[dict[str, object]], *, timeout_s: float, culprit: int) -> dict[str, object]:
+    hangs = [f for f in named(evs, "failure_detected") if f["kind"] == "hang"]
+    assert len(hangs) == 1, named(evs, "failure_detected")
+    hang = hangs[0]
+    assert isinstance(hang["detect_s"], float)
+    assert timeout_s <= hang["detect_s"] <= timeout_s + 1.0, hang
+    ranks = hang["ranks"]
+    assert isinstance(ranks, list) and culprit in ranks, hang
+    diag = Path(str(hang["diagnostics"]))
+    stacks = {p.name: p.read_text() for p in diag.glob("rank-*.stacks")}
+    assert set(stacks) == {"rank-00000.stacks", "rank-00001.stacks"}, diag
+    assert all("File " in text for text in stacks.values())
+    assert named(evs, "job_succeeded")
+    return hang
+
+
+@pytest.mark.parametrize(
+    ("fault", "culprit", "where"),
+    [
+        ("sigstop:1:12:1", 1, None),  # a stopped process: cannot even answer; still killed and reaped
+        ("sleep:1:12:1", 1, "inject"),  # stuck in Python inside the loop
+        ("mismatch:0:12:1", 0, None),  # mismatched collectives: recv vs all-reduce
+    ],
+)
+def test_hang_is_detected_within_the_timeout_with_stacks(
+    tmp_path: Path, fault: str, culprit: int, where: str | None
+) -> None:
+    """SIGSTOP, a sleep in the loop, mismatched collectives (a real gloo hang): each is caught within
+    hang_timeout + 1 s, every rank's stack is on disk, and the restarted job completes."""
+    evs = _run_hanging_job(tmp_path, fault, f'"{HANG_TIMEOUT}s"')
+    hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=culprit)
+    if where is not None:
+        assert where in (Path(str(hang["diagnostics"])) / "rank-00001.stacks").read_text()
+
+
+def test_automatic_hang_timeout_catches_a_fast_job_in_seconds(tmp_path: Path) -> None:
+    """hang_timeout = "auto" on a ~20 ms/step job: the learned timeout is the 5 s floor, and the hang
+    is caught within it + 1 s."""
+    evs = _run_hanging_job(tmp_path, "sleep:1:25:1", '"auto"')
+    hang = _check_hang(evs, timeout_s=5.0, culprit=1)
+    assert hang["hang_timeout_s"] == 5.0
+    noticed = datetime.datetime.fromisoformat(str(hang["noticed_at"]))
+    started = datetime.datetime.fromisoformat(str(named(evs, "attempt_started")[0]["timestamp"]))
+    assert (noticed - started).total_seconds() < 30
