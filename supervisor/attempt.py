@@ -201,7 +201,9 @@ class Attempt:
         assert self.watch is not None
         while True:
             path = await self.watch.queue.get()
-            self._on_commit(path, seconds=None, source="watchdog")
+            began = [st.saving_since for st in self.ranks if st.saving_since is not None]
+            seconds = time.monotonic() - min(began) if began else None
+            self._on_commit(path, seconds=seconds, source="watchdog")
 
     def _on_commit(self, path: Path, *, seconds: float | None, source: str) -> None:
         commit = self.tracker.observe(path, seconds=seconds, source=source)

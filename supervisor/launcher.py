@@ -17,17 +17,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from worker_sdk import protocol as p
 
 from .config import JobConfig
+from .sdnotify import child_env_cleanup
 
 if TYPE_CHECKING:
     from .slurm import Allocation
-
-_CHILD_ENV_DROP = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +80,7 @@ def build_plan(
 ) -> LaunchPlan:
     """The command line and environment of attempt ``attempt``."""
     env = dict(os.environ if base_env is None else base_env)
-    for key in _CHILD_ENV_DROP:
-        env.pop(key, None)
+    child_env_cleanup(env)  # torchrun must not talk to systemd in our name
     env.update(cfg.job.env)
     env.update(rank_env)
     env.setdefault("PYTHONUNBUFFERED", "1")

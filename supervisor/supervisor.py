@@ -127,7 +127,7 @@ class Supervisor:
                 restarts_used=budget.restarts_used,
             )
             self.notifier.ready("supervising")
-            background.append(asyncio.create_task(self._watchdog_pings()))
+            background.append(asyncio.create_task(self.notifier.run_watchdog()))
             if self.alloc is not None and cfg.slurm.stop_before_end_s > 0:
                 background.append(asyncio.create_task(self._watch_time_limit()))
             return await self._supervise(watch)
@@ -142,7 +142,7 @@ class Supervisor:
             await control.close()
             self.endpoint.close()
             remove_daemon_file(run_dir)
-            self.notifier.stopping()
+            self.notifier.close()
             self.events.close()
             lock.close()
 
@@ -273,6 +273,7 @@ class Supervisor:
         ):
             return
         self.stop_reason = reason
+        self.notifier.stopping(f"stopping: {reason}")
         self.events.stop_requested(reason=reason, source=source)
         self._stop_wakeup.set()
         if self.current is not None:
@@ -304,20 +305,16 @@ class Supervisor:
         assert self.alloc is not None
         margin = self.cfg.slurm.stop_before_end_s
         while True:
-            left = await asyncio.to_thread(slurm.time_left_s, self.alloc.job_id)
+            try:
+                left = await asyncio.to_thread(slurm.time_left_s, self.alloc.job_id)
+            except slurm.SlurmError as exc:
+                self.events.emit("time_left_unknown", level="warning", error=str(exc))
+                left = None
             if left is not None and left <= margin:
                 self.request_stop("timelimit", f"{left:.0f}s left of the time limit")
                 return
             wait = _TIME_LEFT_POLL_S if left is None else min(_TIME_LEFT_POLL_S, left - margin)
             await asyncio.sleep(max(1.0, wait))
-
-    async def _watchdog_pings(self) -> None:
-        interval = self.notifier.watchdog_interval_s
-        if interval is None:
-            return
-        while True:
-            self.notifier.watchdog()
-            await asyncio.sleep(interval)
 
     # ------------------------------------------------------------------ control socket
     async def _on_control(self, request: dict[str, Any]) -> dict[str, Any]:

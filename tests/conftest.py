@@ -9,6 +9,7 @@ check exempts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -43,10 +44,8 @@ def marked_processes(*, exempt_daemons: bool) -> dict[int, str]:
 
 def _kill(pids: Iterator[int] | list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 @pytest.fixture(autouse=True)

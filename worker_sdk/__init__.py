@@ -75,7 +75,8 @@ def resume(
     if settings.supervised:
         from .heartbeat import Channel
 
-        assert settings.endpoint is not None and settings.secret_file is not None
+        assert settings.endpoint is not None
+        assert settings.secret_file is not None
         channel = Channel(
             settings.endpoint,
             protocol.read_secret(settings.secret_file),

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
     try:
-        os.execvp(argv[0], argv)
+        os.execvp(argv[0], argv)  # noqa: S606 - the command is the user's job
     except OSError as exc:
         print(f"rvsup: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127

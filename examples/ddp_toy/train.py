@@ -21,8 +21,11 @@ import worker_sdk
 
 def build_model(width: int) -> nn.Module:
     return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Dropout(0.1),
-        nn.Linear(width, width), nn.ReLU(),
+        nn.Linear(64, width),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(width, width),
+        nn.ReLU(),
         nn.Linear(width, 1),
     )
 
@@ -45,7 +48,9 @@ def main() -> None:
     # After an out-of-memory failure rvsup tells the next attempt; shrink the micro-batch and
     # accumulate gradients so that the effective batch, and the result, stay the same.
     ooms = int(os.environ.get("RVSUP_OOM_COUNT", "0"))
-    micro = max(1, args.batch >> ooms) if os.environ.get("RVSUP_LAST_FAILURE") == "oom" else args.batch
+    micro = (
+        max(1, args.batch >> ooms) if os.environ.get("RVSUP_LAST_FAILURE") == "oom" else args.batch
+    )
     if rank == 0 and micro != args.batch:
         print(f"previous attempt ran out of memory: micro-batch {micro} instead of {args.batch}")
 
@@ -81,8 +86,9 @@ def main() -> None:
     if rank == 0:
         print(f"done: {args.steps} steps, {extra['samples']} samples", flush=True)
         if args.save_final:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                       args.save_final)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.save_final
+            )
     if distributed:
         dist.destroy_process_group()
 

@@ -94,7 +94,7 @@ def test_sigkill_of_the_daemon_leaves_no_orphan(tmp_path: Path) -> None:
         assert len(tree) >= 3  # torchrun and two ranks
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        gone, alive = psutil.wait_procs(tree, timeout=10)
+        _gone, alive = psutil.wait_procs(tree, timeout=10)
         assert not alive, f"survived the daemon: {[p.pid for p in alive]}"
 
 

@@ -27,7 +27,9 @@ def _run_hanging_job(tmp_path: Path, fault: str, hang_timeout: str) -> list[dict
     return events(tmp_path / "run")
 
 
-def _check_hang(evs: list[dict[str, object]], *, timeout_s: float, culprit: int) -> dict[str, object]:
+def _check_hang(
+    evs: list[dict[str, object]], *, timeout_s: float, culprit: int
+) -> dict[str, object]:
     hangs = [f for f in named(evs, "failure_detected") if f["kind"] == "hang"]
     assert len(hangs) == 1, named(evs, "failure_detected")
     hang = hangs[0]
@@ -46,7 +48,11 @@ def _check_hang(evs: list[dict[str, object]], *, timeout_s: float, culprit: int)
 @pytest.mark.parametrize(
     ("fault", "culprit", "where"),
     [
-        ("sigstop:1:12:1", 1, None),  # a stopped process: cannot even answer; still killed and reaped
+        (
+            "sigstop:1:12:1",
+            1,
+            None,
+        ),  # a stopped process: cannot even answer; still killed and reaped
         ("sleep:1:12:1", 1, "inject"),  # stuck in Python inside the loop
         ("mismatch:0:12:1", 0, None),  # mismatched collectives: recv vs all-reduce
     ],

@@ -2,10 +2,12 @@
 
 FAULT="kind:rank:step[:attempt]" (several separated by ","); attempt "*" or absent means every
 attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
-forever inside the loop), sigstop (SIGSTOP itself), mismatch (a receive the other rank never
-sends while it waits in the next all-reduce: a real gloo hang), ignore_term (ignore SIGTERM from that step on), exit0 (leave early), hostoom (join the
-memory-limited cgroup OOM_CGROUP and allocate until the kernel's OOM killer strikes).
-STEP_SLEEP=seconds slows every step, BALLAST_MB=n adds n MB to every rank's checkpoint. FINAL=path: rank 0 saves the final model and optimizer there.
+forever inside the loop), sigstop (SIGSTOP itself), mismatch (a receive the other rank never sends
+while it waits in the next all-reduce: a real gloo hang), ignore_term (ignore SIGTERM from that step
+on), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP and allocate until the
+kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError before resume() in
+attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every rank's checkpoint;
+FINAL=path: rank 0 saves the final model and optimizer there.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def inject(kind: str, step: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if kind == "exit0":
         os._exit(0)
-    if kind == "hostoom":  # move into a memory-limited cgroup, then allocate until the kernel kills us
+    if (
+        kind == "hostoom"
+    ):  # move into a memory-limited cgroup, then allocate until the kernel kills us
         limited = Path(os.environ["OOM_CGROUP"])
         (limited / "cgroup.procs").write_text(str(os.getpid()))
         hog = []

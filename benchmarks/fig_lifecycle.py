@@ -1,0 +1,169 @@
+"""Figures 4-6: preemption (SIGTERM), goodput over a schedule of mixed faults, and cold start."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections import Counter
+
+from . import records
+from .fig_faults import slug
+from .profiles import CONFIGURED_HANG_S, PG_TIMEOUT_S, Context
+from .table import Cell, Table, Target, fmt
+from .tools import WORLD, BashLoop, FtLauncher, Rvsup, Spec, Tool, Torchrun
+from .trials import run_trial
+
+STOP_CAP_S = 120.0
+RESUME_CAP_S = 90.0
+
+
+def _peers(ctx: Context) -> dict[str, Tool]:
+    tools: dict[str, Tool] = {
+        "rvsup": Rvsup(),
+        "torchrun (workaround)": Torchrun(share_store=False),
+        "bash loop": BashLoop(),
+        "ft_launcher": FtLauncher(venv=ctx.nvrx_venv, heartbeat_timeout_s=CONFIGURED_HANG_S),
+    }
+    if ctx.profile.smoke:
+        return {k: tools[k] for k in ("rvsup", "torchrun (workaround)")}
+    return tools
+
+
+def _na(tools: dict[str, Tool], cells: dict[str, Cell | str]) -> dict[str, Cell | str]:
+    for col, tool in tools.items():
+        if tool.unavailable():
+            cells[col] = tool.unavailable() or ""
+    return cells
+
+
+# ---------------------------------------------------------------- 4. preemption
+def preempt(ctx: Context) -> Table:
+    p = ctx.profile
+    tools = _peers(ctx)
+    spec = Spec(steps=100_000, ckpt_every=p.ckpt_every)
+    lost = {c: Cell(digits=0) for c in tools}
+    stop = {c: Cell(unit=" s") for c in tools}
+    codes: dict[str, Counter[str]] = {c: Counter() for c in tools}
+    for i in range(p.n):
+        for col, tool in tools.items():
+            if tool.unavailable():
+                continue
+            workdir = ctx.scratch / "preempt" / slug(col) / str(i)
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            with tool.launch(spec, workdir) as run:
+                if not run.wait_group_step(p.fault_step, RESUME_CAP_S):
+                    codes[col]["never reached the step"] += 1
+                    continue
+                t_sig = run.signal_launchers(signal.SIGTERM)
+                gone = run.wait_tree_gone(STOP_CAP_S)
+                codes[col][str(run.proc.returncode) if gone else "still running"] += 1
+            if gone is not None:
+                stop[col].add(gone - t_sig)
+            done = records.group_step_before(run.records(), time.time(), WORLD)
+            with tool.launch(spec, workdir) as again:
+                relaunch_t = again.launch_t
+                deadline = time.monotonic() + RESUME_CAP_S
+                while time.monotonic() < deadline and again.proc.poll() is None:
+                    if records.all_ranks_stepped(again.records(), WORLD, after=relaunch_t):
+                        break
+                    time.sleep(0.05)
+                resumed = records.resume_step(again.records(), relaunch_t)
+            n_lost = records.lost_steps(done, resumed)
+            lost[col].add(None if n_lost is None else float(n_lost))
+            ctx.log(f"preempt {i + 1}/{p.n} {col}: done={done} resumed={resumed} "
+                    f"stop={fmt(None if gone is None else gone - t_sig, ' s')}")
+    t = Table(
+        "preempt",
+        f"4. Preemption: SIGTERM to the launcher at step {p.fault_step} (checkpoint every "
+        f"{p.ckpt_every}), then the same command again",
+        list(tools),
+    )
+    t.row("steps lost on resume", _na(tools, dict(lost)))
+    t.row("SIGTERM -> every process gone", _na(tools, dict(stop)))
+    t.row("launcher exit codes", _na(
+        tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}))
+    ours = lost["rvsup"]
+    if ours.values:
+        t.targets.append(Target("preemption: 0 steps lost", f"max {max(ours.values):.0f}",
+                                max(ours.values) == 0))
+    return t
+
+
+# ---------------------------------------------------------------- 5. goodput
+def goodput(ctx: Context) -> Table:
+    p = ctx.profile
+    g = p.goodput_steps
+    schedule = f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100}," \
+               f"mismatch:1:{g * 85 // 100}"
+    tools: dict[str, Tool] = {
+        "rvsup (auto)": Rvsup(),
+        f"torchrun (workaround, pg {PG_TIMEOUT_S:g} s)": Torchrun(share_store=False),
+        f"bash loop (pg {PG_TIMEOUT_S:g} s)": BashLoop(),
+        f"ft_launcher (hb {CONFIGURED_HANG_S:g} s)": FtLauncher(
+            venv=ctx.nvrx_venv, heartbeat_timeout_s=CONFIGURED_HANG_S),
+    }
+    if p.smoke:
+        tools = dict(list(tools.items())[:2])
+    good = {c: Cell(digits=3) for c in tools}
+    wall = {c: Cell(unit=" s", digits=1) for c in tools}
+    finished = Counter[str]()
+    cap = None
+    for i in range(p.n_goodput):
+        for col, tool in tools.items():
+            if tool.unavailable():
+                continue
+            pg = None if col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
+            spec = Spec(g, 100, schedule, pg, max_restarts=10)
+            step_s = 0.03
+            cap = 3 * g * step_s + 240
+            o = run_trial(tool, spec, ctx.scratch / "goodput" / slug(col) / str(i), cap)
+            wall[col].add(o.wall_s)
+            good[col].add(records.useful_step_seconds(o.records) / o.wall_s)
+            finished[col] += int(o.completed())
+            ctx.log(f"goodput {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
+                    f"goodput={good[col].values[-1]:.3f}")
+    t = Table(
+        "goodput",
+        f"5. Goodput (useful-step time / wall time): {g} steps with faults {schedule}",
+        list(tools),
+    )
+    t.row("goodput", _na(tools, dict(good)))
+    t.row("wall time", _na(tools, dict(wall)))
+    t.row("finished all steps", _na(tools, {c: f"{finished[c]}/{p.n_goodput}" for c in tools}))
+    first_peer = next(iter(list(tools)[1:]), None)
+    if first_peer is not None:
+        t.add_ratio(f"goodput rvsup / {first_peer}", good["rvsup (auto)"], good[first_peer])
+    if cap is not None:
+        t.notes.append(f"a run that does not finish is stopped at {cap:.0f} s")
+    return t
+
+
+# ---------------------------------------------------------------- 6. cold start
+def cold(ctx: Context) -> Table:
+    p = ctx.profile
+    tools: dict[str, Tool] = {
+        "rvsup": Rvsup(),
+        "torchrun": Torchrun(share_store=False),
+        "ft_launcher": FtLauncher(venv=ctx.nvrx_venv),
+    }
+    if p.smoke:
+        tools.pop("ft_launcher")
+    first = {c: Cell(unit=" s") for c in tools}
+    steps = {c: Cell(unit=" ms") for c in tools}
+    for i in range(p.n):
+        for col, tool in tools.items():
+            if tool.unavailable():
+                continue
+            o = run_trial(tool, Spec(80, 1000), ctx.scratch / "cold" / slug(col) / str(i), 90)
+            first[col].add(o.cold_start_s())
+            durations = records.step_durations(o.records)
+            if durations:
+                steps[col].add(1000 * sorted(durations)[len(durations) // 2])
+            ctx.log(f"cold {i + 1}/{p.n} {col}: {fmt(o.cold_start_s(), ' s')}")
+    t = Table("cold", "6. Cold start: launch -> first step on all ranks (no fault)", list(tools))
+    t.row("launch -> first step on all ranks", _na(tools, dict(first)))
+    t.row("median step time (rank 0)", _na(tools, dict(steps)))
+    t.add_ratio("cold start rvsup / torchrun", first["rvsup"], first["torchrun"])
+    return t

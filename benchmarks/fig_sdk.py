@@ -1,0 +1,204 @@
+"""Figure 7: what the SDK costs a training step, measured in this process against a real socket.
+
+``worker_sdk.resume()`` runs for real (a tiny model, world size 1) with the RVSUP_* environment
+pointing at a ZeroMQ ROUTER bound here and drained by a thread, exactly what a rank sees under rvsup.
+NVRx's heartbeat (a synchronous request/answer to its rank monitor) is timed in a one-rank
+``ft_launcher`` job when the package is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .profiles import Context
+from .table import Cell, Table, Target
+from .tools import REPO, FtLauncher
+
+STEP_BUDGET_MS = 20.0
+_BATCH = 10_000
+
+
+def per_call_ns(run_batch: Callable[[int, int], None], calls: int) -> list[float]:
+    """ns per call of each batch of ``_BATCH`` calls."""
+    out = []
+    batch = min(_BATCH, calls)
+    for b in range(max(1, calls // batch)):
+        t0 = time.perf_counter_ns()
+        run_batch(b * batch, batch)
+        out.append((time.perf_counter_ns() - t0) / batch)
+    return out
+
+
+def _noop(step: int, extra: Any = None) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _router(directory: Path) -> Iterator[tuple[str, bytes, list[int]]]:
+    """A bound ROUTER drained by a thread: (endpoint, secret, [frames received])."""
+    import zmq
+
+    from worker_sdk import protocol as p
+
+    secret = p.new_secret()
+    secret_file = directory / "secret"
+    p.write_secret(str(secret_file), secret)
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{directory / 'hb.sock'}"
+    sock.bind(endpoint)
+    received = [0]
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            if sock.poll(50):
+                while True:
+                    try:
+                        sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    received[0] += 1
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    try:
+        yield endpoint, secret, received
+    finally:
+        stop.set()
+        thread.join()
+        sock.close()
+        zctx.term()
+
+
+def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
+    """step() with nothing due, step() with a heartbeat due, one heartbeat send, an empty call."""
+    import torch
+
+    import worker_sdk
+    from worker_sdk import protocol as p
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with _router(directory) as (endpoint, _, received):
+        env = {
+            p.ENV_ENDPOINT: endpoint,
+            p.ENV_SECRET_FILE: str(directory / "secret"),
+            p.ENV_ATTEMPT: "1",
+            p.ENV_HEARTBEAT_INTERVAL: "3600",  # nothing due during the loop
+            p.ENV_CHECKPOINT_DIR: str(directory / "ckpt"),
+            p.ENV_CKPT_EVERY_STEPS: "0",
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            model = torch.nn.Linear(8, 8)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            worker_sdk.resume(model, optimizer)
+            step = worker_sdk.step
+
+            def steps(start: int, n: int) -> None:
+                for i in range(start, start + n):
+                    step(i)
+
+            def empty(start: int, n: int) -> None:
+                for i in range(start, start + n):
+                    _noop(i)
+
+            result = {"step_ns": per_call_ns(steps, calls), "empty_ns": per_call_ns(empty, calls)}
+            rt = worker_sdk._runtime
+            assert rt is not None and rt.channel is not None
+            sends, due = [], []
+            for i in range(min(20_000, calls // 10)):
+                t0 = time.perf_counter_ns()
+                rt.channel.send(p.Kind.HEARTBEAT, step=i, value=0.02)
+                sends.append((time.perf_counter_ns() - t0) / 1000.0)
+            for i in range(min(5_000, calls // 20)):
+                rt.hb_due = rt.next_due = 0.0
+                t0 = time.perf_counter_ns()
+                step(calls + i)
+                due.append((time.perf_counter_ns() - t0) / 1000.0)
+            result["send_us"], result["due_us"] = sends, due
+        finally:
+            worker_sdk._reset_for_tests()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        time.sleep(0.2)
+        result["received"] = [float(received[0])]
+    return result
+
+
+def measure_nvrx(venv: str, workdir: Path, calls: int) -> dict[str, Any] | str:
+    """NVRx's heartbeat round trip, timed in a one-rank ft_launcher job (or why it could not)."""
+    tool = FtLauncher(venv=venv)
+    if tool.unavailable():
+        return tool.unavailable() or ""
+    exe = tool.executable()
+    assert exe is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, NVRX_PROBE_CALLS=str(calls), OMP_NUM_THREADS="1")
+    try:
+        done = subprocess.run(
+            [str(exe), "--standalone", "--nproc-per-node=1", "--max-restarts=0",
+             str(REPO / "benchmarks" / "nvrx_probe.py")],
+            env=env, cwd=workdir, capture_output=True, text=True, timeout=180, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "n/a (the probe did not finish within 180 s)"
+    for line in done.stdout.splitlines() + done.stderr.splitlines():
+        if "NVRX_PROBE " in line:
+            parsed: dict[str, Any] = json.loads(line.split("NVRX_PROBE ", 1)[1])
+            return parsed
+    return f"n/a (probe failed, exit {done.returncode}: {done.stderr.strip()[-200:]})"
+
+
+def sdk(ctx: Context) -> Table:
+    p = ctx.profile
+    m = measure_sdk(ctx.scratch / "sdk", p.sdk_calls)
+    step_ns = Cell(m["step_ns"], " ns", digits=1)
+    empty_ns = Cell(m["empty_ns"], " ns", digits=1)
+    send_us = Cell(m["send_us"], " µs")
+    due_us = Cell(m["due_us"], " µs")
+    cols = ["rvsup SDK", "ft_launcher (NVRx)"]
+    t = Table("sdk", f"7. SDK cost in-process ({p.sdk_calls} step() calls in batches of "
+              f"{min(_BATCH, p.sdk_calls)}; per-call medians)", cols)
+    nvrx: dict[str, Any] | str = "n/a (nvidia-resiliency-ext not installed; see README)"
+    if ctx.nvrx_venv:
+        nvrx = measure_nvrx(ctx.nvrx_venv, ctx.scratch / "sdk-nvrx", 2000 if p.smoke else 5000)
+    nv_hb: Cell | str = nvrx if isinstance(nvrx, str) else Cell(
+        [nvrx["median_us"]], " µs", note=f"min {nvrx['min_us']:.1f}, max {nvrx['max_us']:.1f}, "
+        f"{nvrx['n']} calls")
+    t.row("step(), nothing due (median of batches)", {cols[0]: step_ns, cols[1]: "-"})
+    t.row("empty Python call, same loop (baseline)", {cols[0]: empty_ns, cols[1]: "-"})
+    t.row("one heartbeat send", {cols[0]: send_us, cols[1]: nv_hb})
+    t.row("step() with a heartbeat due (send + poll)", {cols[0]: due_us, cols[1]: "-"})
+    hb_per_step = STEP_BUDGET_MS / 1000.0  # 1 Hz heartbeats: one per 50 steps of 20 ms
+    med_step = step_ns.median or 0.0
+    med_due = due_us.median or 0.0
+    overhead = (med_step / 1e6 + hb_per_step * med_due / 1e3) / STEP_BUDGET_MS * 100
+    t.row(f"per-step overhead, % of a {STEP_BUDGET_MS:g} ms step (1 Hz heartbeats)",
+          {cols[0]: f"{overhead:.5f} %",
+           cols[1]: "-" if isinstance(nv_hb, str) or nv_hb.median is None
+           else f"{nv_hb.median / 1e3 / STEP_BUDGET_MS * 100:.5f} % (one heartbeat per step)"})
+    if isinstance(nv_hb, Cell):
+        t.add_ratio("heartbeat send rvsup / NVRx", send_us, nv_hb)
+    t.targets.append(Target("step() nothing due <= 0.3 µs", f"{med_step:.1f} ns",
+                            med_step <= 300.0))
+    med_send = send_us.median
+    t.targets.append(Target("heartbeat send <= 5 µs", f"{med_send:.2f} µs" if med_send else "n/a",
+                            None if med_send is None else med_send <= 5.0))
+    t.notes.append(f"{int(m['received'][0])} messages reached the ROUTER; "
+                   f"stdev of step() batches {statistics.pstdev(m['step_ns']):.1f} ns")
+    return t
