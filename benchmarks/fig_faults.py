@@ -77,7 +77,9 @@ def crash(ctx: Context) -> Table:
             ctx.log(f"crash {i + 1}/{p.n} {col}: rc={o.rc} mttr={fmt(o.mttr_s(), ' s')}")
     for col in tools:
         if runs[col] and ok[col] < runs[col]:
-            mttr[col].note = f"{runs[col] - ok[col]} trial(s) did not finish within {CRASH_CAP_S:g} s"
+            mttr[
+                col
+            ].note = f"{runs[col] - ok[col]} trial(s) did not finish within {CRASH_CAP_S:g} s"
     t = Table(
         "crash",
         f"1. Crash: kill -9 of rank 1 at step {p.fault_step} ({p.steps} steps, checkpoint every "
@@ -87,21 +89,29 @@ def crash(ctx: Context) -> Table:
     t.row("detection latency (kill -> noticed)", _unavailable_row(tools, dict(detect)))
     t.row("MTTR (kill -> resumed step on all ranks)", _unavailable_row(tools, dict(mttr)))
     t.row("steps redone", _unavailable_row(tools, dict(redone)))
-    t.row("restart success", _unavailable_row(
-        tools, {c: success_text(ok[c], runs[c]) for c in tools}))
+    t.row(
+        "restart success", _unavailable_row(tools, {c: success_text(ok[c], runs[c]) for c in tools})
+    )
     ours = mttr["rvsup (auto)"]
     for peer in ("torchrun (workaround)", "torchrun", "bash loop", "ft_launcher"):
         if peer in tools and mttr[peer].values:
             t.add_ratio(f"MTTR rvsup / {peer}", ours, mttr[peer])
-    peer = mttr.get("torchrun (workaround)")
-    if ours.median is not None and peer is not None and peer.median is not None:
-        t.targets.append(Target("crash MTTR <= torchrun's (workaround on)",
-                                f"{ours.median:.2f} s vs {peer.median:.2f} s",
-                                ours.median <= peer.median))
+    base = mttr.get("torchrun (workaround)")
+    if ours.median is not None and base is not None and base.median is not None:
+        t.targets.append(
+            Target(
+                "crash MTTR <= torchrun's (workaround on)",
+                f"{ours.median:.2f} s vs {base.median:.2f} s",
+                ours.median <= base.median,
+            )
+        )
     rv = [c for c in tools if c.startswith("rvsup")]
     rv_ok, rv_runs = sum(ok[c] for c in rv), sum(runs[c] for c in rv)
-    t.targets.append(Target("restart success 100%", success_text(rv_ok, rv_runs),
-                            rv_runs > 0 and rv_ok == rv_runs))
+    t.targets.append(
+        Target(
+            "restart success 100%", success_text(rv_ok, rv_runs), rv_runs > 0 and rv_ok == rv_runs
+        )
+    )
     return t
 
 
@@ -155,8 +165,10 @@ def hang(ctx: Context) -> Table:
                 if col == "rvsup (auto)":
                     for value in rvsup_hang_timeouts(workdir):
                         auto_timeouts.add(value)
-                ctx.log(f"hang {label} {i + 1}/{p.n} {col}: rc={o.rc} "
-                        f"detect={fmt(o.detect_s(), ' s')} mttr={fmt(o.mttr_s(), ' s')}")
+                ctx.log(
+                    f"hang {label} {i + 1}/{p.n} {col}: rc={o.rc} "
+                    f"detect={fmt(o.detect_s(), ' s')} mttr={fmt(o.mttr_s(), ' s')}"
+                )
         for col in tools:
             cap = p.hang_cap_s if col.endswith("(defaults)") else HANG_CAP_S
             if runs[col] and not detect[col].values:
@@ -165,21 +177,39 @@ def hang(ctx: Context) -> Table:
                 mttr[col].note = f"not recovered within {cap:g} s (n={runs[col]})"
         t.row(f"{label}: detection latency", _unavailable_row(tools, dict(detect)))
         t.row(f"{label}: MTTR", _unavailable_row(tools, dict(mttr)))
-        t.row(f"{label}: recovered and finished", _unavailable_row(
-            tools, {c: success_text(ok[c], runs[c]) for c in tools}))
+        t.row(
+            f"{label}: recovered and finished",
+            _unavailable_row(tools, {c: success_text(ok[c], runs[c]) for c in tools}),
+        )
         configured = f"rvsup ({CONFIGURED_HANG_S:g} s)"
-        for col, budget in (("rvsup (auto)", auto_timeouts.median), (configured, CONFIGURED_HANG_S)):
+        for col, budget in (
+            ("rvsup (auto)", auto_timeouts.median),
+            (configured, CONFIGURED_HANG_S),
+        ):
             med = detect[col].median if col in detect else None
             if med is not None and budget is not None:
-                t.targets.append(Target(f"{label}: {col} detected <= timeout + 1 s",
-                                        f"{med:.2f} s vs {budget:.2f} + 1 s", med <= budget + 1))
+                t.targets.append(
+                    Target(
+                        f"{label}: {col} detected <= timeout + 1 s",
+                        f"{med:.2f} s vs {budget:.2f} + 1 s",
+                        med <= budget + 1,
+                    )
+                )
         peer = detect.get(f"torchrun (pg {PG_TIMEOUT_S:g} s)")
-        t.add_ratio(f"{label}: detection rvsup (auto) / torchrun (pg {PG_TIMEOUT_S:g} s)",
-                    detect["rvsup (auto)"], peer)
+        t.add_ratio(
+            f"{label}: detection rvsup (auto) / torchrun (pg {PG_TIMEOUT_S:g} s)",
+            detect["rvsup (auto)"],
+            peer,
+        )
     t.row("rvsup automatic timeout used", {"rvsup (auto)": auto_timeouts})
     if auto_timeouts.median is not None:
-        t.targets.append(Target("automatic hang timeout <= 10 s", f"{auto_timeouts.median:.2f} s",
-                                auto_timeouts.median <= 10.0))
+        t.targets.append(
+            Target(
+                "automatic hang timeout <= 10 s",
+                f"{auto_timeouts.median:.2f} s",
+                auto_timeouts.median <= 10.0,
+            )
+        )
     return t
 
 
@@ -218,15 +248,26 @@ def oom(ctx: Context) -> Table:
     )
     t.row("wall time until the tool gives up", _unavailable_row(tools, dict(wall)))
     t.row("attempts started", _unavailable_row(tools, dict(attempts)))
-    t.row("exit codes", _unavailable_row(
-        tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}))
+    t.row(
+        "exit codes",
+        _unavailable_row(
+            tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}
+        ),
+    )
     for peer in ("torchrun (workaround)", "bash loop", "ft_launcher"):
         if peer in tools and wall[peer].values:
-            t.add_ratio(f"give-up time rvsup (on_oom=fail) / {peer}",
-                        wall["rvsup (on_oom=fail)"], wall[peer])
+            t.add_ratio(
+                f"give-up time rvsup (on_oom=fail) / {peer}",
+                wall["rvsup (on_oom=fail)"],
+                wall[peer],
+            )
     fail = attempts["rvsup (on_oom=fail)"]
     if fail.values:
-        t.targets.append(Target('on_oom="fail" stops after the first attempt',
-                                f"attempts {sorted({int(v) for v in fail.values})}",
-                                all(v == 1 for v in fail.values)))
+        t.targets.append(
+            Target(
+                'on_oom="fail" stops after the first attempt',
+                f"attempts {sorted({int(v) for v in fail.values})}",
+                all(v == 1 for v in fail.values),
+            )
+        )
     return t

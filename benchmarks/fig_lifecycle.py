@@ -72,8 +72,10 @@ def preempt(ctx: Context) -> Table:
                 resumed = records.resume_step(again.records(), relaunch_t)
             n_lost = records.lost_steps(done, resumed)
             lost[col].add(None if n_lost is None else float(n_lost))
-            ctx.log(f"preempt {i + 1}/{p.n} {col}: done={done} resumed={resumed} "
-                    f"stop={fmt(None if gone is None else gone - t_sig, ' s')}")
+            ctx.log(
+                f"preempt {i + 1}/{p.n} {col}: done={done} resumed={resumed} "
+                f"stop={fmt(None if gone is None else gone - t_sig, ' s')}"
+            )
     t = Table(
         "preempt",
         f"4. Preemption: SIGTERM to the launcher at step {p.fault_step} (checkpoint every "
@@ -82,12 +84,15 @@ def preempt(ctx: Context) -> Table:
     )
     t.row("steps lost on resume", _na(tools, dict(lost)))
     t.row("SIGTERM -> every process gone", _na(tools, dict(stop)))
-    t.row("launcher exit codes", _na(
-        tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}))
+    t.row(
+        "launcher exit codes",
+        _na(tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}),
+    )
     ours = lost["rvsup"]
     if ours.values:
-        t.targets.append(Target("preemption: 0 steps lost", f"max {max(ours.values):.0f}",
-                                max(ours.values) == 0))
+        t.targets.append(
+            Target("preemption: 0 steps lost", f"max {max(ours.values):.0f}", max(ours.values) == 0)
+        )
     return t
 
 
@@ -95,14 +100,17 @@ def preempt(ctx: Context) -> Table:
 def goodput(ctx: Context) -> Table:
     p = ctx.profile
     g = p.goodput_steps
-    schedule = f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100}," \
-               f"mismatch:1:{g * 85 // 100}"
+    schedule = (
+        f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100},"
+        f"mismatch:1:{g * 85 // 100}"
+    )
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(),
         f"torchrun (workaround, pg {PG_TIMEOUT_S:g} s)": Torchrun(share_store=False),
         f"bash loop (pg {PG_TIMEOUT_S:g} s)": BashLoop(),
         f"ft_launcher (hb {CONFIGURED_HANG_S:g} s)": FtLauncher(
-            venv=ctx.nvrx_venv, heartbeat_timeout_s=CONFIGURED_HANG_S),
+            venv=ctx.nvrx_venv, heartbeat_timeout_s=CONFIGURED_HANG_S
+        ),
     }
     if p.smoke:
         tools = dict(list(tools.items())[:2])
@@ -122,8 +130,10 @@ def goodput(ctx: Context) -> Table:
             wall[col].add(o.wall_s)
             good[col].add(records.useful_step_seconds(o.records) / o.wall_s)
             finished[col] += int(o.completed())
-            ctx.log(f"goodput {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
-                    f"goodput={good[col].values[-1]:.3f}")
+            ctx.log(
+                f"goodput {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
+                f"goodput={good[col].values[-1]:.3f}"
+            )
     t = Table(
         "goodput",
         f"5. Goodput (useful-step time / wall time): {g} steps with faults {schedule}",

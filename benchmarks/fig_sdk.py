@@ -116,7 +116,8 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
 
             result = {"step_ns": per_call_ns(steps, calls), "empty_ns": per_call_ns(empty, calls)}
             rt = worker_sdk._runtime
-            assert rt is not None and rt.channel is not None
+            assert rt is not None
+            assert rt.channel is not None
             sends, due = [], []
             for i in range(min(20_000, calls // 10)):
                 t0 = time.perf_counter_ns()
@@ -128,6 +129,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
                 step(calls + i)
                 due.append((time.perf_counter_ns() - t0) / 1000.0)
             result["send_us"], result["due_us"] = sends, due
+            result["dropped"] = [float(rt.channel.dropped)]
         finally:
             worker_sdk._reset_for_tests()
             for k, v in saved.items():
@@ -151,9 +153,19 @@ def measure_nvrx(venv: str, workdir: Path, calls: int) -> dict[str, Any] | str:
     env = dict(os.environ, NVRX_PROBE_CALLS=str(calls), OMP_NUM_THREADS="1")
     try:
         done = subprocess.run(
-            [str(exe), "--standalone", "--nproc-per-node=1", "--max-restarts=0",
-             str(REPO / "benchmarks" / "nvrx_probe.py")],
-            env=env, cwd=workdir, capture_output=True, text=True, timeout=180, check=False,
+            [
+                str(exe),
+                "--standalone",
+                "--nproc-per-node=1",
+                "--max-restarts=0",
+                str(REPO / "benchmarks" / "nvrx_probe.py"),
+            ],
+            env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return "n/a (the probe did not finish within 180 s)"
@@ -172,14 +184,24 @@ def sdk(ctx: Context) -> Table:
     send_us = Cell(m["send_us"], " µs")
     due_us = Cell(m["due_us"], " µs")
     cols = ["rvsup SDK", "ft_launcher (NVRx)"]
-    t = Table("sdk", f"7. SDK cost in-process ({p.sdk_calls} step() calls in batches of "
-              f"{min(_BATCH, p.sdk_calls)}; per-call medians)", cols)
+    t = Table(
+        "sdk",
+        f"7. SDK cost in-process ({p.sdk_calls} step() calls in batches of "
+        f"{min(_BATCH, p.sdk_calls)}; per-call medians)",
+        cols,
+    )
     nvrx: dict[str, Any] | str = "n/a (nvidia-resiliency-ext not installed; see README)"
     if ctx.nvrx_venv:
         nvrx = measure_nvrx(ctx.nvrx_venv, ctx.scratch / "sdk-nvrx", 2000 if p.smoke else 5000)
-    nv_hb: Cell | str = nvrx if isinstance(nvrx, str) else Cell(
-        [nvrx["median_us"]], " µs", note=f"min {nvrx['min_us']:.1f}, max {nvrx['max_us']:.1f}, "
-        f"{nvrx['n']} calls")
+    nv_hb: Cell | str = (
+        nvrx
+        if isinstance(nvrx, str)
+        else Cell(
+            [nvrx["median_us"]],
+            " µs",
+            note=f"min {nvrx['min_us']:.1f}, max {nvrx['max_us']:.1f}, {nvrx['n']} calls",
+        )
+    )
     t.row("step(), nothing due (median of batches)", {cols[0]: step_ns, cols[1]: "-"})
     t.row("empty Python call, same loop (baseline)", {cols[0]: empty_ns, cols[1]: "-"})
     t.row("one heartbeat send", {cols[0]: send_us, cols[1]: nv_hb})
@@ -188,17 +210,31 @@ def sdk(ctx: Context) -> Table:
     med_step = step_ns.median or 0.0
     med_due = due_us.median or 0.0
     overhead = (med_step / 1e6 + hb_per_step * med_due / 1e3) / STEP_BUDGET_MS * 100
-    t.row(f"per-step overhead, % of a {STEP_BUDGET_MS:g} ms step (1 Hz heartbeats)",
-          {cols[0]: f"{overhead:.5f} %",
-           cols[1]: "-" if isinstance(nv_hb, str) or nv_hb.median is None
-           else f"{nv_hb.median / 1e3 / STEP_BUDGET_MS * 100:.5f} % (one heartbeat per step)"})
+    t.row(
+        f"per-step overhead, % of a {STEP_BUDGET_MS:g} ms step (1 Hz heartbeats)",
+        {
+            cols[0]: f"{overhead:.5f} %",
+            cols[1]: "-"
+            if isinstance(nv_hb, str) or nv_hb.median is None
+            else f"{nv_hb.median / 1e3 / STEP_BUDGET_MS * 100:.5f} % (one heartbeat per step)",
+        },
+    )
     if isinstance(nv_hb, Cell):
         t.add_ratio("heartbeat send rvsup / NVRx", send_us, nv_hb)
-    t.targets.append(Target("step() nothing due <= 0.3 µs", f"{med_step:.1f} ns",
-                            med_step <= 300.0))
+    t.targets.append(
+        Target("step() nothing due <= 0.3 µs", f"{med_step:.1f} ns", med_step <= 300.0)
+    )
     med_send = send_us.median
-    t.targets.append(Target("heartbeat send <= 5 µs", f"{med_send:.2f} µs" if med_send else "n/a",
-                            None if med_send is None else med_send <= 5.0))
-    t.notes.append(f"{int(m['received'][0])} messages reached the ROUTER; "
-                   f"stdev of step() batches {statistics.pstdev(m['step_ns']):.1f} ns")
+    t.targets.append(
+        Target(
+            "heartbeat send <= 5 µs",
+            f"{med_send:.2f} µs" if med_send else "n/a",
+            None if med_send is None else med_send <= 5.0,
+        )
+    )
+    t.notes.append(
+        f"{int(m['received'][0])} messages reached the ROUTER, "
+        f"{int(m['dropped'][0])} dropped by the full send queue (never blocks); "
+        f"stdev of step() batches {statistics.pstdev(m['step_ns']):.1f} ns"
+    )
     return t

@@ -6,6 +6,7 @@ Run under ``ft_launcher --nproc-per-node=1`` (it needs the launcher's rank monit
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -13,10 +14,9 @@ import time
 
 
 def main() -> None:
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
+    ft = importlib.import_module("nvidia_resiliency_ext.fault_tolerance")
     n = int(os.environ.get("NVRX_PROBE_CALLS", "5000"))
-    client = RankMonitorClient()
+    client = ft.RankMonitorClient()
     client.init_workload_monitoring()
     for _ in range(100):  # warm up
         client.send_heartbeat()

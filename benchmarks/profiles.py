@@ -31,12 +31,29 @@ class Profile:
     smoke: bool = False
 
 
-FULL = Profile("full", 20, 2, 160, 60, 25, 60.0, 13000, 3, 1_000_000, (100, 1000), 5,
-               (64, 512, 4096), 20.0, 800)
-QUICK = Profile("quick", 3, 1, 120, 60, 25, 40.0, 2200, 1, 1_000_000, (100,), 3,
-                (64, 512, 4096), 10.0, 500)
-SMOKE = Profile("smoke", 1, 1, 40, 15, 10, 15.0, 150, 1, 100_000, (10,), 1, (16,), 3.0, 80,
-                smoke=True)
+FULL = Profile(
+    "full",
+    20,
+    2,
+    160,
+    60,
+    25,
+    60.0,
+    13000,
+    3,
+    1_000_000,
+    (100, 1000),
+    5,
+    (64, 512, 4096),
+    20.0,
+    800,
+)
+QUICK = Profile(
+    "quick", 3, 1, 120, 60, 25, 40.0, 2200, 1, 1_000_000, (100,), 3, (64, 512, 4096), 10.0, 500
+)
+SMOKE = Profile(
+    "smoke", 1, 1, 40, 15, 10, 15.0, 150, 1, 100_000, (10,), 1, (16,), 3.0, 80, smoke=True
+)
 PROFILES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 PG_TIMEOUT_S = 20.0  # the peers' process-group timeout where one is set
 CONFIGURED_HANG_S = 10.0  # rvsup's and ft_launcher's configured hang/heartbeat timeout

@@ -34,8 +34,11 @@ def parse_records(lines: Iterable[str]) -> list[Record]:
     for line in lines:
         try:
             d = json.loads(line)
-            out.append(Record(float(d["t"]), int(d["rank"]), int(d["pid"]), int(d["step"]),
-                              str(d["event"])))
+            out.append(
+                Record(
+                    float(d["t"]), int(d["rank"]), int(d["pid"]), int(d["step"]), str(d["event"])
+                )
+            )
         except (ValueError, KeyError, TypeError):
             continue
     return sorted(out, key=lambda r: r.t)
@@ -118,7 +121,8 @@ def useful_step_seconds(records: Sequence[Record], rank: int = 0) -> float:
 
 def step_durations(records: Sequence[Record], rank: int = 0) -> list[float]:
     """Durations of consecutive steps of one process (no restarts or saves in between)."""
-    out, prev = [], {}
+    out: list[float] = []
+    prev: dict[int, tuple[int, float]] = {}
     for r in records:
         if r.rank == rank and r.event == "step":
             before = prev.get(r.pid)

@@ -6,6 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+DASH = "\u2013"  # en dash of 'min-max' ranges
+
 
 @dataclass
 class Cell:
@@ -29,7 +31,7 @@ class Cell:
             return self.note or "-"
         d = self.digits
         lo, hi, med = min(self.values), max(self.values), statistics.median(self.values)
-        spread = "" if len(self.values) == 1 else f" ({lo:.{d}f}–{hi:.{d}f})"
+        spread = "" if len(self.values) == 1 else f" ({lo:.{d}f}{DASH}{hi:.{d}f})"
         text = f"{med:.{d}f}{self.unit}{spread}, n={len(self.values)}"
         return f"{text}; {self.note}" if self.note else text
 
@@ -93,11 +95,13 @@ class Table:
 
     def render(self) -> str:
         header = ["", *self.columns]
-        body = [
-            [label, *(_text(cells.get(c)) for c in self.columns)] for label, cells in self.rows
-        ]
+        body = [[label, *(_text(cells.get(c)) for c in self.columns)] for label, cells in self.rows]
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-        lines = [f"== {self.title}", _line(header, widths), _line(["-" * w for w in widths], widths)]
+        lines = [
+            f"== {self.title}",
+            _line(header, widths),
+            _line(["-" * w for w in widths], widths),
+        ]
         lines += [_line(r, widths) for r in body]
         for label, value in self.ratios:
             lines.append(f"  {label}: {'n/a' if value is None else f'{value:.2f}x'}")
@@ -111,14 +115,13 @@ class Table:
             "title": self.title,
             "columns": self.columns,
             "rows": {
-                label: {
-                    c: (v.to_json() if isinstance(v, Cell) else v)
-                    for c, v in cells.items()
-                }
+                label: {c: (v.to_json() if isinstance(v, Cell) else v) for c, v in cells.items()}
                 for label, cells in self.rows
             },
             "ratios": {label: value for label, value in self.ratios},
-            "targets": [{"goal": t.goal, "measured": t.measured, "hit": t.hit} for t in self.targets],
+            "targets": [
+                {"goal": t.goal, "measured": t.measured, "hit": t.hit} for t in self.targets
+            ],
             "notes": self.notes,
             "wall_s": round(self.wall_s, 1),
         }

@@ -70,7 +70,8 @@ class Tool(abc.ABC):
     def describe(self) -> str:
         return self.name
 
-    def launch(self, spec: Spec, workdir: Path) -> Run:
+    def launch(self, spec: Spec, workdir: Path, env_extra: Mapping[str, str] | None = None) -> Run:
+        """Start the tool in ``workdir`` (created) with its own process group."""
         workdir.mkdir(parents=True, exist_ok=True)
         argv, extra = self.command(spec, workdir)
         mark = uuid.uuid4().hex
@@ -90,11 +91,17 @@ class Tool(abc.ABC):
             }
         )
         env.update(extra)
+        env.update(env_extra or {})
         log = open(workdir / "launcher.log", "ab")  # noqa: SIM115
         launch_t = time.time()
         proc = subprocess.Popen(
-            argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            env=env,
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         return Run(self, spec, workdir, proc, launch_t, mark)
@@ -104,8 +111,13 @@ class Run:
     """A launched tool: its process tree and the records its ranks write."""
 
     def __init__(
-        self, tool: Tool, spec: Spec, workdir: Path, proc: subprocess.Popen[bytes],
-        launch_t: float, mark: str,
+        self,
+        tool: Tool,
+        spec: Spec,
+        workdir: Path,
+        proc: subprocess.Popen[bytes],
+        launch_t: float,
+        mark: str,
     ) -> None:
         self.tool = tool
         self.spec = spec
@@ -202,9 +214,11 @@ class Rvsup(Tool):
     hang_timeout: str = "auto"
     on_oom: str = "restart"
     backoff: str = "0s"
+    script: Path = WORKLOAD  # what every rank runs
+    nproc: int = WORLD
 
     def job_toml(self, spec: Spec) -> str:
-        command = json.dumps([sys.executable, str(WORKLOAD)])
+        command = json.dumps([sys.executable, str(self.script)])
         return f"""[job]
 name = "bench"
 command = {command}
@@ -213,7 +227,7 @@ checkpoint_dir = "ckpt"
 env = {{ OMP_NUM_THREADS = "1" }}
 
 [launch]
-nproc_per_node = {WORLD}
+nproc_per_node = {self.nproc}
 
 [checkpoint]
 every_steps = {spec.ckpt_every}
@@ -247,8 +261,13 @@ class Torchrun(Tool):
     share_store: bool = True  # False: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the workaround)
 
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
-        argv = [torchrun_path(), "--standalone", f"--nproc-per-node={WORLD}",
-                f"--max-restarts={spec.max_restarts}", str(WORKLOAD)]
+        argv = [
+            torchrun_path(),
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            f"--max-restarts={spec.max_restarts}",
+            str(WORKLOAD),
+        ]
         env = {"BENCH_MODE": "plain"}
         if not self.share_store:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -272,13 +291,16 @@ class BashLoop(Tool):
 
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
         script = (
-            f'for i in $(seq {spec.max_restarts + 1}); do '
+            f"for i in $(seq {spec.max_restarts + 1}); do "
             f'"$BENCH_TORCHRUN" --standalone --nproc-per-node={WORLD} --max-restarts=0 '
             f'"$BENCH_WORKLOAD" && exit 0; '
             'echo "torchrun-exit $? $(date +%s.%N)"; done; exit 1'
         )
-        env = {"BENCH_MODE": "plain", "BENCH_TORCHRUN": torchrun_path(),
-               "BENCH_WORKLOAD": str(WORKLOAD)}
+        env = {
+            "BENCH_MODE": "plain",
+            "BENCH_TORCHRUN": torchrun_path(),
+            "BENCH_WORKLOAD": str(WORKLOAD),
+        }
         return ["bash", "-c", script], env
 
     def noticed(self, workdir: Path) -> list[float]:
@@ -312,8 +334,13 @@ class FtLauncher(Tool):
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
         exe = self.executable()
         assert exe is not None
-        argv = [str(exe), "--standalone", f"--nproc-per-node={WORLD}",
-                f"--max-restarts={spec.max_restarts}", "--ft-initial-rank-heartbeat-timeout=300"]
+        argv = [
+            str(exe),
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            f"--max-restarts={spec.max_restarts}",
+            "--ft-initial-rank-heartbeat-timeout=300",
+        ]
         if self.heartbeat_timeout_s is not None:
             argv.append(f"--ft-rank-heartbeat-timeout={self.heartbeat_timeout_s}")
         return [*argv, str(WORKLOAD)], {"BENCH_MODE": "nvrx"}

@@ -27,6 +27,7 @@ import time
 BOOT_T = time.time()
 
 import datetime  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -51,7 +52,8 @@ class Recorder:
         self._file: IO[str] = open(directory / f"rank-{rank}.jsonl", "a")  # noqa: SIM115
 
     def write(self, event: str, step: int, t: float | None = None, **extra: Any) -> None:
-        line = {"t": time.time() if t is None else t, "rank": self.rank, "pid": self.pid}
+        line: dict[str, Any] = {"t": time.time() if t is None else t, "rank": self.rank}
+        line["pid"] = self.pid
         line.update(step=step, event=event, **extra)
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
@@ -163,9 +165,8 @@ def main() -> None:
         plain = PlainCheckpoints(Path(os.environ["BENCH_CKPT_DIR"]), every, rank)
         start = plain.resume(model, optimizer)
         if mode == "nvrx":
-            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-            heartbeat = RankMonitorClient()
+            ft = importlib.import_module("nvidia_resiliency_ext.fault_tolerance")
+            heartbeat = ft.RankMonitorClient()
             heartbeat.init_workload_monitoring()
     rec.write("start", start)
 

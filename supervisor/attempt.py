@@ -316,12 +316,14 @@ class Attempt:
             self.hang_timeout_s = hangs.auto_timeout(
                 self.ranks.step_times(), interval_s=hb.interval_s, ceiling_s=hb.hang_timeout_max_s
             )
+        # once a rank has left cleanly the job is finishing: the others get the longer allowance
+        finishing = any(e.exit_code == 0 for e in self._exits)
         silences = [
             hangs.Silence(
                 rank=st.rank,
                 silent_s=now - st.last_progress_t,
                 started=st.first_step_t is not None,
-                busy=st.phase is not None or st.saving_since is not None,
+                busy=finishing or st.phase is not None or st.saving_since is not None,
             )
             for st in self.ranks
         ]
@@ -401,20 +403,29 @@ class Attempt:
             self._transition(new)
 
     async def _dump_stacks_if_hung(self, outcome: str) -> str | None:
-        """Ask every rank for its Python stacks (faulthandler, armed by the SDK) before the kill."""
+        """Ask every rank for its Python stacks (faulthandler, armed by the SDK) before the kill.
+
+        A stopped rank is continued so that it can answer; to keep that window (in which it runs
+        again) short, the files are polled and the wait ends as soon as every rank has written.
+        """
         if outcome != "hang":
             return None
-        pids = [
-            pid
-            for pid, rank in self._rank_of_pid.items()
-            if rank is not None or pid in self._pidfds
-        ]
-        pids = [pid for pid in pids if self._popen is None or pid != self._popen.pid]
-        for pid in pids:
+        ranks = {pid: rank for pid, rank in self._rank_of_pid.items() if rank is not None}
+        files = {pid: self.diag_dir / f"rank-{rank:05d}.stacks" for pid, rank in ranks.items()}
+        before = {pid: _size(path) for pid, path in files.items()}
+        for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR2)
-                os.kill(pid, signal.SIGCONT)  # a stopped rank handles the signal once continued
-        await asyncio.sleep(DUMP_WAIT_S)
+                if proctree.is_stopped(pid):
+                    os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
+        deadline = time.monotonic() + DUMP_WAIT_S
+        waiting = set(files)
+        while waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            grown = {pid for pid in waiting if _size(files[pid]) > before[pid]}
+            if grown:
+                await asyncio.sleep(0.02)  # let a dump in progress finish
+            waiting -= grown
         return str(self.diag_dir) if self.diag_dir.is_dir() else None
 
     async def _teardown(self) -> None:
@@ -478,3 +489,10 @@ class Attempt:
             stop_step=stop_step,
             noticed_at=self._noticed_at,
         )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

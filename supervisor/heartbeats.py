@@ -104,6 +104,8 @@ class RankTable:
                     st.first_step_t = now
             if msg.kind is not p.Kind.SYNC:
                 st.saving_since = None
+            if msg.kind is p.Kind.EXITING:
+                st.phase = "exiting"  # leaving: its silence from now on is not a hang
         elif msg.kind is p.Kind.CKPT_BEGIN:
             st.saving_since = now
         elif msg.kind is p.Kind.PHASE:

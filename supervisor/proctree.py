@@ -39,6 +39,16 @@ def open_pidfd(pid: int) -> int | None:
         return None
 
 
+def is_stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped by a signal (state T)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] == b"T"
+
+
 def zombie_wait_status(pid: int) -> int | None:
     """The raw wait status of an exited, not yet reaped process (``/proc/PID/stat`` field 52)."""
     try:

@@ -12,6 +12,9 @@
 - :func:`srun_argv` builds the one ``srun`` step that runs torchrun once on every node; see its
   docstring for each flag and for how to tear the step down. :func:`step_ids`,
   :func:`signal_step` and :func:`cancel_step` act on that step by its name.
+- :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
+  task there now, or the controller marks them down or not responding): the evidence that tells
+  a node failure from a crash.
 - :func:`expand_hostlist`, :func:`expand_counts`, :func:`parse_time_left` and
   :func:`parse_job_record` are pure parsers of Slurm's notations.
 """
@@ -44,6 +47,7 @@ __all__ = [
     "srun_argv",
     "step_ids",
     "time_left_s",
+    "unreachable_nodes",
 ]
 
 #: Seconds one Slurm command may take before it counts as a (transient) failure.
@@ -53,6 +57,9 @@ COMMAND_ATTEMPTS: Final = 4
 #: Back-off between tries: RETRY_WAIT_S, doubling, at most RETRY_WAIT_MAX_S.
 RETRY_WAIT_S: Final = 0.5
 RETRY_WAIT_MAX_S: Final = 8.0
+#: How long :func:`unreachable_nodes` waits for its probe step (a dead slurmd answers at once, an
+#: unreachable node after the cluster's MessageTimeout, 10 s by default).
+PROBE_TIMEOUT_S: Final = 20.0
 #: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
 _BATCH_STEP_IDS: Final = frozenset({"batch", "4294967294"})
 # stderr fragments of failures that go away when the command is tried again a little later.
@@ -400,3 +407,64 @@ def signal_step(step_id: str, signal_name: str) -> None:
 def cancel_step(step_id: str) -> None:
     """End the step on every node (SIGTERM, then SIGKILL)."""
     _run_retrying(["scancel", step_id])
+
+
+# srun's words for a node it could not use: "Task launch for StepId=7.1 failed on node node2:
+# Communication connection failure", "Node failure on node2"
+_PROBE_FAILED_NODE = re.compile(r"(?:failed on node|Node failure on) ([^\s:,]+)")
+# sinfo %T states of a node that cannot run tasks now; a trailing "*" means not responding
+_LOST_STATES: Final = frozenset({"down", "fail", "failing", "unknown", "future"})
+
+
+def unreachable_nodes(alloc: Allocation, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
+    """Nodes of ``alloc`` that are lost, in allocation order; () when every node answers.
+
+    Two kinds of evidence, both from Slurm: the controller's node state (``sinfo``: down, failed,
+    or not responding -- which the controller notices only after SlurmdTimeout), and, at once, a
+    probe step: ``srun --overlap ... true`` with one task on every node of the job, whose
+    launch fails on a node whose slurmd is dead or unreachable ("Task launch ... failed on node
+    X"). A node is lost when either says so. A probe that fails without naming a node, or does
+    not end within ``timeout_s``, adds nothing: only named nodes count. Never raises for a
+    failed Slurm command (the answer is then what the other source said).
+    """
+    lost = set(_nodes_marked_lost(alloc.nodes)) | set(_probe_failures(alloc, timeout_s))
+    return tuple(node for node in alloc.nodes if node in lost)
+
+
+def _nodes_marked_lost(nodes: Sequence[str]) -> list[str]:
+    try:
+        out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], timeout_s=10.0)
+    except SlurmError:
+        return []
+    lost = []
+    for line in out.splitlines():
+        name, _, state = line.strip().partition(" ")
+        state = state.strip().lower()
+        if state.endswith("*") or state.rstrip("*~#!%$@^-") in _LOST_STATES:
+            lost.append(name)
+    return lost
+
+
+def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
+    count = len(alloc.nodes)
+    argv = [
+        "srun",
+        f"--jobid={alloc.job_id}",
+        f"--nodes={count}",
+        f"--ntasks={count}",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        "--mpi=none",
+        "--job-name=rvsup-probe",
+        "--",
+        "true",
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (subprocess.TimeoutExpired, OSError):
+        return []
+    if done.returncode == 0:
+        return []
+    named = _PROBE_FAILED_NODE.findall(done.stderr)
+    return [node for node in named if node in alloc.nodes]

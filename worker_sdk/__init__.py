@@ -15,6 +15,7 @@ Under ``rvsup start`` the settings come from job.toml; without rvsup pass ``chec
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Iterator
@@ -86,6 +87,7 @@ def resume(
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     start = rt.start(loaded)
     install_excepthook(rt)
+    atexit.register(rt.leaving)
     _runtime = rt
     return start, loaded.extra
 

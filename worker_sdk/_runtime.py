@@ -244,6 +244,12 @@ class Runtime:
             )
         return oom
 
+    def leaving(self) -> None:
+        """At interpreter exit: tell the supervisor that the silence to come is the end."""
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(p.Kind.EXITING, step=self.last_step, payload={"reason": "exit"})
+        self.shutdown()
+
     def shutdown(self) -> None:
         if self.channel is not None:
             self.channel.close()

@@ -81,6 +81,10 @@ class Channel:
             if msg.attempt == self.attempt and msg.rank in (self.rank, -1):
                 return msg
 
+    @property
+    def closed(self) -> bool:
+        return bool(self._sock.closed)
+
     def close(self, linger_s: float = 0.5) -> None:
         """Flush what is queued (bounded by ``linger_s``) and close."""
         if self._sock.closed:

@@ -77,3 +77,31 @@ def test_automatic_hang_timeout_catches_a_fast_job_in_seconds(tmp_path: Path) ->
     noticed = datetime.datetime.fromisoformat(str(hang["noticed_at"]))
     started = datetime.datetime.fromisoformat(str(named(evs, "attempt_started")[0]["timestamp"]))
     assert (noticed - started).total_seconds() < 30
+
+
+def test_a_declared_phase_longer_than_the_hang_timeout_is_not_a_hang(tmp_path: Path) -> None:
+    """Every rank spends 6 s inside worker_sdk.phase("eval") with hang_timeout = 3 s: no hang."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "phase:*:10", "PHASE_S": "6", "STEP_SLEEP": "0.02"},
+        total=20,
+        heartbeat='interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "3s"',
+    )
+    res = rvsup("start", str(job), timeout=120)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert not named(evs, "failure_detected")
+    assert len(named(evs, "attempt_started")) == 1
+
+
+def test_the_same_silence_without_a_phase_is_a_hang(tmp_path: Path) -> None:
+    """Control for the test above: the same 6 s pause, undeclared, is caught as a hang."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "sleep:*:10:1", "STEP_SLEEP": "0.02"},
+        total=20,
+        heartbeat='interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "3s"',
+    )
+    res = rvsup("start", str(job), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert [f["kind"] for f in named(events(tmp_path / "run"), "failure_detected")] == ["hang"]

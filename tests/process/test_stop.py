@@ -16,6 +16,7 @@ from .harness import (
     named,
     running,
     rvsup,
+    wait_for,
     wait_progress,
     write_job,
 )
@@ -101,3 +102,61 @@ def test_a_rank_that_never_answers_the_stop_is_killed_at_the_deadline(tmp_path: 
     stopped = named(events(tmp_path / "run"), "job_stopped")
     assert stopped[0]["step"] is None and "previous" in stopped[0]["note"]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*"))[-1] == "step-0000000019"
+
+
+def test_a_second_signal_during_the_stop_does_not_break_it(tmp_path: Path) -> None:
+    """SIGTERM then SIGINT 0.1 s later (Slurm and an impatient user): one stop, one checkpoint, 75."""
+    job = write_job(tmp_path, env={"STEP_SLEEP": "0.02"}, total=100000)
+    with running(job) as proc:
+        wait_progress(job, min_step=5)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    evs = events(tmp_path / "run")
+    assert len(named(evs, "stop_requested")) == 1
+    assert named(evs, "job_stopped")[0]["step"] is not None
+
+
+def test_a_rank_dying_mid_stop_leaves_the_previous_checkpoint_valid(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """Rank 1 killed right after the stop request: the stop ends at once (exit 75), the job resumes
+    from the previous checkpoint and still ends bit-identical."""
+    final = tmp_path / "final.pt"
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    with running(job) as proc:
+        st = wait_progress(job, min_step=14)
+        rank1 = next(r for r in st["ranks"] if r["rank"] == 1)
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(rank1["pid"], signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    _resume_and_finish(job)
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
+def test_time_based_saves_are_coordinated_and_resumable(tmp_path: Path, reference_final: Path) -> None:
+    """checkpoint.every = "1s" (no step rule): the supervisor schedules saves at a common step; a
+    crash after one resumes from it, bit-identically."""
+    final = tmp_path / "final.pt"
+    job = write_job(
+        tmp_path,
+        env={"FINAL": str(final), "STEP_SLEEP": "0.05"},
+        checkpoint='every_steps = 0\nevery = "1s"',
+    )
+    with running(job) as proc:
+        wait_for(
+            lambda: len(named(events(tmp_path / "run"), "checkpoint_committed")) >= 2,
+            timeout=90,
+            what="two time-based checkpoints",
+        )
+        st = wait_progress(job, min_step=0)
+        rank1 = next(r for r in st["ranks"] if r["rank"] == 1)
+        os.kill(rank1["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    evs = events(tmp_path / "run")
+    assert named(evs, "attempt_started")[1]["resume_step"] > 0
+    assert_same_state(load_final(reference_final), load_final(final))

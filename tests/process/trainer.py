@@ -1,10 +1,10 @@
 """The process tests' training script: the example's DDP MLP plus fault switches.
 
-FAULT="kind:rank:step[:attempt]" (several separated by ","); attempt "*" or absent means every
-attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
+FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means every rank, attempt "*"
+or absent every attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
 forever inside the loop), sigstop (SIGSTOP itself), mismatch (a receive the other rank never sends
 while it waits in the next all-reduce: a real gloo hang), ignore_term (ignore SIGTERM from that step
-on), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP and allocate until the
+on), phase (PHASE_S seconds inside worker_sdk.phase("eval")), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP and allocate until the
 kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError before resume() in
 attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every rank's checkpoint;
 FINAL=path: rank 0 saves the final model and optimizer there.
@@ -29,7 +29,7 @@ def faults_now(rank: int, step: int, attempt: int) -> list[str]:
     out = []
     for spec in filter(None, os.environ.get("FAULT", "").split(",")):
         kind, r, s, *a = spec.split(":")
-        if int(r) == rank and int(s) == step and (not a or a[0] in ("*", str(attempt))):
+        if r in ("*", str(rank)) and int(s) == step and (not a or a[0] in ("*", str(attempt))):
             out.append(kind)
     return out
 
@@ -50,6 +50,9 @@ def inject(kind: str, step: int) -> None:
         dist.recv(torch.zeros(1), src=1 - dist.get_rank())
     if kind == "ignore_term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if kind == "phase":  # a long declared phase (evaluation) on this rank
+        with worker_sdk.phase("eval"):
+            time.sleep(float(os.environ.get("PHASE_S", "5")))
     if kind == "exit0":
         os._exit(0)
     if (

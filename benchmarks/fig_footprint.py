@@ -1,0 +1,215 @@
+"""Figure 9: the supervisor's own footprint, and a real daemon driven by simulated ranks at scale.
+
+9a samples (every 0.25 s, while every rank trains) the RSS and CPU of the rvsup daemon, of the
+torchrun agent it starts, of a plain torchrun agent and of ft_launcher's agent process.
+9b starts a real ``rvsup start`` whose only "rank" is :mod:`benchmarks.fake_ranks` (N simulated ranks,
+each its own DEALER connection, 1 heartbeat/s), measures the daemon's CPU and RSS over a window, then
+silences one rank and reads how long the daemon took to call it a hang (configured timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from . import records
+from .profiles import Context
+from .table import Cell, Table, Target
+from .tools import REPO, WORLD, FtLauncher, Run, Rvsup, Spec, Tool, Torchrun
+
+SAMPLE_S = 0.25
+SCALE_HANG_S = 5.0
+MB = 1 << 20
+
+
+@dataclass
+class Usage:
+    """RSS peak and CPU share of one process over a sampling window."""
+
+    rss_mb: list[float] = field(default_factory=list)
+    cpu_percent: float | None = None
+
+
+def sample(procs: dict[str, psutil.Process], until: float) -> dict[str, Usage]:
+    """Sample ``procs`` until the monotonic time ``until``; CPU % of one core over the window."""
+    usage = {k: Usage() for k in procs}
+    start: dict[str, float] = {}
+    t0 = time.monotonic()
+    for k, pr in procs.items():
+        with contextlib.suppress(psutil.Error):
+            c = pr.cpu_times()
+            start[k] = c.user + c.system
+    while time.monotonic() < until:
+        for k, pr in procs.items():
+            with contextlib.suppress(psutil.Error):
+                usage[k].rss_mb.append(pr.memory_info().rss / MB)
+        time.sleep(SAMPLE_S)
+    wall = time.monotonic() - t0
+    for k, pr in procs.items():
+        with contextlib.suppress(psutil.Error):
+            c = pr.cpu_times()
+            if k in start and wall > 0:
+                usage[k].cpu_percent = 100.0 * (c.user + c.system - start[k]) / wall
+    return usage
+
+
+def _agent_of(run: Run) -> psutil.Process | None:
+    """The torchrun/ft_launcher process of a launch (the root, or the daemon's child)."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(run.proc.pid)
+        for pr in [root, *root.children(recursive=True)]:
+            line = " ".join(pr.cmdline())
+            if "torchrun" in line or "ft_launcher" in line:
+                return pr
+    return None
+
+
+def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
+    p = ctx.profile
+    workdir = ctx.scratch / "footprint" / name
+    shutil.rmtree(workdir, ignore_errors=True)
+    with tool.launch(Spec(p.footprint_steps, 100), workdir) as run:
+        if not run.wait_group_step(20, 90):
+            return {}
+        procs: dict[str, psutil.Process] = {}
+        agent = _agent_of(run)
+        if agent is not None:
+            procs["agent"] = agent
+        if isinstance(tool, Rvsup):
+            procs["daemon"] = psutil.Process(run.proc.pid)
+        steps_left = p.footprint_steps - 40
+        window = max(1.0, steps_left * 0.02)
+        return sample(procs, time.monotonic() + window)
+
+
+def footprint(ctx: Context) -> Table:
+    jobs: dict[str, Tool] = {"rvsup": Rvsup(), "torchrun": Torchrun(share_store=False)}
+    ft = FtLauncher(venv=ctx.nvrx_venv)
+    if not ctx.profile.smoke and not ft.unavailable():
+        jobs["ft_launcher"] = ft
+    measured = {name: _measure_job(tool, ctx, name) for name, tool in jobs.items()}
+    cols = [
+        "rvsup daemon",
+        "torchrun agent (under rvsup)",
+        "torchrun agent (plain)",
+        "ft_launcher agent",
+    ]
+    found = {
+        cols[0]: measured["rvsup"].get("daemon"),
+        cols[1]: measured["rvsup"].get("agent"),
+        cols[2]: measured["torchrun"].get("agent"),
+        cols[3]: measured.get("ft_launcher", {}).get("agent"),
+    }
+    t = Table(
+        "footprint",
+        f"9a. Supervisor footprint while {WORLD} ranks train (sampled every {SAMPLE_S:g} s)",
+        cols,
+    )
+    rss: dict[str, Cell | str] = {}
+    cpu: dict[str, Cell | str] = {}
+    for col, u in found.items():
+        if u is None:
+            why = (ft.unavailable() if col == cols[3] else None) or "n/a"
+            rss[col] = cpu[col] = why
+            continue
+        rss[col] = Cell([max(u.rss_mb)] if u.rss_mb else [], " MB", digits=1, note="peak")
+        cpu[col] = Cell([] if u.cpu_percent is None else [u.cpu_percent], " %", digits=2)
+    t.row("RSS", rss)
+    t.row("CPU (% of one core)", cpu)
+    daemon = found[cols[0]]
+    if daemon is not None and daemon.rss_mb:
+        t.targets.append(
+            Target(
+                "daemon RSS <= 60 MB", f"{max(daemon.rss_mb):.1f} MB", max(daemon.rss_mb) <= 60.0
+            )
+        )
+    return t
+
+
+class _ScaleRvsup(Rvsup):
+    """rvsup whose single rank is the simulator."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            name="rvsup",
+            hang_timeout=f"{SCALE_HANG_S:g}s",
+            script=REPO / "benchmarks" / "fake_ranks.py",
+            nproc=1,
+        )
+
+
+def _scale_once(ctx: Context, n: int) -> tuple[Usage, float | None, str]:
+    workdir = ctx.scratch / "scale" / str(n)
+    shutil.rmtree(workdir, ignore_errors=True)
+    tool = _ScaleRvsup()
+    spec = Spec(steps=1, ckpt_every=0, max_restarts=0)
+    with tool.launch(spec, workdir, {"FAKE_RANKS": str(n)}) as run:
+        ready = run.record_dir / "ready.json"
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and run.proc.poll() is None:
+            time.sleep(0.05)
+        if not ready.exists():
+            return Usage(), None, "the simulator never became ready"
+        time.sleep(2.0)  # HELLOs and the first round of heartbeats absorbed
+        daemon = psutil.Process(run.proc.pid)
+        usage = sample({"daemon": daemon}, time.monotonic() + ctx.profile.scale_window_s)["daemon"]
+        (run.record_dir / "go-silent").write_text("")
+        rc = run.wait(SCALE_HANG_S + 60)
+    silent_path = run.record_dir / "silent.json"
+    noticed = tool.noticed(workdir)
+    if not silent_path.exists() or not noticed:
+        return usage, None, f"no hang detected (daemon exit {rc})"
+    silent_t = float(json.loads(silent_path.read_text())["last_heartbeat_t"])
+    seen = records.first_at_or_after(noticed, silent_t)
+    return usage, None if seen is None else seen - silent_t, ""
+
+
+def scale(ctx: Context) -> Table:
+    p = ctx.profile
+    cols = [f"{n} ranks" for n in p.scale_ranks]
+    cpu: dict[str, Cell | str] = {}
+    rss: dict[str, Cell | str] = {}
+    latency: dict[str, Cell | str] = {}
+    for n, col in zip(p.scale_ranks, cols, strict=True):
+        ctx.log(f"scale {n} simulated ranks")
+        usage, detect, problem = _scale_once(ctx, n)
+        cpu[col] = Cell(
+            [] if usage.cpu_percent is None else [usage.cpu_percent], " %", note=problem
+        )
+        rss[col] = Cell([max(usage.rss_mb)] if usage.rss_mb else [], " MB", digits=1, note="peak")
+        latency[col] = Cell([] if detect is None else [detect], " s", note=problem)
+    t = Table(
+        "scale",
+        f"9b. A real rvsup daemon with simulated ranks (1 heartbeat/s each, one "
+        f"connection per rank; CPU over {p.scale_window_s:g} s; hang_timeout = "
+        f"{SCALE_HANG_S:g} s)",
+        cols,
+    )
+    t.row("daemon CPU (% of one core)", cpu)
+    t.row("daemon RSS", rss)
+    t.row("one rank goes silent -> hang detected", latency)
+    biggest = cpu.get("4096 ranks")
+    if isinstance(biggest, Cell) and biggest.median is not None:
+        t.targets.append(
+            Target(
+                "4096 simulated ranks <= 20% of a core",
+                f"{biggest.median:.1f} %",
+                biggest.median <= 20.0,
+            )
+        )
+    lat = [c.median for c in latency.values() if isinstance(c, Cell) and c.median is not None]
+    if lat:
+        t.targets.append(
+            Target(
+                "hang detected <= timeout + 1 s (simulated ranks)",
+                f"max {max(lat):.2f} s vs {SCALE_HANG_S:g} + 1 s",
+                max(lat) <= SCALE_HANG_S + 1,
+            )
+        )
+    t.notes.append("the simulator runs on the same cores as the daemon")
+    return t

@@ -1,0 +1,185 @@
+"""rvsup jobs for the Slurm cluster tests: the process tests' trainer as a multi-node job.toml,
+submitted with the batch script of examples/slurm (its venv and job file lines substituted).
+
+A :class:`TrainerJob` is one directory: ``job.toml``, ``run/`` (the history), ``ckpt/``,
+``final.pt`` (rank 0's final model and optimizer) and ``job.out`` (the batch output, appended to
+by every allocation of a requeued job).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from tests.process.harness import TRAINER, events, rvsup
+from tests.slurm.cluster import SlurmCluster
+
+CHECKOUT: Final = Path(__file__).resolve().parents[2]
+EXAMPLE_SCRIPT: Final = CHECKOUT / "examples" / "slurm" / "train.sbatch"
+#: The two lines of the example that name the virtualenv and the job file.
+_VENV_LINE: Final = re.compile(r"^RVSUP_VENV=.*$", re.MULTILINE)
+_JOB_LINE: Final = re.compile(r"^JOB_TOML=.*$", re.MULTILINE)
+_SHELL_START: Final = re.compile(r"^set -eu$", re.MULTILINE)
+_POLL_S: Final = 0.2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerJob:
+    """One rvsup job of the fault-switch trainer, and where its results land."""
+
+    root: Path
+    name: str
+
+    @property
+    def job_toml(self) -> Path:
+        return self.root / "job.toml"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final.pt"
+
+    @property
+    def output(self) -> Path:
+        return self.root / "job.out"
+
+    def events(self) -> list[dict[str, Any]]:
+        """The job's history so far (every allocation's)."""
+        return events(self.run_dir)
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        """The history's events called ``event``, in order."""
+        return [e for e in self.events() if e["event"] == event]
+
+    def status(self) -> dict[str, Any] | None:
+        """``rvsup status --json`` run here; None while no daemon answers."""
+        done = rvsup("status", str(self.job_toml), "--json", timeout=20)
+        if done.returncode != 0:
+            return None
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    def output_text(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+
+def write_trainer_job(
+    root: Path,
+    *,
+    name: str = "two-by-two",
+    total: int = 60,
+    env: Mapping[str, str] | None = None,
+    hang_timeout: str = "auto",
+    restart: str = 'max_restarts = 3\nbackoff = "0.1s"\nbackoff_max = "1s"',
+    slurm: str = 'requeue = "auto"\nstop_before_end = 0',
+) -> TrainerJob:
+    """A job.toml running the trainer with 2 ranks on every node of the allocation."""
+    root.mkdir(parents=True, exist_ok=True)
+    job = TrainerJob(root, name)
+    job_env = {
+        "TOTAL_STEPS": str(total),
+        "OMP_NUM_THREADS": "1",
+        "FINAL": str(job.final),
+        **(env or {}),
+    }
+    env_toml = ", ".join(f"{key} = {json.dumps(value)}" for key, value in job_env.items())
+    job.job_toml.write_text(
+        f"""
+[job]
+name = "{name}"
+command = [{json.dumps(sys.executable)}, {json.dumps(str(TRAINER))}]
+run_dir = "run"
+checkpoint_dir = "ckpt"
+env = {{ {env_toml} }}
+
+[launch]
+nproc_per_node = 2
+nnodes = "auto"
+term_timeout = "3s"
+stop_timeout = "30s"
+
+[checkpoint]
+every_steps = 10
+
+[heartbeat]
+interval = "0.2s"
+startup_timeout = "60s"
+hang_timeout = {json.dumps(hang_timeout)}
+
+[restart]
+{restart}
+
+[slurm]
+{slurm}
+"""
+    )
+    return job
+
+
+def batch_script(job: TrainerJob) -> str:
+    """examples/slurm/train.sbatch running ``job`` with this Python's venv and this checkout."""
+    text = EXAMPLE_SCRIPT.read_text()
+    venv = Path(sys.prefix)
+    for pattern, line in (
+        (_VENV_LINE, f"RVSUP_VENV={shlex.quote(str(venv))}"),
+        (_JOB_LINE, f"JOB_TOML={shlex.quote(str(job.job_toml))}"),
+        # the code under test, also when the venv has another checkout installed
+        (_SHELL_START, f"export PYTHONPATH={shlex.quote(str(CHECKOUT))}\nset -eu"),
+    ):
+        text, count = pattern.subn(lambda _match, line=line: line, text)
+        assert count == 1, f"{EXAMPLE_SCRIPT} no longer has one line matching {pattern.pattern}"
+    return text
+
+
+def venv_problem() -> str | None:
+    """Why the example script cannot activate this Python's virtualenv, or None."""
+    if sys.prefix == sys.base_prefix or not (Path(sys.prefix) / "bin" / "activate").is_file():
+        return "the tests must run in a virtualenv (the batch script activates it)"
+    return None
+
+
+def submit(cluster: SlurmCluster, job: TrainerJob, *sbatch_args: str) -> str:
+    """sbatch the example script for ``job``; output appended to job.out. Returns the job id."""
+    return cluster.sbatch(
+        batch_script(job), f"--output={job.output}", f"--job-name={job.name}", *sbatch_args
+    )
+
+
+def wait_until(predicate: Callable[[], T | None], *, timeout: float, what: str) -> T:
+    """Poll ``predicate`` until it returns something truthy; that value, or AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(_POLL_S)
+
+
+def ranks_past(job: TrainerJob, step: int, *, world_size: int = 4) -> dict[str, Any] | None:
+    """The daemon's status once every rank of the current attempt finished ``step``."""
+    status = job.status()
+    if status is None or status.get("state") != "running":
+        return None
+    ranks = status["ranks"]
+    if len(ranks) == world_size and all(r["last_step"] >= step for r in ranks):
+        return status
+    return None
+
+
+def committed_past(job: TrainerJob, step: int) -> bool:
+    """A checkpoint at or beyond ``step`` is in the history."""
+    return any(e["step"] >= step for e in job.named("checkpoint_committed"))

@@ -1,0 +1,101 @@
+"""The hang timeout rule: percentile, the automatic timeout and which ranks count as hung."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.hangs import FACTOR, FLOOR_S, Silence, auto_timeout, hung_ranks, percentile
+
+
+def test_documented_constants() -> None:
+    """The factor and floor are the ones README.md documents (10 x p99, 5 s)."""
+    assert FACTOR == 10.0
+    assert FLOOR_S == 5.0
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        pytest.param([3.0], 0.99, 3.0, id="single value"),
+        pytest.param([float(v) for v in range(1, 101)], 0.99, 99.0, id="p99 of 1..100 is 99"),
+        pytest.param([float(v) for v in range(100, 0, -1)], 0.99, 99.0, id="unsorted input"),
+        pytest.param([float(v) for v in range(1, 11)], 0.99, 10.0, id="p99 of 10 is the max"),
+        pytest.param([1.0, 2.0, 3.0, 4.0], 0.5, 2.0, id="median of 4: nearest rank 2"),
+        pytest.param([5.0, 1.0, 4.0, 2.0, 3.0], 0.5, 3.0, id="median of 5"),
+        pytest.param([2.0, 7.0, 1.0], 0.0, 1.0, id="q=0 is the min"),
+        pytest.param([2.0, 7.0, 1.0], 1.0, 7.0, id="q=1 is the max"),
+        pytest.param([float(v) for v in range(1, 101)], 0.29, 29.0, id="float rounding of q*n"),
+    ],
+)
+def test_percentile(values: list[float], q: float, expected: float) -> None:
+    """percentile is the nearest-rank quantile, whatever the input order."""
+    assert percentile(values, q) == expected
+
+
+@pytest.mark.parametrize(
+    ("step_times", "interval_s", "ceiling_s", "expected"),
+    [
+        pytest.param([], 1.0, 1800.0, None, id="no samples: None"),
+        pytest.param([0.1], 1.0, 1800.0, 5.0, id="floor: 2+1 < 5"),
+        pytest.param([1.0], 1.0, 1800.0, 12.0, id="2 x interval + 10 x step"),
+        pytest.param([1.0], 3.0, 1800.0, 16.0, id="interval term doubles the interval"),
+        pytest.param([2.0], 0.5, 1800.0, 21.0, id="factor ten on the step"),
+        pytest.param([100.0], 1.0, 600.0, 600.0, id="ceiling"),
+        pytest.param([0.01], 0.1, 3.0, 3.0, id="a ceiling below the floor wins"),
+        pytest.param([1.0] * 99 + [50.0], 1.0, 1800.0, 12.0, id="one outlier in 100 ignored"),
+        pytest.param([1.0] * 98 + [50.0] * 2, 1.0, 1800.0, 502.0, id="two outliers in 100 count"),
+    ],
+)
+def test_auto_timeout(
+    step_times: list[float], interval_s: float, ceiling_s: float, expected: float | None
+) -> None:
+    """auto_timeout = min(ceiling, max(5, 2 x interval + 10 x p99)), None before any sample."""
+    got = auto_timeout(step_times, interval_s=interval_s, ceiling_s=ceiling_s)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected)
+
+
+def _s(silent_s: float, *, started: bool = True, busy: bool = False, rank: int = 0) -> Silence:
+    return Silence(rank=rank, silent_s=silent_s, started=started, busy=busy)
+
+
+@pytest.mark.parametrize(
+    ("silence", "timeout_s", "startup_s", "hung"),
+    [
+        pytest.param(_s(59, started=False), 10.0, 60.0, False, id="startup: within startup"),
+        pytest.param(_s(61, started=False), 10.0, 60.0, True, id="startup: past startup"),
+        pytest.param(_s(30, started=False), 100.0, 20.0, True, id="startup ignores larger timeout"),
+        pytest.param(_s(30), None, 60.0, False, id="no timeout yet: startup applies"),
+        pytest.param(_s(61), None, 60.0, True, id="no timeout yet: past startup"),
+        pytest.param(_s(10.0), 10.0, 60.0, False, id="running: exactly at timeout"),
+        pytest.param(_s(10.1), 10.0, 60.0, True, id="running: past timeout"),
+        pytest.param(_s(30, busy=True), 10.0, 60.0, False, id="busy: startup extends"),
+        pytest.param(_s(61, busy=True), 10.0, 60.0, True, id="busy: past startup"),
+        pytest.param(_s(80, busy=True), 100.0, 60.0, False, id="busy: timeout larger"),
+        pytest.param(_s(101, busy=True), 100.0, 60.0, True, id="busy: past larger timeout"),
+        pytest.param(_s(4.0), 3.0, 60.0, True, id="configured timeout below the floor"),
+        pytest.param(_s(30, busy=True), None, 60.0, False, id="busy, no timeout: startup"),
+    ],
+)
+def test_hung_ranks_one(
+    silence: Silence, timeout_s: float | None, startup_s: float, hung: bool
+) -> None:
+    """A rank is hung when its silence exceeds the limit of its situation."""
+    got = hung_ranks([silence], timeout_s=timeout_s, startup_timeout_s=startup_s)
+    assert got == ((silence.rank,) if hung else ())
+
+
+def test_hung_ranks_many_in_order() -> None:
+    """Several ranks: exactly the hung ones, in input order, as a tuple."""
+    ranks = [
+        _s(20, rank=3),
+        _s(1, rank=0),
+        _s(20, rank=1, started=False),
+        _s(70, rank=2, started=False),
+        _s(20, rank=5, busy=True),
+        _s(11, rank=4),
+    ]
+    assert hung_ranks(ranks, timeout_s=10.0, startup_timeout_s=60.0) == (3, 2, 4)
+    assert hung_ranks([], timeout_s=10.0, startup_timeout_s=60.0) == ()
