@@ -136,10 +136,10 @@ def hang_tools(ctx: Context) -> dict[str, Tool]:
 def hang(ctx: Context) -> Table:
     p = ctx.profile
     tools = hang_tools(ctx)
-    kinds = {"SIGSTOP": "sigstop", "stuck collective": "mismatch"}
+    kinds = {"SIGSTOP": "sigstop", "stuck in gloo": "stuck"}
     t = Table(
         "hang",
-        f"2. Hang at step {p.fault_step}: SIGSTOP of rank 0, or rank 1 in an extra all_reduce "
+        f"2. Hang at step {p.fault_step}: SIGSTOP of rank 0, or rank 1 stuck in a gloo receive "
         f"(peers: gloo default timeout, or init_process_group(timeout={PG_TIMEOUT_S:g} s))",
         list(tools),
     )

@@ -102,7 +102,7 @@ def goodput(ctx: Context) -> Table:
     g = p.goodput_steps
     schedule = (
         f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100},"
-        f"mismatch:1:{g * 85 // 100}"
+        f"stuck:1:{g * 85 // 100}"
     )
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(),
@@ -123,7 +123,7 @@ def goodput(ctx: Context) -> Table:
             if tool.unavailable():
                 continue
             pg = None if col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
-            spec = Spec(g, 100, schedule, pg, max_restarts=10)
+            spec = Spec(g, max(10, g // 20), schedule, pg, max_restarts=10)
             step_s = 0.03
             cap = 3 * g * step_s + 240
             o = run_trial(tool, spec, ctx.scratch / "goodput" / slug(col) / str(i), cap)

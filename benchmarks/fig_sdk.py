@@ -171,7 +171,8 @@ def measure_nvrx(venv: str, workdir: Path, calls: int) -> dict[str, Any] | str:
         return "n/a (the probe did not finish within 180 s)"
     for line in done.stdout.splitlines() + done.stderr.splitlines():
         if "NVRX_PROBE " in line:
-            parsed: dict[str, Any] = json.loads(line.split("NVRX_PROBE ", 1)[1])
+            text = line.split("NVRX_PROBE ", 1)[1]
+            parsed: dict[str, Any] = json.JSONDecoder().raw_decode(text)[0]
             return parsed
     return f"n/a (probe failed, exit {done.returncode}: {done.stderr.strip()[-200:]})"
 

@@ -16,8 +16,9 @@ these records the same way (:mod:`benchmarks.records`).
 
 Faults: ``BENCH_FAULT="kind:rank:step[:every]"`` (several separated by ","). Without ``every`` a
 fault fires once per run (a marker file in the record directory remembers it across restarts).
-Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``mismatch`` (an all_reduce the
-other ranks never join), ``oom`` (raise torch.OutOfMemoryError).
+Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``stuck`` (a receive nobody sends, so
+the rank blocks inside gloo while the others block in their next all_reduce: an extra all_reduce
+is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError).
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def inject(kind: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
-    elif kind == "mismatch":
-        dist.all_reduce(torch.ones(1))
+    elif kind == "stuck":  # a receive nobody sends: the others then wait in their all_reduce
+        dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())
     elif kind == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory at step {step} (injected)")
     else:
@@ -180,13 +181,13 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
+        rec.write("step", step)  # finished; what follows may save (and, under rvsup, exit)
         if plain is not None:
             plain.maybe_save(step, model, optimizer)
         if heartbeat is not None:
             heartbeat.send_heartbeat()
         if mode == "rvsup":
             worker_sdk.step(step)
-        rec.write("step", step)
     rec.write("done", total - 1)
     if heartbeat is not None:
         heartbeat.shutdown_workload_monitoring()

@@ -100,6 +100,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     try:
         info = json.loads((cfg.job.run_dir / control.DAEMON_FILE).read_text())
+    except (OSError, ValueError):
+        print(f"rvsup: no rvsup daemon is running for {cfg.job.run_dir}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
         answer = control.request(cfg.job.run_dir, "stop")
     except (control.NotRunningError, OSError, ValueError) as exc:
         print(f"rvsup: {exc}", file=sys.stderr)

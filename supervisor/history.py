@@ -98,9 +98,13 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The events of ``path`` and the number of lines skipped because they are not JSON objects.
 
     Blank lines are ignored. A last line without a newline that does not parse is a write
-    in progress (or torn by a crash): it is skipped without being counted.
+    in progress (or torn by a crash): it is skipped without being counted. A missing file is an
+    empty history.
     """
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
     lines = data.split(b"\n")
     torn_tail = not data.endswith(b"\n")
     events: list[dict[str, Any]] = []

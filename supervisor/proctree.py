@@ -151,6 +151,7 @@ def teardown(
     alive = {p for p in pids if p != os.getpid()} | set(owned)
     for pid in list(alive):
         alive |= descendants(pid)
+    seen = set(alive)  # a zombie counted gone may be re-parented to us later: reap it at the end
     signalled = len(alive)
     _signal_all(alive, signal.SIGTERM)
     _signal_all(alive, signal.SIGCONT)
@@ -159,8 +160,12 @@ def teardown(
     if alive:
         for pid in list(alive):
             alive |= descendants(pid)
+        seen |= alive
         _signal_all(alive, signal.SIGKILL)
         alive = _wait_gone(alive, time.monotonic() + kill_timeout_s, owned)
+    for pid in seen - set(owned):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
     return TeardownReport(signalled, killed, len(alive), time.monotonic() - t0)
 
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import socket
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -60,6 +62,8 @@ RETRY_WAIT_MAX_S: Final = 8.0
 #: How long :func:`unreachable_nodes` waits for its probe step (a dead slurmd answers at once, an
 #: unreachable node after the cluster's MessageTimeout, 10 s by default).
 PROBE_TIMEOUT_S: Final = 20.0
+#: How long the probe still listens after srun named the first failed node.
+PROBE_GRACE_S: Final = 1.0
 #: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
 _BATCH_STEP_IDS: Final = frozenset({"batch", "4294967294"})
 # stderr fragments of failures that go away when the command is tried again a little later.
@@ -446,6 +450,11 @@ def _nodes_marked_lost(nodes: Sequence[str]) -> list[str]:
 
 
 def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
+    """Nodes srun names as failed when it starts ``true`` on every node of the job.
+
+    srun reports every failed launch at once and then lingers (KillWait and message time-outs)
+    before it exits: it is killed PROBE_GRACE_S after it first named a node, or at ``timeout_s``.
+    """
     count = len(alloc.nodes)
     argv = [
         "srun",
@@ -461,10 +470,29 @@ def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
         "true",
     ]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (subprocess.TimeoutExpired, OSError):
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+    except OSError:
         return []
-    if done.returncode == 0:
-        return []
-    named = _PROBE_FAILED_NODE.findall(done.stderr)
-    return [node for node in named if node in alloc.nodes]
+    assert proc.stderr is not None
+    text = ""
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stderr, selectors.EVENT_READ)
+            end = time.monotonic() + timeout_s
+            while (left := end - time.monotonic()) > 0:
+                if not selector.select(left):
+                    continue
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break  # srun ended
+                text += chunk.decode(errors="replace")
+                if _PROBE_FAILED_NODE.search(text):
+                    end = min(end, time.monotonic() + PROBE_GRACE_S)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    named = _PROBE_FAILED_NODE.findall(text)
+    return [node for node in alloc.nodes if node in named]

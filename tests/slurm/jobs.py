@@ -138,9 +138,14 @@ def batch_script(job: TrainerJob) -> str:
         # the code under test, also when the venv has another checkout installed
         (_SHELL_START, f"export PYTHONPATH={shlex.quote(str(CHECKOUT))}\nset -eu"),
     ):
-        text, count = pattern.subn(lambda _match, line=line: line, text)
+        text, count = pattern.subn(_literally(line), text)
         assert count == 1, f"{EXAMPLE_SCRIPT} no longer has one line matching {pattern.pattern}"
     return text
+
+
+def _literally(line: str) -> Callable[[re.Match[str]], str]:
+    """A re.sub replacement that inserts ``line`` as it is (no backslash escapes)."""
+    return lambda _match: line
 
 
 def venv_problem() -> str | None:
@@ -178,8 +183,3 @@ def ranks_past(job: TrainerJob, step: int, *, world_size: int = 4) -> dict[str, 
     if len(ranks) == world_size and all(r["last_step"] >= step for r in ranks):
         return status
     return None
-
-
-def committed_past(job: TrainerJob, step: int) -> bool:
-    """A checkpoint at or beyond ``step`` is in the history."""
-    return any(e["step"] >= step for e in job.named("checkpoint_committed"))
