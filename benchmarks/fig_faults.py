@@ -149,10 +149,13 @@ def hang(ctx: Context) -> Table:
         detect = {c: Cell(unit=" s") for c in tools}
         mttr = {c: Cell(unit=" s") for c in tools}
         ok, runs = Counter[str](), Counter[str]()
+        waited: dict[str, float] = {}  # the shortest wait after the fault of a capped trial
         for i in range(p.n):
             for col, tool in tools.items():
                 capped = col.endswith("(defaults)")
-                if tool.unavailable() or (capped and i >= p.n_capped):
+                slow = not col.startswith(("rvsup", "ft_"))
+                limit = p.n_capped if capped else p.n_slow if slow else p.n
+                if tool.unavailable() or i >= limit:
                     continue
                 pg = None if capped or col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
                 spec = Spec(p.steps, p.ckpt_every, f"{kind}:{rank}:{p.fault_step}", pg)
@@ -160,6 +163,8 @@ def hang(ctx: Context) -> Table:
                 o = run_trial(tool, spec, workdir, p.hang_cap_s if capped else HANG_CAP_S)
                 detect[col].add(o.detect_s())
                 mttr[col].add(o.mttr_s())
+                if o.fault_t is not None and o.detect_s() is None:
+                    waited[col] = min(waited.get(col, 1e9), o.end_t - o.fault_t)
                 runs[col] += 1
                 ok[col] += int(o.rc == 0 and o.completed())
                 if col == "rvsup (auto)":
@@ -170,11 +175,10 @@ def hang(ctx: Context) -> Table:
                     f"detect={fmt(o.detect_s(), ' s')} mttr={fmt(o.mttr_s(), ' s')}"
                 )
         for col in tools:
-            cap = p.hang_cap_s if col.endswith("(defaults)") else HANG_CAP_S
-            if runs[col] and not detect[col].values:
-                detect[col].note = f"not detected within {cap:g} s (n={runs[col]})"
-            if runs[col] and not mttr[col].values:
-                mttr[col].note = f"not recovered within {cap:g} s (n={runs[col]})"
+            if col in waited and not detect[col].values:
+                detect[col].note = f"not detected within {waited[col]:.0f} s (n={runs[col]})"
+            if col in waited and not mttr[col].values:
+                mttr[col].note = f"not recovered within {waited[col]:.0f} s (n={runs[col]})"
         t.row(f"{label}: detection latency", _unavailable_row(tools, dict(detect)))
         t.row(f"{label}: MTTR", _unavailable_row(tools, dict(mttr)))
         t.row(

@@ -16,6 +16,7 @@ class Profile:
     name: str
     n: int  # trials per cell of the fault figures
     n_capped: int  # trials of cells that can only end at the cap (peers that never notice a hang)
+    n_slow: int  # trials of the peers' hang cells with a process-group timeout (20-60 s each)
     steps: int  # steps of a fault trial
     fault_step: int  # where the fault is injected
     ckpt_every: int
@@ -35,6 +36,7 @@ FULL = Profile(
     name="full",
     n=20,
     n_capped=2,
+    n_slow=5,
     steps=170,
     fault_step=110,
     ckpt_every=25,
@@ -52,6 +54,7 @@ QUICK = Profile(
     name="quick",
     n=3,
     n_capped=1,
+    n_slow=1,
     steps=170,
     fault_step=110,
     ckpt_every=25,
@@ -69,6 +72,7 @@ SMOKE = Profile(
     name="smoke",
     n=1,
     n_capped=1,
+    n_slow=1,
     steps=90,
     fault_step=60,
     ckpt_every=25,

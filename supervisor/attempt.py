@@ -15,16 +15,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from worker_sdk import protocol as p
 
-from . import hangs, launcher, proctree
+from . import diagnostics, hangs, launcher, proctree
 from .checkpoints import CommitTracker, DirectoryWatch
 from .config import JobConfig
+from .coordinated import SaveRound, answer_without_round
 from .events import EventLog
 from .failures import Observation, RankExit, RankReport
 from .heartbeats import HeartbeatEndpoint, RankTable
@@ -33,18 +34,6 @@ from .states import JobState
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
-DUMP_WAIT_S = 1.0  # how long ranks get to write their stacks before a hung group is killed
-
-
-@dataclass(slots=True)
-class SyncRound:
-    """A coordinated save in progress (see worker_sdk._runtime)."""
-
-    stop: bool
-    started_t: float
-    reported: dict[int, int] = field(default_factory=dict)
-    asked_t: dict[int, float] = field(default_factory=dict)
-    target: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +75,7 @@ class Attempt:
         self._transition = transition
         self.world_size = plan.nnodes * plan.nproc_per_node
         self.diag_dir = cfg.job.run_dir / "diagnostics" / f"attempt-{number}"
-        self.sync: SyncRound | None = None
+        self.sync: SaveRound | None = None
         self.stop_reason: str | None = None
         self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s
         self._started_step = tracker.newest_step
@@ -163,15 +152,18 @@ class Attempt:
         if kind is p.Kind.HELLO:
             if st.host == os.uname().nodename or self.plan.nnodes == 1:
                 self._watch_pid(msg.pid, rank=msg.rank)
-            if self.sync is not None and msg.rank not in self.sync.reported:
-                self._ask_sync(msg.rank, now)
+            if self.sync is not None:
+                self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
         elif kind is p.Kind.HEARTBEAT:
             if self.state is JobState.STARTING and self._all_started():
                 self._set_state(JobState.RUNNING)
-            if self.sync is not None and msg.rank not in self.sync.reported:
-                self._ask_sync(msg.rank, now)
+            if self.sync is not None:
+                self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
         elif kind is p.Kind.SYNC:
-            self._on_sync(identity, msg)
+            if self.sync is None:
+                answer_without_round(self.endpoint, identity, msg)
+            else:
+                self.sync.answer(self.endpoint, identity, msg)
         elif kind is p.Kind.CKPT_COMMITTED:
             path = Path(str(msg.payload.get("path", "")))
             self._on_commit(path, seconds=msg.value, source="sdk")
@@ -217,13 +209,7 @@ class Attempt:
             nbytes=commit.nbytes,
             source=commit.source,
         )
-        sync = self.sync
-        if (
-            sync is not None
-            and not sync.stop
-            and sync.target is not None
-            and (commit.step >= sync.target)
-        ):
+        if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
             self.sync = None
             self._set_state(JobState.RUNNING)
 
@@ -358,36 +344,13 @@ class Attempt:
 
     # ------------------------------------------------------------------ coordinated saves
     def _begin_sync(self, *, stop: bool, now: float) -> None:
-        self.sync = SyncRound(stop=stop, started_t=now)
-        for st in self.ranks:
-            self._ask_sync(st.rank, now)
-
-    def _ask_sync(self, rank: int, now: float) -> None:
-        sync = self.sync
-        st = self.ranks.ranks.get(rank)
-        if sync is None or st is None:
-            return
-        if now - sync.asked_t.get(rank, -1e9) < 2 * self.cfg.heartbeat.interval_s:
-            return
-        sync.asked_t[rank] = now
-        flags = p.FLAG_STOP if sync.stop else 0
-        self.endpoint.send(st.identity, p.Kind.SYNC_REQUEST, rank=rank, flags=flags)
-
-    def _on_sync(self, identity: bytes, msg: p.Message) -> None:
-        sync = self.sync
-        if sync is None:
-            self.endpoint.send(identity, p.Kind.SYNC_CANCEL, rank=msg.rank)
-            return
-        sync.reported[msg.rank] = max(msg.step, sync.reported.get(msg.rank, -1))
-        if sync.target is None and len(sync.reported) >= self.world_size:
-            sync.target = max(sync.reported.values()) + 1
-        if sync.target is None:
-            self.endpoint.send(identity, p.Kind.CONTINUE, rank=msg.rank)
-        else:
-            flags = p.FLAG_STOP if sync.stop else 0
-            self.endpoint.send(
-                identity, p.Kind.SAVE_AT, rank=msg.rank, step=sync.target, flags=flags
-            )
+        self.sync = SaveRound(
+            stop=stop,
+            world_size=self.world_size,
+            resend_after_s=2 * self.cfg.heartbeat.interval_s,
+            started_t=now,
+        )
+        self.sync.ask_all(self.endpoint, self.ranks, now)
 
     # ------------------------------------------------------------------ ending
     def _is_ending(self) -> bool:
@@ -403,30 +366,10 @@ class Attempt:
             self._transition(new)
 
     async def _dump_stacks_if_hung(self, outcome: str) -> str | None:
-        """Ask every rank for its Python stacks (faulthandler, armed by the SDK) before the kill.
-
-        A stopped rank is continued so that it can answer; to keep that window (in which it runs
-        again) short, the files are polled and the wait ends as soon as every rank has written.
-        """
         if outcome != "hang":
             return None
         ranks = {pid: rank for pid, rank in self._rank_of_pid.items() if rank is not None}
-        files = {pid: self.diag_dir / f"rank-{rank:05d}.stacks" for pid, rank in ranks.items()}
-        before = {pid: _size(path) for pid, path in files.items()}
-        for pid in ranks:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGUSR2)
-                if proctree.is_stopped(pid):
-                    os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
-        deadline = time.monotonic() + DUMP_WAIT_S
-        waiting = set(files)
-        while waiting and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-            grown = {pid for pid in waiting if _size(files[pid]) > before[pid]}
-            if grown:
-                await asyncio.sleep(0.02)  # let a dump in progress finish
-            waiting -= grown
-        return str(self.diag_dir) if self.diag_dir.is_dir() else None
+        return await diagnostics.collect_stacks(ranks, self.diag_dir)
 
     async def _teardown(self) -> None:
         loop = asyncio.get_running_loop()
@@ -472,12 +415,7 @@ class Attempt:
             self._started_step is None or newest > self._started_step
         )
         stop_step = None
-        if (
-            outcome == "stopped"
-            and self.sync is not None
-            and self.sync.target is not None
-            and (newest is not None and newest >= self.sync.target)
-        ):
+        if outcome == "stopped" and self.sync is not None and self.sync.committed_by(newest):
             stop_step = newest
         return AttemptResult(
             outcome="failed" if outcome == "hang" else outcome,
@@ -489,10 +427,3 @@ class Attempt:
             stop_step=stop_step,
             noticed_at=self._noticed_at,
         )
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

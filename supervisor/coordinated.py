@@ -1,0 +1,68 @@
+"""The supervisor's half of a coordinated save (a stop, or a time-based checkpoint).
+
+Every rank must save at the same step, or one would block in a collective the others skip. The
+supervisor sends SYNC_REQUEST; from its next heartbeat on each rank reports every finished step with
+SYNC and waits for the answer. Until all ranks have reported, the answer is CONTINUE; then every rank
+is told SAVE_AT ``max(reported) + 1``. A rank waits after each report, so none can be past that step.
+A SYNC that arrives when no round is open is answered SYNC_CANCEL (a duplicate request the rank saw
+late). The rank's half is in ``worker_sdk._runtime``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker_sdk import protocol as p
+
+from .heartbeats import HeartbeatEndpoint, RankTable
+
+
+@dataclass(slots=True)
+class SaveRound:
+    """One coordinated save in progress."""
+
+    stop: bool  # the ranks exit once the checkpoint is committed
+    world_size: int
+    resend_after_s: float  # a rank not yet reporting is asked again after this long
+    started_t: float
+    reported: dict[int, int] = field(default_factory=dict)  # rank -> last step it reported
+    asked_t: dict[int, float] = field(default_factory=dict)
+    target: int | None = None  # the step every rank saves after, once known
+
+    @property
+    def flags(self) -> int:
+        return p.FLAG_STOP if self.stop else 0
+
+    def ask(self, endpoint: HeartbeatEndpoint, ranks: RankTable, rank: int, now: float) -> None:
+        """Send SYNC_REQUEST to ``rank`` unless it already reported or was asked recently."""
+        st = ranks.ranks.get(rank)
+        if st is None or rank in self.reported:
+            return
+        if now - self.asked_t.get(rank, -1e9) < self.resend_after_s:
+            return
+        self.asked_t[rank] = now
+        endpoint.send(st.identity, p.Kind.SYNC_REQUEST, rank=rank, flags=self.flags)
+
+    def ask_all(self, endpoint: HeartbeatEndpoint, ranks: RankTable, now: float) -> None:
+        for st in ranks:
+            self.ask(endpoint, ranks, st.rank, now)
+
+    def answer(self, endpoint: HeartbeatEndpoint, identity: bytes, msg: p.Message) -> None:
+        """Record a SYNC and answer it: CONTINUE, or SAVE_AT the common step."""
+        self.reported[msg.rank] = max(msg.step, self.reported.get(msg.rank, -1))
+        if self.target is None and len(self.reported) >= self.world_size:
+            self.target = max(self.reported.values()) + 1
+        if self.target is None:
+            endpoint.send(identity, p.Kind.CONTINUE, rank=msg.rank)
+        else:
+            endpoint.send(
+                identity, p.Kind.SAVE_AT, rank=msg.rank, step=self.target, flags=self.flags
+            )
+
+    def committed_by(self, step: int | None) -> bool:
+        """Whether a commit of ``step`` is this round's checkpoint."""
+        return self.target is not None and step is not None and step >= self.target
+
+
+def answer_without_round(endpoint: HeartbeatEndpoint, identity: bytes, msg: p.Message) -> None:
+    endpoint.send(identity, p.Kind.SYNC_CANCEL, rank=msg.rank)

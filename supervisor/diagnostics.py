@@ -1,0 +1,52 @@
+"""Evidence collected before a hung group is killed: the Python stacks of every rank.
+
+The SDK arms faulthandler on SIGUSR2 in ``resume()``, writing every thread's stack to
+``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler is C code, so it
+answers even while the rank blocks in a collective or holds the GIL in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from . import proctree
+
+DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
+
+
+async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | None:
+    """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S.
+
+    A stopped rank is continued so that it can answer; to keep that window (in which it runs
+    again) short, the files are polled and the wait ends as soon as every rank has written.
+    Returns the directory, or None when nothing was written.
+    """
+    files = {pid: directory / f"rank-{rank:05d}.stacks" for pid, rank in ranks.items()}
+    before = {pid: _size(path) for pid, path in files.items()}
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR2)
+            if proctree.is_stopped(pid):
+                os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
+    deadline = time.monotonic() + DUMP_WAIT_S
+    waiting = set(files)
+    while waiting and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        grown = {pid for pid in waiting if _size(files[pid]) > before[pid]}
+        if grown:
+            await asyncio.sleep(0.02)  # let a dump in progress finish
+        waiting -= grown
+    return str(directory) if directory.is_dir() else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
