@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import torch
+
 from tests.process.harness import TRAINER, events, rvsup
 from tests.slurm.cluster import SlurmCluster
 
@@ -28,6 +30,10 @@ _VENV_LINE: Final = re.compile(r"^RVSUP_VENV=.*$", re.MULTILINE)
 _JOB_LINE: Final = re.compile(r"^JOB_TOML=.*$", re.MULTILINE)
 _SHELL_START: Final = re.compile(r"^set -eu$", re.MULTILINE)
 _POLL_S: Final = 0.2
+#: Tolerances of :func:`assert_close_state`: far above the last-bit differences of a changed
+#: summation order (~1e-8 here), far below what one step more or less changes (~1e-3).
+_RTOL: Final = 1e-5
+_ATOL: Final = 1e-6
 
 T = TypeVar("T")
 
@@ -183,3 +189,21 @@ def ranks_past(job: TrainerJob, step: int, *, world_size: int = 4) -> dict[str, 
     if len(ranks) == world_size and all(r["last_step"] >= step for r in ranks):
         return status
     return None
+
+
+def assert_close_state(a: Any, b: Any, where: str = "") -> None:
+    """Nested states equal, tensors up to float summation order (see _RTOL, _ATOL)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        assert torch.allclose(a, b, rtol=_RTOL, atol=_ATOL), f"{where}: {(a - b).abs().max()}"
+    elif isinstance(a, Mapping):
+        assert isinstance(b, Mapping) and set(a) == set(b), f"{where}: keys differ"
+        for key in a:
+            assert_close_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_close_state(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
