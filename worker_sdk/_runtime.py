@@ -218,7 +218,8 @@ class Runtime:
         if self.channel is not None:
             self.channel.send(p.Kind.EXITING, step=step, payload={"reason": "stop requested"})
         self.shutdown()
-        _leave_process_group()
+        # SystemExit rather than os._exit: the script's finally blocks and atexit handlers run
+        # (destroy_process_group included); the checkpoint is already committed
         sys.exit(0)
 
     # ------------------------------------------------------------------ phases and failures
@@ -270,13 +271,6 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def _leave_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def install_excepthook(rt: Runtime) -> None:
