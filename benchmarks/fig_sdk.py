@@ -1,7 +1,7 @@
 """Figure 7: what the SDK costs a training step, measured in this process against a real socket.
 
 ``worker_sdk.resume()`` runs for real (a tiny model, world size 1) with the RVSUP_* environment
-pointing at a ZeroMQ ROUTER bound here and drained by a thread, exactly what a rank sees under rvsup.
+pointing at a ZeroMQ ROUTER that a child process binds and drains: what a rank sees under rvsup.
 NVRx's heartbeat (a synchronous request/answer to its rank monitor) is timed in a one-rank
 ``ft_launcher`` job when the package is installed.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from .tools import REPO, FtLauncher
 
 STEP_BUDGET_MS = 20.0
 _BATCH = 10_000
+_PACE_S = 0.0002  # between timed heartbeat sends
 
 
 def per_call_ns(run_batch: Callable[[int, int], None], calls: int) -> list[float]:
@@ -38,47 +40,63 @@ def per_call_ns(run_batch: Callable[[int, int], None], calls: int) -> list[float
     return out
 
 
+def _spin(seconds: float) -> None:
+    """Wait without sleeping (a sleep would time a cold wake-up, not the send)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _noop(step: int, extra: Any = None) -> None:
     return None
 
 
-@contextlib.contextmanager
-def _router(directory: Path) -> Iterator[tuple[str, bytes, list[int]]]:
-    """A bound ROUTER drained by a thread: (endpoint, secret, [frames received])."""
-    import zmq
+_DRAIN = """
+import signal, sys, zmq
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.setsockopt(zmq.LINGER, 0)
+sock.bind(sys.argv[1])
+print("ready", flush=True)
+n = 0
+while not stop:
+    if sock.poll(50):
+        while True:
+            try:
+                sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+print(n, flush=True)
+"""
 
+
+@contextlib.contextmanager
+def _router(directory: Path) -> Iterator[tuple[str, list[int]]]:
+    """A ROUTER bound and drained by a child process (no thread here competes for the GIL):
+    (endpoint, [frames it received], filled in on exit)."""
     from worker_sdk import protocol as p
 
-    secret = p.new_secret()
-    secret_file = directory / "secret"
-    p.write_secret(str(secret_file), secret)
-    zctx = zmq.Context()
-    sock = zctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
+    p.write_secret(str(directory / "secret"), p.new_secret())
     endpoint = f"ipc://{directory / 'hb.sock'}"
-    sock.bind(endpoint)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _DRAIN, endpoint], stdout=subprocess.PIPE, text=True
+    )
     received = [0]
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            if sock.poll(50):
-                while True:
-                    try:
-                        sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    received[0] += 1
-
-    thread = threading.Thread(target=drain, daemon=True)
-    thread.start()
     try:
-        yield endpoint, secret, received
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError("the draining ROUTER did not start")
+        yield endpoint, received
     finally:
-        stop.set()
-        thread.join()
-        sock.close()
-        zctx.term()
+        child.send_signal(signal.SIGTERM)
+        try:
+            out, _ = child.communicate(timeout=10)
+            received[0] = int(out.split()[-1]) if out.split() else 0
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
 
 
 def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
@@ -89,7 +107,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
     from worker_sdk import protocol as p
 
     directory.mkdir(parents=True, exist_ok=True)
-    with _router(directory) as (endpoint, _, received):
+    with _router(directory) as (endpoint, received):
         env = {
             p.ENV_ENDPOINT: endpoint,
             p.ENV_SECRET_FILE: str(directory / "secret"),
@@ -119,11 +137,15 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
             assert rt is not None
             assert rt.channel is not None
             sends, due = [], []
-            for i in range(min(20_000, calls // 10)):
+            # paced (as heartbeats are) so that the send queue never fills: a full queue drops
+            # the message, which is a different (exception) path
+            for i in range(min(5_000, calls // 20)):
+                _spin(_PACE_S)
                 t0 = time.perf_counter_ns()
                 rt.channel.send(p.Kind.HEARTBEAT, step=i, value=0.02)
                 sends.append((time.perf_counter_ns() - t0) / 1000.0)
             for i in range(min(5_000, calls // 20)):
+                _spin(_PACE_S)
                 rt.hb_due = rt.next_due = 0.0
                 t0 = time.perf_counter_ns()
                 step(calls + i)
@@ -137,8 +159,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        time.sleep(0.2)
-        result["received"] = [float(received[0])]
+    result["received"] = [float(received[0])]
     return result
 
 
@@ -205,7 +226,7 @@ def sdk(ctx: Context) -> Table:
     )
     t.row("step(), nothing due (median of batches)", {cols[0]: step_ns, cols[1]: "-"})
     t.row("empty Python call, same loop (baseline)", {cols[0]: empty_ns, cols[1]: "-"})
-    t.row("one heartbeat send", {cols[0]: send_us, cols[1]: nv_hb})
+    t.row("one heartbeat send (paced, 0.2 ms apart)", {cols[0]: send_us, cols[1]: nv_hb})
     t.row("step() with a heartbeat due (send + poll)", {cols[0]: due_us, cols[1]: "-"})
     hb_per_step = STEP_BUDGET_MS / 1000.0  # 1 Hz heartbeats: one per 50 steps of 20 ms
     med_step = step_ns.median or 0.0

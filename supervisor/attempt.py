@@ -94,6 +94,7 @@ class Attempt:
         self._hang_silence_s: float | None = None
         self._noticed_at: float | None = None
         self._oom_baseline = proctree.host_oom_kill_count()
+        self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
         self._sigkilled = False  # a rank died of SIGKILL: maybe the kernel's OOM killer
         self._t0 = time.monotonic()
         self.state = JobState.STARTING
@@ -159,6 +160,9 @@ class Attempt:
                 self._set_state(JobState.RUNNING)
             if self.sync is not None:
                 self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
+        elif kind is p.Kind.EXITING:
+            if msg.payload.get("reason") == "stop requested":
+                self._left_for_stop.add(msg.rank)
         elif kind is p.Kind.SYNC:
             if self.sync is None:
                 answer_without_round(self.endpoint, identity, msg)
@@ -247,10 +251,10 @@ class Attempt:
 
     def _on_launcher_exit(self, now: float) -> None:
         rc = self._launcher_rc
-        if self.stop_reason is not None:
+        if rc == 0 and not self._reports and not self._left_for_stop:
+            self._finish("succeeded")  # even with a stop pending: the training ended first
+        elif self.stop_reason is not None:
             self._finish("stopped")
-        elif rc == 0 and not self._reports:
-            self._finish("succeeded")
         else:
             self._sign_of_failure(now)
 

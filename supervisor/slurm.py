@@ -15,8 +15,9 @@
 - :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
   task there now, or the controller marks them down or not responding): the evidence that tells
   a node failure from a crash.
-- :func:`expand_hostlist`, :func:`expand_counts`, :func:`parse_time_left` and
-  :func:`parse_job_record` are pure parsers of Slurm's notations.
+- :func:`expand_hostlist`, :func:`expand_counts`, :func:`parse_time_left`,
+  :func:`parse_job_record`, :func:`parse_lost_nodes` and :func:`parse_probe_failures` are pure
+  parsers of Slurm's notations and messages.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ __all__ = [
     "is_requeueable",
     "job_info",
     "parse_job_record",
+    "parse_lost_nodes",
+    "parse_probe_failures",
     "parse_time_left",
     "requeue",
     "signal_step",
@@ -440,13 +443,25 @@ def _nodes_marked_lost(nodes: Sequence[str]) -> list[str]:
         out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], timeout_s=10.0)
     except SlurmError:
         return []
+    return parse_lost_nodes(out)
+
+
+def parse_lost_nodes(text: str) -> list[str]:
+    """Nodes that cannot run tasks in ``sinfo -h -N -o "%N %T"`` output: down, failed, unknown,
+    or not responding (a state with a trailing ``*``, e.g. ``mixed*``), in the order listed."""
     lost = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         name, _, state = line.strip().partition(" ")
         state = state.strip().lower()
-        if state.endswith("*") or state.rstrip("*~#!%$@^-") in _LOST_STATES:
+        if name and (state.endswith("*") or state.rstrip("~#!%$@^-") in _LOST_STATES):
             lost.append(name)
-    return lost
+    return list(dict.fromkeys(lost))
+
+
+def parse_probe_failures(stderr: str, nodes: Sequence[str]) -> list[str]:
+    """The nodes of ``nodes`` that srun's ``stderr`` says it could not launch on, in node order."""
+    named = set(_PROBE_FAILED_NODE.findall(stderr))
+    return [node for node in nodes if node in named]
 
 
 def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
@@ -494,5 +509,4 @@ def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
         proc.kill()
         proc.wait()
         proc.stderr.close()
-    named = _PROBE_FAILED_NODE.findall(text)
-    return [node for node in alloc.nodes if node in named]
+    return parse_probe_failures(text, alloc.nodes)

@@ -11,6 +11,7 @@ and changes it only through :func:`check_transition`, so an impossible change (s
               |             +--> SUCCEEDED      exit 0 (also STARTING directly: a resumed
               |             |                   job with no steps left)
               |             +--> STOPPING ---> STOPPED        checkpoint committed, exit 75
+              |                     +--------> SUCCEEDED      the training ended first
               |                     |
               v                     v
          TEARING_DOWN <-------------+           kill and reap the attempt's process tree
@@ -74,7 +75,7 @@ TRANSITIONS: Final[Mapping[JobState, frozenset[JobState]]] = MappingProxyType(
         _S.STARTING: frozenset({_S.RUNNING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
         _S.RUNNING: frozenset({_S.SAVING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
         _S.SAVING: frozenset({_S.RUNNING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
-        _S.STOPPING: frozenset({_S.TEARING_DOWN, _S.STOPPED}),
+        _S.STOPPING: frozenset({_S.TEARING_DOWN, _S.STOPPED, _S.SUCCEEDED}),
         _S.TEARING_DOWN: frozenset({_S.BACKOFF, _S.GAVE_UP, _S.STOPPED}),
         _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.GAVE_UP}),
         _S.SUCCEEDED: frozenset(),

@@ -137,7 +137,9 @@ def test_a_rank_dying_mid_stop_leaves_the_previous_checkpoint_valid(
     assert_same_state(load_final(reference_final), load_final(final))
 
 
-def test_time_based_saves_are_coordinated_and_resumable(tmp_path: Path, reference_final: Path) -> None:
+def test_time_based_saves_are_coordinated_and_resumable(
+    tmp_path: Path, reference_final: Path
+) -> None:
     """checkpoint.every = "1s" (no step rule): the supervisor schedules saves at a common step; a
     crash after one resumes from it, bit-identically."""
     final = tmp_path / "final.pt"

@@ -1,13 +1,14 @@
 """The process tests' training script: the example's DDP MLP plus fault switches.
 
-FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means every rank, attempt "*"
-or absent every attempt. Kinds: raise, kill (SIGKILL itself), oom (raise torch.OutOfMemoryError), sleep (sleep
-forever inside the loop), sigstop (SIGSTOP itself), mismatch (a receive the other rank never sends
-while it waits in the next all-reduce: a real gloo hang), ignore_term (ignore SIGTERM from that step
-on), phase (PHASE_S seconds inside worker_sdk.phase("eval")), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP and allocate until the
-kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError before resume() in
-attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every rank's checkpoint;
-FINAL=path: rank 0 saves the final model and optimizer there.
+FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means every rank, attempt
+"*" or absent every attempt. Kinds: raise, kill (SIGKILL itself), oom (raise
+torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP itself), mismatch
+(a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
+ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
+worker_sdk.phase("eval")), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP
+and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
+before resume() in attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every
+rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
 """
 
 from __future__ import annotations
