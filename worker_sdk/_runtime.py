@@ -83,7 +83,9 @@ class Runtime:
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
         self.next_save_step = _NEVER
-        self.hb_due = now + settings.heartbeat_interval_s if channel else math.inf
+        # the first finished step is reported at once: until the supervisor has seen it, only
+        # the (long) startup timeout can catch a hang
+        self.hb_due = now if channel else math.inf
         every_s = settings.every_s if world_size == 1 and checkpointer else None
         self.save_due_t = now + every_s if every_s else math.inf
         self.next_due = min(self.hb_due, self.save_due_t)

@@ -105,3 +105,21 @@ def test_the_same_silence_without_a_phase_is_a_hang(tmp_path: Path) -> None:
     res = rvsup("start", str(job), timeout=120)
     assert res.returncode == 0, res.stderr
     assert [f["kind"] for f in named(events(tmp_path / "run"), "failure_detected")] == ["hang"]
+
+
+def test_a_hang_right_after_start_is_not_left_to_the_startup_timeout(tmp_path: Path) -> None:
+    """SIGSTOP of rank 1 at its third step (well inside the first heartbeat interval): the first
+    finished step is reported at once, so the automatic timeout applies, not startup_timeout."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "sigstop:1:2:1", "STEP_SLEEP": "0.02"},
+        total=20,
+        heartbeat='interval = "1s"\nstartup_timeout = "120s"\nhang_timeout = "auto"',
+        restart='max_restarts = 1\nbackoff = "0.1s"',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr
+    hangs = [f for f in named(events(tmp_path / "run"), "failure_detected") if f["kind"] == "hang"]
+    assert len(hangs) == 1
+    assert isinstance(hangs[0]["detect_s"], float)
+    assert hangs[0]["detect_s"] < 60, hangs[0]

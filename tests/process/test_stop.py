@@ -48,7 +48,8 @@ def test_rvsup_stop_checkpoints_at_a_common_step_and_resumes_with_nothing_redone
     stopped = named(evs, "job_stopped")
     assert len(stopped) == 1 and stopped[0]["reason"] == "stopped"
     stop_step = stopped[0]["step"]
-    assert stop_step is not None and stop_step % 10 != 9, "a coordinated save, not a periodic one"
+    assert stop_step is not None
+    assert stop_step >= 14, "the stop saves where the ranks are, not at an older periodic save"
     assert any(e["step"] == stop_step for e in named(evs, "checkpoint_committed"))
     _resume_and_finish(job)
     evs = events(tmp_path / "run")
