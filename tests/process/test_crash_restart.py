@@ -43,7 +43,9 @@ def test_kill9_of_rank1_restarts_and_ends_bit_identical(
     evs = events(tmp_path / "run")
     failures = named(evs, "failure_detected")
     assert [f["kind"] for f in failures] == ["crash"]
-    assert failures[0]["ranks"] == [1] and failures[0]["signals"] == ["SIGKILL"]
+    # the killed rank first; a peer that died of the broken connection may follow it
+    assert failures[0]["ranks"][0] == 1
+    assert failures[0]["signals"][0] == "SIGKILL"
     noticed = datetime.datetime.fromisoformat(failures[0]["noticed_at"]).timestamp()
     assert noticed - killed_at < 0.1, f"noticed {noticed - killed_at:.3f}s after the kill"
     assert len(named(evs, "restart_scheduled")) == 1
