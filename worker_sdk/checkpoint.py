@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from . import _rng, layout
+from ._collectives import all_gather_ints, broadcast_ints
 from .layout import MANIFEST, MARKER, SHARED, CheckpointInfo, committed_name, rank_file, temp_name
 
 __all__ = ["Checkpointer", "LoadResult", "SaveResult", "Stateful", "unwrap"]
@@ -162,7 +163,7 @@ class Checkpointer:
     def _agree_parts_written(self, step: int, ok: bool) -> list[int]:
         """Wait until every rank's part of ``step`` is durable; return the ranks that failed."""
         if self._group_active():
-            flags = _all_gather_ints([1 if ok else 0])
+            flags = all_gather_ints([1 if ok else 0])
             return [r for r, (flag,) in enumerate(flags) if not flag]
         if self.world_size > 1 and self.rank == 0 and ok:
             tmp = self.directory / temp_name(step, self.attempt_tag)
@@ -212,11 +213,8 @@ class Checkpointer:
         """Rank 0 tells the others whether the commit succeeded (and its size)."""
         if not self._group_active():
             return True, nbytes
-        device = _collective_device()
-        outcome = torch.tensor([int(committed), nbytes], dtype=torch.int64, device=device)
-        dist.broadcast(outcome, src=0)
-        ok, total = outcome.tolist()
-        return bool(ok), int(total)
+        ok, total = broadcast_ints([int(committed), nbytes], src=0)
+        return bool(ok), total
 
     # ------------------------------------------------------------------ load
     def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
@@ -265,7 +263,7 @@ class Checkpointer:
         if not self._group_active():
             return
         mine = -1 if info is None else info.step
-        chosen = [step for (step,) in _all_gather_ints([mine])]
+        chosen = [step for (step,) in all_gather_ints([mine])]
         if any(step != mine for step in chosen):
             described = ", ".join(
                 f"rank {r}: {'none' if s < 0 else committed_name(s)}" for r, s in enumerate(chosen)
@@ -278,7 +276,7 @@ class Checkpointer:
     def _gather_statuses(self, status: int) -> list[int]:
         if not self._group_active():
             return [status]
-        return [s for (s,) in _all_gather_ints([status])]
+        return [s for (s,) in all_gather_ints([status])]
 
     def _read(
         self, info: CheckpointInfo, objects: Sequence[Stateful]
@@ -410,16 +408,3 @@ def _untrusted_reason(directories: Sequence[Path], f: IO[bytes]) -> str | None:
         if st.st_mode & 0o022:
             return f"{label} is writable by group or others"
     return None
-
-
-def _collective_device() -> torch.device:
-    if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_gather_ints(values: list[int]) -> list[list[int]]:
-    mine = torch.tensor(values, dtype=torch.int64, device=_collective_device())
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
-    return [[int(v) for v in t.tolist()] for t in gathered]

@@ -4,6 +4,11 @@ or restores the newest checkpoint, printing one JSON line per save or load.
 Usage::
 
     python ckpt_worker.py save|load DIR STORE_FILE RANK WORLD_SIZE ATTEMPT_TAG [STEP,STEP,...]
+    python ckpt_worker.py release DIR STORE_FILE RANK WORLD_SIZE TAG ROUNDS
+
+``release`` runs ROUNDS all_gathers straight through torch.distributed and ROUNDS through the
+checkpoint rounds' wrapper, and prints how many of each returned while the backend still held
+their tensors.
 
 Fault switch (environment): ``CKPT_WORKER_HANG_AT=<step>`` and ``CKPT_WORKER_HANG_FILE=<path>``
 make this rank, once its part of that step is written, create the file and sleep until it is
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from worker_sdk import _collectives
 from worker_sdk.checkpoint import Checkpointer
 
 
@@ -51,6 +57,23 @@ def emit(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def held_after_return(rounds: int, through_wrapper: bool) -> int:
+    """How many all_gathers returned while the backend still referenced their tensors."""
+    return sum(held_after_one(i, through_wrapper) for i in range(rounds))
+
+
+def held_after_one(i: int, through_wrapper: bool) -> bool:
+    mine = torch.tensor([i, dist.get_rank()])
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    tensors = [mine, *gathered]
+    before = [sys.getrefcount(t) for t in tensors]
+    if through_wrapper:
+        _collectives._run_and_wait_release(lambda: dist.all_gather(gathered, mine), tensors)
+    else:
+        dist.all_gather(gathered, mine)
+    return [sys.getrefcount(t) for t in tensors] != before
+
+
 def main() -> None:
     mode, directory, store, rank_s, world_s, tag = sys.argv[1:7]
     steps = [int(s) for s in sys.argv[7].split(",")] if len(sys.argv) > 7 else []
@@ -63,6 +86,10 @@ def main() -> None:
         timeout=timedelta(seconds=60),
     )
     try:
+        if mode == "release":
+            rounds = steps[0]
+            emit(raw=held_after_return(rounds, False), wrapped=held_after_return(rounds, True))
+            return
         torch.manual_seed(0 if mode == "save" else 99)
         model = nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
