@@ -22,13 +22,13 @@ import psutil
 
 from worker_sdk import protocol as p
 
-from . import diagnostics, hangs, launcher, proctree
+from . import diagnostics, hangs, launcher, proctree, slurm
 from .checkpoints import CommitTracker, DirectoryWatch
 from .config import JobConfig
 from .coordinated import SaveRound, answer_without_round
 from .events import EventLog
 from .failures import Observation, RankExit, RankReport
-from .heartbeats import HeartbeatEndpoint, RankTable
+from .heartbeats import HeartbeatEndpoint, RankTable, exit_from_report
 from .launcher import LaunchPlan
 from .states import JobState
 
@@ -96,6 +96,8 @@ class Attempt:
         self._oom_baseline = proctree.host_oom_kill_count()
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
         self._sigkilled = False  # a rank died of SIGKILL: maybe the kernel's OOM killer
+        self._lost_nodes: tuple[str, ...] = ()
+        self._host = os.uname().nodename
         self._t0 = time.monotonic()
         self.state = JobState.STARTING
 
@@ -116,6 +118,7 @@ class Attempt:
         try:
             outcome = await self._done
             diagnostics = await self._dump_stacks_if_hung(outcome)
+            self._lost_nodes = await self._find_lost_nodes(outcome)
         finally:
             if outcome != "succeeded":
                 self._set_state(JobState.TEARING_DOWN)
@@ -148,10 +151,13 @@ class Attempt:
             self._on_message(identity, msg, time.monotonic())
 
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
-        st = self.ranks.observe(identity, msg, now)
         kind = msg.kind
+        if kind is p.Kind.RANK_EXIT:  # from the rank's parent, not the rank: no sign of life
+            self._on_exit_report(msg, now)
+            return
+        st = self.ranks.observe(identity, msg, now)
         if kind is p.Kind.HELLO:
-            if st.host == os.uname().nodename or self.plan.nnodes == 1:
+            if st.host == self._host or self.plan.nnodes == 1:
                 self._watch_pid(msg.pid, rank=msg.rank)
             if self.sync is not None:
                 self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
@@ -187,6 +193,23 @@ class Attempt:
                     step=msg.step,
                 )
             )
+            self._sign_of_failure(now)
+
+    def _on_exit_report(self, msg: p.Message, now: float) -> None:
+        """A rank's waiting parent says how the rank ended (multi-node attempts: the only news
+        of a rank on another node, and of a local one its parent reaped before we looked)."""
+        ended = exit_from_report(msg)
+        if ended is not None:
+            self._record_exit(ended, now)
+
+    def _record_exit(self, ended: RankExit, now: float) -> None:
+        """Record one rank's end once (a pidfd and a report may both tell of it)."""
+        if any((e.pid, e.node) == (ended.pid, ended.node) for e in self._exits):
+            return
+        self._exits.append(ended)
+        if ended.signal == signal.SIGKILL and ended.node == self._host:
+            self._sigkilled = True  # maybe this host's OOM killer
+        if ended.exit_code != 0:
             self._sign_of_failure(now)
 
     def _all_started(self) -> bool:
@@ -240,14 +263,10 @@ class Attempt:
             self._on_launcher_exit(now)
             return
         status = proctree.ExitStatus.from_wait_status(proctree.zombie_wait_status(pid))
+        if status.code is None and status.signal is None and self.plan.alloc is not None:
+            return  # its waiting parent reaped it first: that parent's RANK_EXIT report tells
         rank = self._rank_of_pid.get(pid)
-        self._exits.append(
-            RankExit(rank=rank, pid=pid, exit_code=status.code, signal=status.signal)
-        )
-        if status.signal == signal.SIGKILL:
-            self._sigkilled = True
-        if status.code != 0:
-            self._sign_of_failure(now)
+        self._record_exit(RankExit(rank, pid, status.code, status.signal, self._host), now)
 
     def _on_launcher_exit(self, now: float) -> None:
         rc = self._launcher_rc
@@ -393,6 +412,13 @@ class Attempt:
         if self._launcher_rc is None:
             self._launcher_rc = self._popen.returncode
 
+    async def _find_lost_nodes(self, outcome: str) -> tuple[str, ...]:
+        """After a multi-node failure: the nodes Slurm says are gone (a probe step, seconds)."""
+        alloc = self.plan.alloc
+        if alloc is None or outcome not in ("failed", "hang") or self.stop_reason is not None:
+            return ()
+        return await asyncio.to_thread(slurm.unreachable_nodes, alloc)
+
     def _host_oom_kills(self) -> int:
         """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
         if not self._sigkilled or self._oom_baseline is None:
@@ -412,6 +438,7 @@ class Attempt:
             stop_reason=self.stop_reason,
             stderr_tail=launcher.stderr_tail(self.plan.log_dir) if outcome != "succeeded" else "",
             host_oom_kills=self._host_oom_kills(),
+            lost_nodes=self._lost_nodes,
         )
         detect_s = self._hang_silence_s if outcome == "hang" else None
         newest = self.tracker.newest_step

@@ -22,6 +22,8 @@ import zmq.asyncio
 
 from worker_sdk import protocol as p
 
+from .failures import RankExit
+
 _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
 _STEP_TIMES_KEPT = 256
 
@@ -116,6 +118,23 @@ class RankTable:
     def step_times(self) -> list[float]:
         """Every recent per-heartbeat longest-step duration, over all ranks."""
         return [t for st in self.ranks.values() for t in st.step_times]
+
+
+def exit_from_report(msg: p.Message) -> RankExit | None:
+    """The rank exit a ``RANK_EXIT`` message reports, or None if its payload is malformed.
+
+    Payload: ``pid`` (int), ``code`` (int, or None when a signal ended it), ``signal`` (int or
+    None), ``host`` (str).
+    """
+    payload = msg.payload
+    pid, code, sig, host = (payload.get(k) for k in ("pid", "code", "signal", "host"))
+    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(host, str):
+        return None
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (code, sig)):
+        return None
+    if (code is None) == (sig is None):  # exactly one of them says how it ended
+        return None
+    return RankExit(msg.rank, pid, exit_code=code, signal=sig, node=host)
 
 
 class HeartbeatEndpoint:

@@ -38,6 +38,7 @@ class LaunchPlan:
     log_dir: Path
     nnodes: int
     nproc_per_node: int
+    alloc: Allocation | None = None  # the Slurm allocation a multi-node attempt runs on
 
 
 def find_torchrun() -> str | None:
@@ -91,6 +92,7 @@ def build_plan(
         tr.append("--standalone")
     else:
         assert alloc is not None, "several nodes need a Slurm allocation"
+        env[p.ENV_REPORT_EXIT] = "1"  # ranks on other nodes: their exits come as messages
         tr += [
             f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
@@ -104,7 +106,8 @@ def build_plan(
         from .slurm import srun_argv
 
         argv = srun_argv(alloc, tr, job_name=cfg.job.name)
-    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc)
+    multi = alloc if nnodes > 1 else None
+    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi)
 
 
 def rank_environment(

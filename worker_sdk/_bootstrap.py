@@ -5,6 +5,9 @@ parent (torchrun) dies, then replaces itself with ``CMD``. The setting survives 
 training process dies with torchrun, which itself dies with the supervisor (set by the supervisor
 the same way): killing the supervisor with SIGKILL leaves no orphaned rank behind, even one stopped
 with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it costs a few milliseconds.
+
+On multi-node attempts (``RVSUP_REPORT_EXIT=1``) it forks instead of exec'ing and stays behind
+as the rank's parent, to tell the supervisor how the rank ended (see ``_exit_report``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ def main(argv: list[str]) -> int:
     arm_parent_death_signal()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
+    from ._exit_report import ReportTo, run_and_report  # multi-node only
+
+    report_to = ReportTo.from_env(os.environ)
+    if report_to is not None:
+        run_and_report(argv, report_to, arm_parent_death_signal)
     try:
         os.execvp(argv[0], argv)  # noqa: S606 - the command is the user's job
     except OSError as exc:

@@ -40,6 +40,7 @@ ENV_DUMP_SIGNAL: Final = "RVSUP_DUMP_SIGNAL"  # signal number that makes a rank 
 ENV_LAST_FAILURE: Final = "RVSUP_LAST_FAILURE"  # kind of the failure that ended the last attempt
 ENV_OOM_COUNT: Final = "RVSUP_OOM_COUNT"  # OOM failures so far in this job
 ENV_RESTART_COUNT: Final = "RVSUP_RESTART_COUNT"  # restarts charged so far in this job
+ENV_REPORT_EXIT: Final = "RVSUP_REPORT_EXIT"  # "1": the bootstrap reports how the rank ended
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
@@ -71,6 +72,7 @@ class Kind(enum.IntEnum):
     EXITING = 8  # step; payload: reason; the rank leaves cleanly after a requested stop
     CKPT_BEGIN = 9  # step: a save started; hang detection allows for it
     LOADED = 10  # step: resume step; payload: path (or null on a fresh start)
+    RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

@@ -163,11 +163,6 @@ def test_resumed_run_is_bit_identical(killed_rank: KilledRank, reference: Traine
     assert_same_state(load_final(reference.final), load_final(killed_rank.job.final))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a rank's death on another node is invisible to the supervisor (pidfds are local): "
-    "the crash is blamed on the ranks that reported the broken connection",
-)
 def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -> None:
     """The crash names rank 2 killed by SIGKILL on node2, as it would on a single node."""
     failure = killed_rank.job.named("failure_detected")[0]
@@ -409,11 +404,6 @@ def test_node_loss_ends_the_job_and_is_recorded(lost_node: LostNode) -> None:
     assert (lost_node.probe_before, lost_node.probe_after) == ((), ("node2",))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="supervisor/attempt.py never fills Observation.lost_nodes: slurm.unreachable_nodes() "
-    "is not consulted yet, so a lost node is classified as a crash",
-)
 def test_node_loss_is_classified_as_node_failure(lost_node: LostNode) -> None:
     """The failure is `node_failure` naming node2, and on_node_failure = "fail" gives up at once."""
     failure = lost_node.job.named("failure_detected")[0]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import zmq
 
-from supervisor.heartbeats import HeartbeatEndpoint, RankTable
+from supervisor.failures import RankExit
+from supervisor.heartbeats import HeartbeatEndpoint, RankTable, exit_from_report
 from worker_sdk import protocol as p
 
 # ---------------------------------------------------------------- RankTable.observe
@@ -271,3 +272,26 @@ def test_endpoint_replay_window(tmp_path: Path) -> None:
         assert endpoint.accepted == 4
 
     _with_endpoint(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ({"pid": 7, "code": None, "signal": 9, "host": "node2"}, RankExit(2, 7, None, 9, "node2")),
+        ({"pid": 7, "code": 3, "signal": None, "host": "node2"}, RankExit(2, 7, 3, None, "node2")),
+        ({"pid": 7, "code": 0, "signal": None, "host": "n"}, RankExit(2, 7, 0, None, "n")),
+        ({"pid": "7", "code": 3, "signal": None, "host": "n"}, None),
+        ({"pid": True, "code": 3, "signal": None, "host": "n"}, None),
+        ({"pid": 7, "code": 3, "signal": 9, "host": "n"}, None),
+        ({"pid": 7, "code": None, "signal": None, "host": "n"}, None),
+        ({"pid": 7, "code": 1.5, "signal": None, "host": "n"}, None),
+        ({"pid": 7, "code": 3, "signal": None, "host": ["n"]}, None),
+        ({"pid": 7, "code": 3, "signal": None}, None),
+        ({}, None),
+    ],
+)
+def test_exit_from_report(payload: dict[str, Any], expected: RankExit | None) -> None:
+    """A RANK_EXIT payload becomes a RankExit only when well-formed: int pid, exactly one of an
+    int exit code and an int signal, a host name; anything else is ignored, never raises."""
+    msg = p.Message(p.Kind.RANK_EXIT, 2, 1, 999, 1, payload=payload)
+    assert exit_from_report(msg) == expected
