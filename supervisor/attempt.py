@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from .checkpoints import CommitTracker, DirectoryWatch
 from .config import JobConfig
 from .coordinated import SaveRound, answer_without_round
 from .events import EventLog
+from .exits import ExitLedger
 from .failures import Observation, RankExit, RankReport
 from .heartbeats import HeartbeatEndpoint, RankTable, exit_from_report
 from .launcher import LaunchPlan
@@ -81,9 +80,7 @@ class Attempt:
         self._started_step = tracker.newest_step
         self._last_commit_t = time.monotonic()
         self._popen: subprocess.Popen[bytes] | None = None
-        self._pidfds: dict[int, int] = {}  # pid -> pidfd, ranks and the launcher
-        self._rank_of_pid: dict[int, int | None] = {}
-        self._exits: list[RankExit] = []
+        self._ledger = ExitLedger(self._on_exit, reports_expected=plan.alloc is not None)
         self._reports: list[RankReport] = []
         self._silent: tuple[int, ...] = ()
         self._launcher_rc: int | None = None
@@ -95,9 +92,7 @@ class Attempt:
         self._noticed_at: float | None = None
         self._oom_baseline = proctree.host_oom_kill_count()
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
-        self._sigkilled = False  # a rank died of SIGKILL: maybe the kernel's OOM killer
         self._lost_nodes: tuple[str, ...] = ()
-        self._host = os.uname().nodename
         self._t0 = time.monotonic()
         self.state = JobState.STARTING
 
@@ -107,7 +102,7 @@ class Attempt:
         self._done = loop.create_future()
         self._t0 = time.monotonic()
         self._popen = launcher.spawn(self.plan)
-        self._watch_pid(self._popen.pid, rank=None)
+        self._ledger.watch(self._popen.pid, rank=None)
         tasks = [
             asyncio.create_task(self._receive_loop(), name="receive"),
             asyncio.create_task(self._tick_loop(), name="tick"),
@@ -157,8 +152,8 @@ class Attempt:
             return
         st = self.ranks.observe(identity, msg, now)
         if kind is p.Kind.HELLO:
-            if st.host == self._host or self.plan.nnodes == 1:
-                self._watch_pid(msg.pid, rank=msg.rank)
+            if st.host == self._ledger.host or self.plan.nnodes == 1:
+                self._ledger.watch(msg.pid, rank=msg.rank)
             if self.sync is not None:
                 self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
         elif kind is p.Kind.HEARTBEAT:
@@ -204,12 +199,7 @@ class Attempt:
 
     def _record_exit(self, ended: RankExit, now: float) -> None:
         """Record one rank's end once (a pidfd and a report may both tell of it)."""
-        if any((e.pid, e.node) == (ended.pid, ended.node) for e in self._exits):
-            return
-        self._exits.append(ended)
-        if ended.signal == signal.SIGKILL and ended.node == self._host:
-            self._sigkilled = True  # maybe this host's OOM killer
-        if ended.exit_code != 0:
+        if self._ledger.record(ended) and ended.exit_code != 0:
             self._sign_of_failure(now)
 
     def _all_started(self) -> bool:
@@ -240,33 +230,16 @@ class Attempt:
             self.sync = None
             self._set_state(JobState.RUNNING)
 
-    def _watch_pid(self, pid: int, *, rank: int | None) -> None:
-        if pid in self._pidfds:
-            if rank is not None:
-                self._rank_of_pid[pid] = rank
-            return
-        fd = proctree.open_pidfd(pid)
-        if fd is None:
-            return
-        self._pidfds[pid] = fd
-        self._rank_of_pid[pid] = rank
-        asyncio.get_running_loop().add_reader(fd, self._on_exit, pid)
-
     def _on_exit(self, pid: int) -> None:
         now = time.monotonic()
-        fd = self._pidfds.pop(pid)
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(fd)
-        os.close(fd)
         if self._popen is not None and pid == self._popen.pid:
+            self._ledger.unwatch(pid)
             self._launcher_rc = self._popen.wait()
             self._on_launcher_exit(now)
             return
-        status = proctree.ExitStatus.from_wait_status(proctree.zombie_wait_status(pid))
-        if status.code is None and status.signal is None and self.plan.alloc is not None:
-            return  # its waiting parent reaped it first: that parent's RANK_EXIT report tells
-        rank = self._rank_of_pid.get(pid)
-        self._record_exit(RankExit(rank, pid, status.code, status.signal, self._host), now)
+        ended = self._ledger.from_zombie(pid)
+        if ended is not None:
+            self._record_exit(ended, now)
 
     def _on_launcher_exit(self, now: float) -> None:
         rc = self._launcher_rc
@@ -310,12 +283,12 @@ class Attempt:
         except psutil.Error:
             return
         for child in children:
-            if child.pid not in self._pidfds:
+            if not self._ledger.is_watched(child.pid):
                 try:
                     rank = int(child.environ().get("RANK", "-1"))
                 except (psutil.Error, ValueError):
                     rank = -1
-                self._watch_pid(child.pid, rank=None if rank < 0 else rank)
+                self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
 
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
@@ -326,7 +299,7 @@ class Attempt:
                 self.ranks.step_times(), interval_s=hb.interval_s, ceiling_s=hb.hang_timeout_max_s
             )
         # once a rank has left cleanly the job is finishing: the others get the longer allowance
-        finishing = any(e.exit_code == 0 for e in self._exits)
+        finishing = self._ledger.any_left_cleanly()
         silences = [
             hangs.Silence(
                 rank=st.rank,
@@ -342,20 +315,11 @@ class Attempt:
             silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
         )
         if hung:
-            # every rank that has been quiet for a while is part of the hang (in lock-step training
-            # the others wait in a collective); the furthest behind, then the longest silent, first
-            limit = max(s.silent_s for s in silences if s.rank in hung)
-            quiet = [s for s in silences if s.silent_s >= limit / 2]
-            quiet.sort(key=lambda s: (self._last_step_of(s.rank), -s.silent_s))
-            self._silent = tuple(s.rank for s in quiet)
-            self._hang_silence_s = limit
+            last_steps = {st.rank: st.last_step for st in self.ranks}
+            self._silent, self._hang_silence_s = hangs.quiet_ranks(silences, hung, last_steps)
             self._first_sign_t = now
             self._noticed_at = time.time()
             self._finish("hang")
-
-    def _last_step_of(self, rank: int) -> int:
-        st = self.ranks.ranks.get(rank)
-        return st.last_step if st is not None else -1
 
     def _maybe_schedule_save(self, now: float) -> None:
         every = self.cfg.checkpoint.every_s
@@ -391,18 +355,13 @@ class Attempt:
     async def _dump_stacks_if_hung(self, outcome: str) -> str | None:
         if outcome != "hang":
             return None
-        ranks = {pid: rank for pid, rank in self._rank_of_pid.items() if rank is not None}
-        return await diagnostics.collect_stacks(ranks, self.diag_dir)
+        return await diagnostics.collect_stacks(self._ledger.known_ranks(), self.diag_dir)
 
     async def _teardown(self) -> None:
-        loop = asyncio.get_running_loop()
-        for pid, fd in list(self._pidfds.items()):
-            loop.remove_reader(fd)
-            os.close(fd)
-            self._pidfds.pop(pid)
+        self._ledger.close()
         if self._popen is None:
             return
-        pids = set(self._rank_of_pid) | {self._popen.pid}
+        pids = set(self._ledger.rank_of_pid) | {self._popen.pid}
         await asyncio.to_thread(
             proctree.teardown,
             pids,
@@ -421,7 +380,7 @@ class Attempt:
 
     def _host_oom_kills(self) -> int:
         """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
-        if not self._sigkilled or self._oom_baseline is None:
+        if not self._ledger.sigkilled or self._oom_baseline is None:
             return 0
         return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
 
@@ -429,7 +388,7 @@ class Attempt:
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
         hb_timeout = self.hang_timeout_s
         obs = Observation(
-            exits=tuple(self._exits),
+            exits=tuple(self._ledger.exits),
             reports=tuple(self._reports),
             launcher_exit=self._launcher_rc,
             silent_ranks=self._silent,

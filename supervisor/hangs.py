@@ -14,7 +14,7 @@ A configured ``hang_timeout`` replaces the automatic value (the same extensions 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 FACTOR = 10.0
@@ -67,3 +67,17 @@ def hung_ranks(
         if r.silent_s > limit:
             out.append(r.rank)
     return tuple(out)
+
+
+def quiet_ranks(
+    silences: Sequence[Silence], hung: Sequence[int], last_steps: Mapping[int, int]
+) -> tuple[tuple[int, ...], float]:
+    """The ranks to name for a hang, and the longest silence among the hung ones.
+
+    Every rank quiet for at least half that long is part of the hang (in lock-step training the
+    others wait in a collective); the furthest behind come first, then the longest silent.
+    """
+    limit = max(s.silent_s for s in silences if s.rank in hung)
+    quiet = [s for s in silences if s.silent_s >= limit / 2]
+    quiet.sort(key=lambda s: (last_steps.get(s.rank, -1), -s.silent_s))
+    return tuple(s.rank for s in quiet), limit

@@ -8,7 +8,8 @@ whether the attempt committed a new checkpoint, and a random number drawn by the
 - ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
   budget, even when the budget is spent.
 - ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
-  -> :class:`GiveUp`.
+  -> :class:`GiveUp`; so is ``node_failure`` when the allocation has fewer nodes left than the
+  job runs on (``nodes``: left, needed; the world size cannot shrink under a checkpoint).
 - Anything else is a charged restart, unless the budget is spent
   (``restarts_used >= max_restarts``) or the attempt made no progress and would be the
   ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns this check
@@ -21,6 +22,7 @@ history with the same rules, so the supervisor and the tests share them.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -38,6 +40,7 @@ __all__ = [
     "decide",
     "deterministic_text",
     "next_no_progress_streak",
+    "nodes_for_restart",
 ]
 
 _ON_FAILURE_CHOICES: Final = ("restart", "fail")
@@ -193,6 +196,7 @@ def decide(
     *,
     progressed: bool,
     jitter: float,
+    nodes: tuple[int, int] | None = None,
 ) -> Decision:
     """What to do after the attempt that ended with ``failure`` (module docstring: rules)."""
     if failure.kind in _NEVER_CHARGED:
@@ -208,6 +212,12 @@ def decide(
         return GiveUp(f'out of memory and restart.on_oom = "fail"{suffix}')
     if failure.kind == FailureKind.NODE_FAILURE and policy.on_node_failure == "fail":
         return GiveUp(f'node failure and restart.on_node_failure = "fail"{suffix}')
+    if failure.kind == FailureKind.NODE_FAILURE and nodes is not None and nodes[0] < nodes[1]:
+        left, needed = nodes
+        return GiveUp(
+            f"node failure: the job runs on {needed} {_plural(needed, 'node')}, "
+            f"{left} left in this allocation"
+        )
     if history.restarts_used >= policy.max_restarts:
         used = f"{history.restarts_used} of {policy.max_restarts}"
         noun = _plural(policy.max_restarts, "restart")
@@ -230,6 +240,12 @@ def decide(
         deterministic=deterministic,
         note=note,
     )
+
+
+def nodes_for_restart(nodes: Sequence[str], lost: Collection[str], needed: int) -> tuple[str, ...]:
+    """The first ``needed`` nodes of the allocation that are not lost, in allocation order
+    (fewer when not enough are left)."""
+    return tuple(node for node in nodes if node not in lost)[:needed]
 
 
 def _plural(count: int, noun: str) -> str:

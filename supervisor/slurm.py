@@ -344,7 +344,8 @@ def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list
     Each task learns its node rank from SLURM_NODEID (0..N-1, in :attr:`Allocation.nodes`
     order; SLURM_PROCID is the same here). The flags, and why:
 
-    - ``--nodes=N --ntasks=N --ntasks-per-node=1``: one task per node, on all nodes; torchrun
+    - ``--nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=...``: one task per node, on the
+      nodes of ``alloc`` (all of the job's, or those left after a node failure); torchrun
       starts the ranks of its node itself.
     - ``--cpus-per-task=C`` (C = the job's CPUs on this node): torchrun's ranks need every CPU
       of the node. srun alone would give the step all of them, but an inherited
@@ -382,6 +383,7 @@ def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list
         f"--nodes={count}",
         f"--ntasks={count}",
         "--ntasks-per-node=1",
+        f"--nodelist={','.join(alloc.nodes)}",
     ]
     if alloc.cpus_on_node:
         argv.append(f"--cpus-per-task={alloc.cpus_on_node}")

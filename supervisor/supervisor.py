@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import os
@@ -32,7 +33,15 @@ from .control import ControlServer, remove_daemon_file, write_daemon_file
 from .events import EventLog
 from .failures import Failure, FailureKind, classify
 from .heartbeats import HeartbeatEndpoint, RankTable, socket_dir
-from .policy import GiveUp, JobHistory, Requeue, Restart, RestartPolicy, decide
+from .policy import (
+    GiveUp,
+    JobHistory,
+    Requeue,
+    Restart,
+    RestartPolicy,
+    decide,
+    nodes_for_restart,
+)
 from .sdnotify import Notifier
 from .states import JobState, check_transition, exit_code
 
@@ -57,6 +66,9 @@ class Supervisor:
         self.state = JobState.STARTING
         self.attempt_no = 0
         self.alloc = slurm.detect()
+        #: nodes every attempt runs on: the job's setting, else all of the allocation's
+        self.nodes_needed = cfg.launch.nnodes or (len(self.alloc.nodes) if self.alloc else 1)
+        self.lost_nodes: set[str] = set()  # nodes of this allocation a node_failure named
         self.policy = RestartPolicy(
             max_restarts=cfg.restart.max_restarts,
             backoff_s=cfg.restart.backoff_s,
@@ -94,7 +106,7 @@ class Supervisor:
         self.secret_file = run_dir / "secret"
         p.write_secret(str(self.secret_file), secret)
         sock_dir = socket_dir(run_dir)
-        multi_node = (cfg.launch.nnodes or (len(self.alloc.nodes) if self.alloc else 1)) > 1
+        multi_node = self.nodes_needed > 1
         tcp = cfg.heartbeat.transport == "tcp" or (cfg.heartbeat.transport == "auto" and multi_node)
         self.endpoint = HeartbeatEndpoint(secret, sock_dir=sock_dir, tcp=tcp)
         self.events = EventLog(run_dir, cfg.job.name, console=self.console)
@@ -168,12 +180,17 @@ class Supervisor:
                     note="" if result.stop_step is not None else _no_stop_checkpoint(result),
                 )
             self._record_failure(failure, result)
+            nodes = None
+            if failure.kind is FailureKind.NODE_FAILURE and self.alloc is not None:
+                self.lost_nodes.update(failure.nodes)
+                nodes = (len(self._launch_nodes()), self.nodes_needed)
             decision = decide(
                 self.job_history,
                 failure,
                 self.policy,
                 progressed=result.progressed,
                 jitter=random.random(),
+                nodes=nodes,
             )
             self.job_history = self.job_history.after(failure, decision, result.progressed)
             self._last_failure = str(failure.kind)
@@ -216,7 +233,7 @@ class Supervisor:
             attempt=n,
             torchrun=torchrun,
             rank_env=rank_env,
-            alloc=self.alloc,
+            alloc=self._launch_alloc(),
             rdzv_port=_free_port(),
         )
         self.events.attempt = n
@@ -247,6 +264,16 @@ class Supervisor:
             return await self.current.run()
         finally:
             self.current = None
+
+    def _launch_nodes(self) -> tuple[str, ...]:
+        assert self.alloc is not None
+        return nodes_for_restart(self.alloc.nodes, self.lost_nodes, self.nodes_needed)
+
+    def _launch_alloc(self) -> slurm.Allocation | None:
+        """The allocation as the next attempt uses it: its first nodes that are not lost."""
+        if self.alloc is None:
+            return None
+        return dataclasses.replace(self.alloc, nodes=self._launch_nodes())
 
     def _record_failure(self, failure: Failure, result: AttemptResult) -> None:
         self.events.failure_detected(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,12 @@ def resume(
         checkpoint_dir=checkpoint_dir, every_steps=every_steps, every_s=every, keep_last=keep_last
     )
     rank, world_size = _rank_and_world()
+    if rank == 0:
+        from ._determinism import reordered_sums_warning
+
+        warning = reordered_sums_warning(objects, world_size)
+        if warning is not None:
+            warnings.warn(warning, RuntimeWarning, stacklevel=2)
     checkpointer = None
     if settings.checkpoint_dir is not None:
         checkpointer = Checkpointer(

@@ -76,7 +76,9 @@ def main() -> None:
     step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(
+        model, find_unused_parameters=os.environ.get("DDP_FIND_UNUSED") == "1"
+    )
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.7)
     torch.manual_seed(1000 + rank)

@@ -21,7 +21,8 @@ By hand (the same scripts, same settings as environment variables)::
     srun -N2 hostname; sbatch -N2 --wrap 'srun hostname'; squeue
     tests/slurm/testbed/down.sh      # always: it stops every daemon and job process
 
-The cluster: nodes node1..N with NODE_CPUS (4) CPUs and NODE_GPUS (2) GPUs each (GPUs are
+The cluster: nodes node1..N (3: the tests' jobs run on node1 and node2 by ``PAIR``, node3 is the
+spare a job restarts on after losing a node) with NODE_CPUS (4) CPUs and NODE_GPUS (2) GPUs each (GPUs are
 bookkeeping only, no devices), one partition ``debug``, KillWait 5 s, munge credentials that
 expire after 5 s (a requeued job runs again after ~8 s), no accounting database (``sacct -c``
 reads finished jobs from the completion log). Jobs run as root and see the same file system as
@@ -53,6 +54,8 @@ TESTBED: Final = Path(__file__).resolve().parent / "testbed"
 DEFAULT_BASE_DIR: Final = Path(tempfile.gettempdir()) / "rvsup-slurm"
 _LOCK_PATH: Final = Path(tempfile.gettempdir()) / "rvsup-slurm.lock"
 _POLL_S: Final = 0.1
+#: ``--nodelist`` of the tests' two-node jobs: node1 and node2 whatever else is busy or down.
+PAIR: Final = "--nodelist=node1,node2"
 
 
 class SlurmCluster:
@@ -62,7 +65,7 @@ class SlurmCluster:
         self,
         base_dir: Path = DEFAULT_BASE_DIR,
         *,
-        nodes: int = 2,
+        nodes: int = 3,
         node_cpus: int = 4,
         node_gpus: int = 2,
         kill_wait_s: int = 5,

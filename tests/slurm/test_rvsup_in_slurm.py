@@ -2,14 +2,13 @@
 with examples/slurm/train.sbatch, through a killed rank, preemption and time signals with requeue,
 a real time limit, and the loss of a node.
 
-Every job's final model and optimizer are compared with those of the same 2 x 2 job run without
-interruption (``reference``): equal up to float summation order. Bit-identical they are not yet,
-with more than 2 ranks: DDP rebuilds its gradient buckets after the first iteration of every
-process, so the first step after a resume all-reduces with another bucket layout, and a ring
-all-reduce over 3+ ranks then adds in another order (test_resumed_run_is_bit_identical).
+Every job's final model, optimizer, scheduler and per-rank RNG states are compared with those
+of the same 2 x 2 job run without interruption (``reference``) with torch.equal. (The trainer
+builds DDP with find_unused_parameters=True: see README, bit-identical resume with 3+ ranks.)
 
-A test waits for its job to leave the queue, so that the next one finds both nodes free; the node
-failure test brings node2 back before it ends.
+A test waits for its job to leave the queue, so that the next one finds its nodes free; the node
+failure tests bring node2 back before they end. Jobs run on node1 and node2; node3 is the spare
+that a 3-node allocation restarts on after losing node2.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from tests.process.harness import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
     TrainerJob,
-    assert_close_state,
     ranks_past,
     submit,
     venv_problem,
@@ -142,7 +140,8 @@ def test_rank_killed_on_node2_is_restarted_and_ends_as_the_reference(
     killed_rank: KilledRank, reference: TrainerJob
 ) -> None:
     """SIGKILL of rank 2 on node2: one crash, a restart from the last checkpoint within the same
-    allocation (both attempts carry the job id), and the reference's final state."""
+    allocation (both attempts carry the job id), and a final state bit-identical to the
+    reference's (model, optimizer, scheduler, every rank's RNG)."""
     job, job_id = killed_rank.job, killed_rank.job_id
     assert _failure_kinds(job) == ["crash"], job.output_text()[-3000:]
     attempts = job.named("attempt_started")
@@ -150,17 +149,7 @@ def test_rank_killed_on_node2_is_restarted_and_ends_as_the_reference(
     assert [(a["nnodes"], a["nproc_per_node"]) for a in attempts] == [(2, 2)] * 2
     assert attempts[1]["resume_step"] >= 10 and attempts[1]["resume_step"] % 10 == 0
     assert len(job.named("restart_scheduled")) == 1 and job.named("job_succeeded")
-    assert_close_state(load_final(reference.final), load_final(job.final))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DDP rebuilds its buckets after a process's first iteration: the first step after a "
-    "resume all-reduces another bucket layout, summed in another order when there are 3+ ranks",
-)
-def test_resumed_run_is_bit_identical(killed_rank: KilledRank, reference: TrainerJob) -> None:
-    """The restarted 4-rank job ends bit-identical to the uninterrupted one (2 ranks already do)."""
-    assert_same_state(load_final(reference.final), load_final(killed_rank.job.final))
+    assert_same_state(load_final(reference.final), load_final(job.final))
 
 
 def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -> None:
@@ -206,7 +195,7 @@ def test_term_then_usr1_requeue_and_resume_with_zero_steps_redone(
     assert [a["restart_count"] for a in attempts] == [0, 1, 2]
     assert [a["resume_step"] for a in attempts] == [0] + [s["step"] + 1 for s in stops]
     assert _failure_kinds(job) == [] and job.named("job_succeeded")
-    assert_close_state(load_final(reference.final), load_final(job.final))
+    assert_same_state(load_final(reference.final), load_final(job.final))
 
 
 def test_stop_before_end_of_a_real_time_limit_requeues_and_completes(
@@ -241,7 +230,7 @@ def test_stop_before_end_of_a_real_time_limit_requeues_and_completes(
     attempts = job.named("attempt_started")
     assert [a["resume_step"] for a in attempts] == [0, stops[0]["step"] + 1]
     assert _failure_kinds(job) == [] and job.named("job_succeeded")
-    assert_close_state(load_final(reference.final), load_final(job.final))
+    assert_same_state(load_final(reference.final), load_final(job.final))
 
 
 # ---------------------------------------------------------------------- losing node2
@@ -350,6 +339,46 @@ def _bring_back(cluster: SlurmCluster, node: str) -> None:
     cluster.run("srun", f"--nodes={nodes}", f"--ntasks={nodes}", "true", timeout=60)
 
 
+def _kill_node_during(
+    cluster: SlurmCluster,
+    job: TrainerJob,
+    job_id: str,
+    node: str,
+    *,
+    probe: slurm.Allocation,
+) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    """SIGKILL every process of ``node`` (slurmd, the step, torchrun, the ranks: a crashed node)
+    once the job's 4 ranks are past step 12, wait until rvsup has ended, and bring the node back
+    (also on failure). Returns the seconds from the kill to rvsup's end, and what
+    slurm.unreachable_nodes(probe) said just before and just after the kill."""
+    killed = ended = False
+    try:
+        wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at step 12")
+        before = slurm.unreachable_nodes(probe)
+        for pid in cluster.node_processes(node):
+            os.kill(pid, signal.SIGKILL)
+        killed = True
+        killed_t = time.monotonic()
+        after = slurm.unreachable_nodes(probe)
+        wait_until(
+            lambda: job.named("job_gave_up") or job.named("job_succeeded"),
+            timeout=END_S,
+            what="rvsup to end",
+        )
+        ended = True
+        return time.monotonic() - killed_t, before, after
+    finally:
+        if not ended:
+            cluster.scancel(job_id)
+        if killed:
+            # a job without --no-kill ends once the controller has set the node down for not
+            # answering (SlurmdTimeout, 30 s); a slurmd back before that would leave it completing
+            with contextlib.suppress(TimeoutError):
+                cluster.wait_gone(job_id, timeout=90)
+            _bring_back(cluster, node)
+        _run_to_end(cluster, job, job_id, timeout=END_S)
+
+
 @pytest.fixture(scope="module")
 def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> LostNode:
     """A 2 x 2 job (on_node_failure = "fail") while every process of node2 (slurmd, the step,
@@ -363,32 +392,9 @@ def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
     )
     job_id = submit(slurm_cluster, job)
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
-    killed = ended = False
-    try:
-        wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at step 12")
-        before = slurm.unreachable_nodes(alloc)
-        for pid in slurm_cluster.node_processes("node2"):
-            os.kill(pid, signal.SIGKILL)
-        killed = True
-        killed_t = time.monotonic()
-        after = slurm.unreachable_nodes(alloc)
-        wait_until(
-            lambda: job.named("job_gave_up") or job.named("job_succeeded"),
-            timeout=END_S,
-            what="rvsup to end",
-        )
-        ended = True
-        ended_after_s = time.monotonic() - killed_t
-    finally:
-        if not ended:
-            slurm_cluster.scancel(job_id)
-        if killed:
-            # the job ends once the controller has set node2 down for not answering
-            # (SlurmdTimeout, 30 s); a slurmd back before that would leave it completing
-            with contextlib.suppress(TimeoutError):
-                slurm_cluster.wait_gone(job_id, timeout=90)
-            _bring_back(slurm_cluster, "node2")
-        _run_to_end(slurm_cluster, job, job_id, timeout=END_S)
+    ended_after_s, before, after = _kill_node_during(
+        slurm_cluster, job, job_id, "node2", probe=alloc
+    )
     return LostNode(job, job_id, before, after, ended_after_s)
 
 
@@ -409,3 +415,38 @@ def test_node_loss_is_classified_as_node_failure(lost_node: LostNode) -> None:
     failure = lost_node.job.named("failure_detected")[0]
     assert (failure["kind"], failure["nodes"]) == ("node_failure", ["node2"]), failure["detail"]
     assert "node failure" in lost_node.job.named("job_gave_up")[0]["reason"]
+
+
+# ---------------------------------------------------------------------- a spare node
+
+
+@pytest.fixture(scope="module")
+def spare_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> TrainerJob:
+    """A 2 x 2 job (nnodes = 2, on_node_failure = "restart") in a 3-node allocation submitted
+    with --no-kill, whose node2 is lost at step >= 12 as in ``lost_node``."""
+    job = write_trainer_job(
+        tmp_path_factory.mktemp("spare-node"),
+        total=TOTAL,
+        env={"STEP_SLEEP": "0.05"},
+        nnodes="2",
+    )
+    job_id = submit(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill")
+    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
+    _kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
+    return job
+
+
+def test_lost_node_is_replaced_by_a_spare(spare_node: TrainerJob, reference: TrainerJob) -> None:
+    """With a spare node in the allocation rvsup restarts on what is left: node_failure naming
+    node2, attempt 2 pinned to node1 and node3, and the reference's final state, bit for bit."""
+    job = spare_node
+    failures = job.named("failure_detected")
+    assert [(f["kind"], f["nodes"]) for f in failures] == [("node_failure", ["node2"])], (
+        job.output_text()[-3000:]
+    )
+    attempts = job.named("attempt_started")
+    assert [a["nnodes"] for a in attempts] == [2, 2]
+    assert "--nodelist=node1,node2" in attempts[0]["launcher"]
+    assert "--nodelist=node1,node3" in attempts[1]["launcher"]
+    assert job.named("job_succeeded")
+    assert_same_state(load_final(reference.final), load_final(job.final))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import slurm
-from tests.slurm.cluster import SlurmCluster, read_env_file
+from tests.slurm.cluster import PAIR, SlurmCluster, read_env_file
 
 pytestmark = pytest.mark.slurm
 
@@ -66,6 +66,7 @@ def test_detect_in_two_node_batch_job(
     job = slurm_cluster.sbatch(
         f"#!/bin/bash\n{_python_line(DETECT_SNIPPET)} >> {out}\nsleep 300\n",
         "-N2",
+        PAIR,
         "--ntasks-per-node=2",
         f"--output={tmp_path}/job.out",
     )
@@ -92,6 +93,7 @@ def test_requeue_restarts_job_with_restart_count_one(
     job = slurm_cluster.sbatch(
         f"#!/bin/bash\n{_python_line(DETECT_SNIPPET)} >> {out}\nsleep 300\n",
         "-N2",
+        PAIR,
         "--requeue",
         f"--output={tmp_path}/job.out",
     )
@@ -159,6 +161,7 @@ def test_srun_step_runs_one_task_per_node(
     job = slurm_cluster.sbatch(
         f"#!/bin/bash\n{_python_line(code)} > {out}\necho exit=$? >> {out}\n",
         "-N2",
+        PAIR,
         "--ntasks-per-node=2",
         "--cpus-per-task=2",
         "--gpus-per-task=1",
@@ -179,6 +182,7 @@ def holder_job(
     job = slurm_cluster.sbatch(
         f"#!/bin/bash\nenv -0 > {env_file}.part && mv {env_file}.part {env_file}\nsleep 300\n",
         "-N2",
+        PAIR,
         "--output=/dev/null",
     )
     cancel_later.append(job)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from worker_sdk import checkpoint, layout
+from worker_sdk._determinism import reordered_sums_warning
 from worker_sdk.checkpoint import Checkpointer, LoadResult, Stateful, unwrap
 from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
 
@@ -341,3 +342,22 @@ def test_pickled_extra_loads_only_from_a_trusted_directory(tmp_path: Path) -> No
     with pytest.raises(RuntimeError, match="writable by group or others") as caught:
         make(tmp_path / "c").load_latest(t.objects, None)
     assert "Cursor" in str(caught.value)
+
+
+@pytest.mark.usefixtures("one_process_group")
+@pytest.mark.parametrize(
+    ("find_unused", "world_size", "warned"),
+    [(False, 4, True), (False, 3, True), (False, 2, False), (True, 4, False)],
+)
+def test_resume_warns_when_ddp_will_reorder_sums(
+    find_unused: bool, world_size: int, warned: bool
+) -> None:
+    """A DDP model that rebuilds its buckets, with 3+ ranks, gets a warning naming the fix
+    (find_unused_parameters=True); 2 ranks or a DDP that keeps its buckets get none."""
+    ddp = nn.parallel.DistributedDataParallel(
+        Trainer(seed=1).model, find_unused_parameters=find_unused
+    )
+    warning = reordered_sums_warning([ddp], world_size)
+    assert (warning is not None) == warned
+    assert warning is None or "find_unused_parameters=True" in warning
+    assert reordered_sums_warning([Trainer(seed=1).model], 4) is None

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.hangs import FACTOR, FLOOR_S, Silence, auto_timeout, hung_ranks, percentile
+from supervisor.hangs import (
+    FACTOR,
+    FLOOR_S,
+    Silence,
+    auto_timeout,
+    hung_ranks,
+    percentile,
+    quiet_ranks,
+)
 
 
 def test_documented_constants() -> None:
@@ -99,3 +107,16 @@ def test_hung_ranks_many_in_order() -> None:
     ]
     assert hung_ranks(ranks, timeout_s=10.0, startup_timeout_s=60.0) == (3, 2, 4)
     assert hung_ranks([], timeout_s=10.0, startup_timeout_s=60.0) == ()
+
+
+def test_quiet_ranks_names_the_furthest_behind_first() -> None:
+    """A hang names every rank quiet for at least half the longest hung silence, furthest behind
+    first, then the longest silent; ranks still talking are left out."""
+    silences = [
+        Silence(0, 9.0, True, False),
+        Silence(1, 12.0, True, False),
+        Silence(2, 0.5, True, False),  # still making progress
+        Silence(3, 8.0, True, False),
+    ]
+    steps = {0: 40, 1: 40, 2: 41, 3: 37}
+    assert quiet_ranks(silences, [1], steps) == ((3, 1, 0), 12.0)

@@ -18,6 +18,7 @@ from supervisor.policy import (
     backoff_s,
     decide,
     next_no_progress_streak,
+    nodes_for_restart,
 )
 
 K = FailureKind
@@ -327,3 +328,39 @@ def test_policy_rejects_nonsense(changes: dict[str, object]) -> None:
     """A RestartPolicy with an impossible value cannot be built."""
     with pytest.raises(ValueError, match="must be"):
         policy(**changes)
+
+
+@pytest.mark.parametrize(
+    ("kind", "nodes", "gives_up"),
+    [
+        (K.NODE_FAILURE, (1, 2), True),  # one node left, the job runs on two
+        (K.NODE_FAILURE, (0, 2), True),
+        (K.NODE_FAILURE, (2, 2), False),  # a spare node took the lost one's place
+        (K.NODE_FAILURE, None, False),  # not on Slurm: nothing to count
+        (K.CRASH, (1, 2), False),  # only a node failure is judged by the nodes left
+    ],
+)
+def test_node_failure_without_enough_nodes_gives_up(
+    kind: FailureKind, nodes: tuple[int, int] | None, gives_up: bool
+) -> None:
+    """on_node_failure = "restart" restarts only when the allocation still has as many nodes as
+    the job runs on (a checkpoint's world size cannot shrink); otherwise it gives up, saying so."""
+    got = decide(JobHistory(), failure(kind), POLICY, progressed=True, jitter=0.0, nodes=nodes)
+    assert isinstance(got, GiveUp) == gives_up
+    if gives_up:
+        assert isinstance(got, GiveUp) and "left in this allocation" in got.reason
+
+
+@pytest.mark.parametrize(
+    ("lost", "needed", "expected"),
+    [
+        ((), 2, ("n1", "n2")),
+        (("n2",), 2, ("n1", "n3")),
+        (("n1", "n3"), 2, ("n2",)),
+        (("n2",), 3, ("n1", "n3")),
+        (("elsewhere",), 1, ("n1",)),
+    ],
+)
+def test_nodes_for_restart(lost: tuple[str, ...], needed: int, expected: tuple[str, ...]) -> None:
+    """The first `needed` nodes not lost, in allocation order; fewer when not enough are left."""
+    assert nodes_for_restart(("n1", "n2", "n3"), lost, needed) == expected

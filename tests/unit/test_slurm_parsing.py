@@ -4,6 +4,7 @@ commands (a fake squeue)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -142,6 +143,7 @@ def test_srun_argv_one_task_per_node() -> None:
         "--nodes=2",
         "--ntasks=2",
         "--ntasks-per-node=1",
+        "--nodelist=node1,node2",
         "--cpus-per-task=16",
         "--gpus-per-node=8",
         "--overlap",
@@ -150,6 +152,15 @@ def test_srun_argv_one_task_per_node() -> None:
         "--job-name=rvsup-x",
     ):
         assert flag in flags
+
+
+def test_srun_argv_runs_on_the_nodes_left() -> None:
+    """After a node failure the step is pinned to the nodes rvsup restarts on."""
+    alloc = slurm.detect(_env(SLURM_JOB_NODELIST="node[1-3]"))
+    assert alloc is not None
+    left = dataclasses.replace(alloc, nodes=("node1", "node3"))
+    flags = slurm.srun_argv(left, ["true"], job_name="x")
+    assert "--nodes=2" in flags and "--nodelist=node1,node3" in flags
 
 
 def test_srun_argv_leaves_out_unknown_resources() -> None:
