@@ -142,8 +142,8 @@ class Attempt:
     # ------------------------------------------------------------------ observation
     async def _receive_loop(self) -> None:
         while True:
-            identity, msg = await self.endpoint.receive()
-            self._on_message(identity, msg, time.monotonic())
+            for identity, msg in await self.endpoint.receive_batch():
+                self._on_message(identity, msg, time.monotonic())
 
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
         kind = msg.kind
@@ -296,8 +296,19 @@ class Attempt:
         hb = self.cfg.heartbeat
         if hb.hang_timeout_s is None:
             self.hang_timeout_s = hangs.auto_timeout(
-                self.ranks.step_times(), interval_s=hb.interval_s, ceiling_s=hb.hang_timeout_max_s
+                self.ranks.step_times.percentile(hangs.PERCENTILE),
+                interval_s=hb.interval_s,
+                ceiling_s=hb.hang_timeout_max_s,
             )
+        # cheap pre-check, every tick, over thousands of ranks: nobody has been quiet for even
+        # the shortest allowance any rank can get
+        shortest = min(self.hang_timeout_s or hb.startup_timeout_s, hb.startup_timeout_s)
+        quiet_since = now - shortest
+        complete = len(self.ranks.ranks) >= self.world_size
+        if (complete or now - self._t0 <= shortest) and not any(
+            st.last_progress_t < quiet_since for st in self.ranks
+        ):
+            return
         # once a rank has left cleanly the job is finishing: the others get the longer allowance
         finishing = self._ledger.any_left_cleanly()
         silences = [

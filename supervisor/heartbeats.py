@@ -23,9 +23,11 @@ import zmq.asyncio
 from worker_sdk import protocol as p
 
 from .failures import RankExit
+from .hangs import StepTimes
 
 _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
 _STEP_TIMES_KEPT = 256
+_BATCH = 256  # messages taken per wake-up of the receive loop
 
 
 def socket_dir(run_dir: Path) -> Path:
@@ -76,9 +78,11 @@ class RankTable:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankState] = {}
+        self.step_times = StepTimes()  # every rank's ``step_times``, sorted together
 
     def clear(self) -> None:
         self.ranks.clear()
+        self.step_times.clear()
 
     def __iter__(self) -> Iterator[RankState]:
         return iter(self.ranks.values())
@@ -87,6 +91,9 @@ class RankTable:
         """Update the sender's state from one message; returns it."""
         st = self.ranks.get(msg.rank)
         if st is None or st.pid != msg.pid:
+            if st is not None:  # a new process for this rank: forget the old one's samples
+                for seconds in st.step_times:
+                    self.step_times.remove(seconds)
             host = str(msg.payload.get("host", "?")) if msg.kind is p.Kind.HELLO else "?"
             st = RankState(msg.rank, msg.pid, host, identity, now, last_progress_t=now)
             self.ranks[msg.rank] = st
@@ -98,7 +105,7 @@ class RankTable:
             st.last_step = max(st.last_step, msg.step - 1)
         elif msg.kind in (p.Kind.HEARTBEAT, p.Kind.SYNC, p.Kind.CKPT_COMMITTED, p.Kind.EXITING):
             if msg.kind is p.Kind.HEARTBEAT and msg.value > 0:
-                st.step_times.append(msg.value)
+                self._add_step_time(st, msg.value)
             if msg.step > st.last_step:
                 st.last_step = msg.step
                 st.last_progress_t = now
@@ -115,9 +122,11 @@ class RankTable:
             st.last_progress_t = now  # entering or leaving a phase is a sign of life
         return st
 
-    def step_times(self) -> list[float]:
-        """Every recent per-heartbeat longest-step duration, over all ranks."""
-        return [t for st in self.ranks.values() for t in st.step_times]
+    def _add_step_time(self, st: RankState, seconds: float) -> None:
+        if len(st.step_times) == st.step_times.maxlen:
+            self.step_times.remove(st.step_times[0])  # the deque drops it on append
+        st.step_times.append(seconds)
+        self.step_times.add(seconds)
 
 
 def exit_from_report(msg: p.Message) -> RankExit | None:
@@ -164,6 +173,9 @@ class HeartbeatEndpoint:
             os.chmod(path, 0o600)
             self.endpoint = f"ipc://{path}"
         self._sock = sock
+        # the same socket without the asyncio wrapper: draining what is already queued through
+        # it costs a few µs a message instead of an awaited future each
+        self._drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
 
     def new_attempt(self, attempt: int) -> None:
         self.attempt = attempt
@@ -176,6 +188,20 @@ class HeartbeatEndpoint:
             checked = self._check(frames)
             if checked is not None:
                 return checked
+
+    async def receive_batch(self, limit: int = _BATCH) -> list[tuple[bytes, p.Message]]:
+        """Wait for the next acceptable message, then take (without waiting) up to ``limit`` - 1
+        more that are already queued: one wake-up of the event loop for a burst of heartbeats."""
+        batch = [await self.receive()]
+        while len(batch) < limit:
+            try:
+                frames = self._drain.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            checked = self._check(frames)
+            if checked is not None:
+                batch.append(checked)
+        return batch
 
     def _check(self, frames: list[bytes]) -> tuple[bytes, p.Message] | None:
         if len(frames) != 2:

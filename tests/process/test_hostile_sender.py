@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import collections
-import hmac
 import json
 import os
 import pickle
@@ -72,7 +71,7 @@ def _signed(
 ) -> bytes:
     """A frame with a correct MAC over any header (even an invalid one) and raw payload bytes."""
     body = p.HEADER.pack(magic, kind, 0, rank, attempt, FAKE_PID, seq, step, 0.0) + payload
-    return body + hmac.digest(secret, body, "sha256")
+    return body + p.mac(secret, body)
 
 
 def _hostile_frames(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from supervisor.hangs import (
     FACTOR,
     FLOOR_S,
+    PERCENTILE,
     Silence,
+    StepTimes,
     auto_timeout,
     hung_ranks,
     percentile,
@@ -58,7 +62,8 @@ def test_auto_timeout(
     step_times: list[float], interval_s: float, ceiling_s: float, expected: float | None
 ) -> None:
     """auto_timeout = min(ceiling, max(5, 2 x interval + 10 x p99)), None before any sample."""
-    got = auto_timeout(step_times, interval_s=interval_s, ceiling_s=ceiling_s)
+    p99 = percentile(step_times, PERCENTILE) if step_times else None
+    got = auto_timeout(p99, interval_s=interval_s, ceiling_s=ceiling_s)
     if expected is None:
         assert got is None
     else:
@@ -120,3 +125,24 @@ def test_quiet_ranks_names_the_furthest_behind_first() -> None:
     ]
     steps = {0: 40, 1: 40, 2: 41, 3: 37}
     assert quiet_ranks(silences, [1], steps) == ((3, 1, 0), 12.0)
+
+
+def test_step_times_percentile_is_the_sorted_lists() -> None:
+    """StepTimes (the incremental multiset the tick reads) gives exactly percentile() of what it
+    holds, through any mix of adds and removes, duplicates included."""
+    rng = random.Random(7)
+    held: list[float] = []
+    times = StepTimes()
+    assert times.percentile(0.99) is None
+    for _ in range(3000):
+        if held and rng.random() < 0.4:
+            value = held.pop(rng.randrange(len(held)))
+            times.remove(value)
+        else:
+            value = rng.choice([0.02, 0.5, rng.random()])
+            held.append(value)
+            times.add(value)
+        if held:
+            for q in (0.0, 0.5, 0.99, 1.0):
+                assert times.percentile(q) == percentile(held, q)
+    assert len(times) == len(held)

@@ -69,13 +69,20 @@ def test_step_times_collected() -> None:
     table.observe(b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=2, value=0.0), 2.0)
     table.observe(b"a", _msg(p.Kind.SYNC, rank=0, step=3, value=9.0), 3.0)
     table.observe(b"b", _msg(p.Kind.HEARTBEAT, rank=1, pid=200, step=1, value=0.25), 1.0)
-    assert sorted(table.step_times()) == [0.25, 0.5]
+    assert (len(table.step_times), table.step_times.percentile(0.0)) == (2, 0.25)
     for i in range(300):
         table.observe(b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=10 + i, value=float(i + 1)), 4.0)
     kept = list(table.ranks[0].step_times)
     assert len(kept) == 256
     assert kept[-1] == 300.0 and kept[0] == 45.0
-    assert len(table.step_times()) == 257
+    assert len(table.step_times) == 257
+    assert table.step_times.percentile(1.0) == 300.0
+    assert table.step_times.percentile(0.0) == 0.25  # 0.5 and 1..44 were pushed out
+    # rank 0 restarted as another process: its old samples no longer count
+    table.observe(b"c", _msg(p.Kind.HELLO, rank=0, pid=300), 5.0)
+    assert (len(table.step_times), table.step_times.percentile(1.0)) == (1, 0.25)
+    table.clear()
+    assert table.step_times.percentile(0.5) is None
 
 
 @pytest.mark.parametrize(
@@ -295,3 +302,22 @@ def test_exit_from_report(payload: dict[str, Any], expected: RankExit | None) ->
     int exit code and an int signal, a host name; anything else is ignored, never raises."""
     msg = p.Message(p.Kind.RANK_EXIT, 2, 1, 999, 1, payload=payload)
     assert exit_from_report(msg) == expected
+
+
+def test_receive_batch_takes_what_is_queued_in_one_wake_up(tmp_path: Path) -> None:
+    """receive_batch() waits for one message, then returns every acceptable one already queued
+    (bad ones dropped and counted), up to its limit, without waiting for more."""
+
+    async def scenario(endpoint: HeartbeatEndpoint, dealer: zmq.Socket[bytes]) -> None:
+        for seq in range(1, 6):
+            dealer.send(_good(seq, step=seq))
+        dealer.send(_good(1))  # a replay among them
+        dealer.send(_good(6, step=6))
+        await asyncio.sleep(0.3)  # all of them queued at the ROUTER
+        batch = await asyncio.wait_for(endpoint.receive_batch(limit=4), timeout=10)
+        assert [msg.step for _, msg in batch] == [1, 2, 3, 4]
+        rest = await asyncio.wait_for(endpoint.receive_batch(), timeout=10)
+        assert [msg.step for _, msg in rest] == [5, 6]
+        assert endpoint.dropped["replayed"] == 1
+
+    _with_endpoint(tmp_path, scenario)
