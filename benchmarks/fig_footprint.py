@@ -58,13 +58,15 @@ def sample(procs: dict[str, psutil.Process], until: float) -> dict[str, Usage]:
     return usage
 
 
-def _agent_of(run: Run) -> psutil.Process | None:
+def _agent_of(
+    run: Run, marks: tuple[str, ...] = ("torchrun", "ft_launcher")
+) -> psutil.Process | None:
     """The torchrun/ft_launcher process of a launch (the root, or the daemon's child)."""
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(run.proc.pid)
         for pr in [root, *root.children(recursive=True)]:
             line = " ".join(pr.cmdline())
-            if "torchrun" in line or "ft_launcher" in line:
+            if any(mark in line for mark in marks):
                 return pr
     return None
 
@@ -82,6 +84,9 @@ def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
             procs["agent"] = agent
         if isinstance(tool, Rvsup):
             procs["daemon"] = psutil.Process(run.proc.pid)
+            standby = _agent_of(run, ("worker_sdk._standby",))
+            if standby is not None:
+                procs["standby"] = standby
         steps_left = p.footprint_steps - 40
         window = max(1.0, steps_left * 0.02)
         return sample(procs, time.monotonic() + window)
@@ -96,14 +101,16 @@ def footprint(ctx: Context) -> Table:
     cols = [
         "rvsup daemon",
         "torchrun agent (under rvsup)",
+        "warm standby torchrun (rvsup)",
         "torchrun agent (plain)",
         "ft_launcher agent",
     ]
     found = {
         cols[0]: measured["rvsup"].get("daemon"),
         cols[1]: measured["rvsup"].get("agent"),
-        cols[2]: measured["torchrun"].get("agent"),
-        cols[3]: measured.get("ft_launcher", {}).get("agent"),
+        cols[2]: measured["rvsup"].get("standby"),
+        cols[3]: measured["torchrun"].get("agent"),
+        cols[4]: measured.get("ft_launcher", {}).get("agent"),
     }
     t = Table(
         "footprint",
@@ -114,7 +121,7 @@ def footprint(ctx: Context) -> Table:
     cpu: dict[str, Cell | str] = {}
     for col, u in found.items():
         if u is None:
-            why = (ft.unavailable() if col == cols[3] else None) or "n/a"
+            why = (ft.unavailable() if col == cols[4] else None) or "n/a"
             rss[col] = cpu[col] = why
             continue
         rss[col] = Cell([max(u.rss_mb)] if u.rss_mb else [], " MB", digits=1, note="peak")

@@ -62,6 +62,7 @@ class Attempt:
         tracker: CommitTracker,
         watch: DirectoryWatch | None,
         transition: Callable[[JobState], None],
+        spawn: Callable[[LaunchPlan], subprocess.Popen[bytes]] = launcher.spawn,
     ) -> None:
         self.cfg = cfg
         self.number = number
@@ -72,6 +73,7 @@ class Attempt:
         self.tracker = tracker
         self.watch = watch
         self._transition = transition
+        self._spawn = spawn
         self.world_size = plan.nnodes * plan.nproc_per_node
         self.diag_dir = cfg.job.run_dir / "diagnostics" / f"attempt-{number}"
         self.sync: SaveRound | None = None
@@ -101,7 +103,7 @@ class Attempt:
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         self._t0 = time.monotonic()
-        self._popen = launcher.spawn(self.plan)
+        self._popen = self._spawn(self.plan)
         self._ledger.watch(self._popen.pid, rank=None)
         tasks = [
             asyncio.create_task(self._receive_loop(), name="receive"),

@@ -36,6 +36,7 @@ from supervisor.config_model import (
 from supervisor.config_values import (
     InvalidValueError,
     auto_count,
+    boolean,
     choice,
     describe,
     duration,
@@ -187,7 +188,8 @@ def _read_launch(t: _Table) -> LaunchSection:
             t.report(f"torchrun_args[{index}]", f"{arg!r} is not allowed: {reason}")
     term_timeout = t.read("term_timeout", "5s", duration())
     stop_timeout = t.read("stop_timeout", "60s", duration(positive=True))
-    return LaunchSection(nproc_per_node, nnodes, args, term_timeout, stop_timeout)
+    warm_standby = t.read("warm_standby", True, boolean)
+    return LaunchSection(nproc_per_node, nnodes, args, term_timeout, stop_timeout, warm_standby)
 
 
 def _read_checkpoint(t: _Table) -> CheckpointSection:
@@ -276,7 +278,9 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
 
 
 def _toml(value: str | int | tuple[str, ...] | Mapping[str, str]) -> str:
-    """One TOML value (string, integer, array of strings or inline table of strings)."""
+    """One TOML value (string, boolean, integer, array of strings or inline table of strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, int):

@@ -98,6 +98,9 @@ class LaunchSection:
       ``--standalone``, ``--node-rank``, ``--no-python``) are rejected.
     - ``term_timeout`` (default ``"5s"``, >= 0): SIGTERM -> SIGKILL deadline when tearing down.
     - ``stop_timeout`` (default ``"60s"``, > 0): deadline for a coordinated checkpoint + stop.
+    - ``warm_standby`` (default ``true``): keep a torchrun that has already imported itself
+      waiting while an attempt runs, so that a single-node restart does not pay for the import
+      again (seconds); costs that idle process's memory.
     """
 
     nproc_per_node: int | None
@@ -105,6 +108,7 @@ class LaunchSection:
     torchrun_args: tuple[str, ...]
     term_timeout_s: float
     stop_timeout_s: float
+    warm_standby: bool = True
 
 
 @dataclass(frozen=True, slots=True)

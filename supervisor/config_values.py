@@ -120,6 +120,13 @@ def duration_or(
     return convert
 
 
+def boolean(value: Any) -> bool:
+    """TOML true or false (not a string or a number)."""
+    if not isinstance(value, bool):
+        raise InvalidValueError(f"expected true or false, got {describe(value)}")
+    return value
+
+
 def choice(*choices: str, booleans: tuple[str, str] | None = None) -> Callable[[Any], str]:
     """One of ``choices``; ``booleans`` maps TOML true and false to two of them."""
 

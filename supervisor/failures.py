@@ -237,7 +237,7 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
     codes, sigs = _codes_and_signals(implicated)
     if oom_reports:
         first = oom_reports[0]
-        where = _step_of(obs, first.rank, fallback=first.step)
+        where = _report_step(obs, first)
         detail = f"rank {first.rank} ran out of memory{_at_step(where)} ({_summary(first)})"
     elif oom_exits:
         first_exit = oom_exits[0]
@@ -277,15 +277,17 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
     exceptions = {r.rank: r for r in obs.reports if r.kind != "oom"}
     if failing:
         culprit = failing[0]
-        where = _step_of(obs, culprit.rank, fallback=None)
-        detail = f"{_who(culprit)} {_how(culprit)}{_at_step(where)}"
         report = exceptions.get(culprit.rank) if culprit.rank is not None else None
+        where = _step_of(obs, culprit.rank, fallback=None)
+        if report is not None:
+            where = _report_step(obs, report)
+        detail = f"{_who(culprit)} {_how(culprit)}{_at_step(where)}"
         if report is not None:
             detail += f" ({_summary(report)})"
     elif exceptions:
         report = next(iter(exceptions.values()))
         ranks = _unique([report.rank, *exceptions])
-        where = _step_of(obs, report.rank, fallback=report.step)
+        where = _report_step(obs, report)
         detail = f"rank {report.rank} raised{_at_step(where)} ({_summary(report)})"
     else:
         detail = _launcher_text(obs.launcher_exit) + _at_step(last_step)
@@ -363,6 +365,12 @@ def _who(e: RankExit) -> str:
 def _step_of(obs: Observation, rank: int | None, fallback: int | None) -> int | None:
     step = obs.last_steps.get(rank) if rank is not None else None
     return step if step is not None else fallback
+
+
+def _report_step(obs: Observation, report: RankReport) -> int | None:
+    """Where a rank failed by its own report (the step it was running: exact) or else by its
+    last heartbeat (which may be several steps old)."""
+    return report.step if report.step >= 0 else _step_of(obs, report.rank, fallback=None)
 
 
 def _at_step(step: int | None) -> str:

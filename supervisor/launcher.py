@@ -8,7 +8,9 @@ with it. torchrun never restarts anything itself (``--max-restarts=0``): the sup
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import shutil
 import signal
@@ -159,6 +161,68 @@ def spawn(plan: LaunchPlan) -> subprocess.Popen[bytes]:
         start_new_session=True,
         close_fds=True,
     )
+
+
+_STANDBY = (sys.executable, "-m", "worker_sdk._standby")
+
+
+class Standby:
+    """A warm torchrun for the next single-node attempt (``worker_sdk._standby``).
+
+    :meth:`prepare` starts one in the background while an attempt runs; :meth:`spawn` hands the
+    next attempt's command line to it when it is alive and the attempt is a plain single-node
+    torchrun, and otherwise starts a fresh launcher like :func:`spawn`. Only the daemon's main
+    thread may call these (the parent-death signal is tied to the thread that forked).
+    """
+
+    def __init__(self, torchrun: str) -> None:
+        self.torchrun = torchrun
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def prepare(self, plan: LaunchPlan) -> None:
+        """Start a standby for attempts like ``plan`` unless one is waiting already."""
+        if plan.alloc is not None or (self._proc is not None and self._proc.poll() is None):
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "worker_sdk._bootstrap", *_STANDBY],
+            env=dict(plan.env),
+            cwd=plan.cwd,
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+    def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
+        """The attempt's launcher: the standby given ``plan``'s command line, or a fresh one."""
+        proc, self._proc = self._proc, None
+        usable = plan.alloc is None and plan.argv[:1] == (self.torchrun,)
+        if proc is not None and usable and proc.poll() is None and proc.stdin is not None:
+            plan.log_dir.mkdir(parents=True, exist_ok=True)
+            order = {"args": list(plan.argv[1:]), "env": dict(plan.env), "cwd": str(plan.cwd)}
+            try:
+                proc.stdin.write(json.dumps(order).encode() + b"\n")
+                proc.stdin.close()
+                return proc
+            except OSError:  # it died meanwhile
+                pass
+        if proc is not None:
+            _dismiss(proc)
+        return spawn(plan)
+
+    def close(self) -> None:
+        """Dismiss a waiting standby (it exits at the end of its input) and reap it."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _dismiss(proc)
+
+
+def _dismiss(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap an unused standby: it holds nothing but its imports."""
+    proc.kill()
+    proc.wait()
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
 
 
 def stderr_tail(log_dir: Path, *, max_bytes: int = 8192) -> str:

@@ -83,6 +83,7 @@ class Supervisor:
         self.stop_reason: str | None = None
         self._stop_wakeup = asyncio.Event()
         self._last_failure: str | None = None
+        self.standby: launcher.Standby | None = None
 
     # ------------------------------------------------------------------ state
     def transition(self, new: JobState) -> None:
@@ -92,6 +93,8 @@ class Supervisor:
         check_transition(self.state, new)
         self.state = new
         self.notifier.status(f"{new.name.lower()} (attempt {self.attempt_no})")
+        if new is JobState.RUNNING and self.standby is not None and self.current is not None:
+            self.standby.prepare(self.current.plan)  # every rank runs: warm up the next launcher
 
     # ------------------------------------------------------------------ entry point
     async def run(self) -> int:
@@ -161,6 +164,15 @@ class Supervisor:
     async def _supervise(self, watch: DirectoryWatch) -> int:
         torchrun = launcher.find_torchrun()
         assert torchrun is not None, "preflight checks that torchrun exists"
+        if self.cfg.launch.warm_standby:
+            self.standby = launcher.Standby(torchrun)
+        try:
+            return await self._attempts(torchrun, watch)
+        finally:
+            if self.standby is not None:
+                self.standby.close()
+
+    async def _attempts(self, torchrun: str, watch: DirectoryWatch) -> int:
         while True:
             if self.stop_reason is not None:
                 return self._stopped(self.stop_reason, step=None, note="before the attempt began")
@@ -259,6 +271,7 @@ class Supervisor:
             tracker=self.tracker,
             watch=watch,
             transition=self.transition,
+            spawn=launcher.spawn if self.standby is None else self.standby.spawn,
         )
         try:
             return await self.current.run()

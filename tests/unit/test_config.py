@@ -325,7 +325,7 @@ ROUND_TRIP = [
     ).replace("[job]", '[job]\nworkdir = "dir with \\"quotes\\""'),
     with_section("checkpoint", 'every = "off"\nevery_steps = 0')
     + '[heartbeat]\nhang_timeout = "1h30m0.25s"\ninterval = 0.1\n'
-    + '[launch]\nnproc_per_node = 2\nnnodes = 3\nterm_timeout = "1.5s"\n'
+    + '[launch]\nnproc_per_node = 2\nnnodes = 3\nterm_timeout = "1.5s"\nwarm_standby = false\n'
     + 'torchrun_args = ["--log-dir=x y", "--redirects"]\n'
     + '[restart]\nbackoff = 0.3\nbackoff_max = "2d"\non_oom = "fail"\n'
     + "[slurm]\nrequeue = false\nstop_before_end = 0\n",

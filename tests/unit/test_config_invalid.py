@@ -31,7 +31,9 @@ def with_section(section: str, body: str) -> str:
     return f"{MINIMAL}\n[{section}]\n{body}\n"
 
 
-VALID_LAUNCH_KEYS = "valid keys: nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun_args"
+VALID_LAUNCH_KEYS = (
+    "valid keys: nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun_args, warm_standby"
+)
 NOT_A_DURATION = "expected a duration like 90s, 5m, 2h or a number of seconds"
 
 INVALID: list[Any] = [
@@ -139,6 +141,11 @@ INVALID: list[Any] = [
         with_section("heartbeat", 'transport = "IPC"'),
         [("heartbeat.transport", "did you mean 'ipc'?")],
         id="choice-case",
+    ),
+    pytest.param(
+        with_section("launch", 'warm_standby = "yes"'),
+        [("launch.warm_standby", "expected true or false, got string 'yes'")],
+        id="boolean",
     ),
     pytest.param(
         with_section("slurm", 'requeue = "sometimes"'),

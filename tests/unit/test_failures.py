@@ -307,6 +307,26 @@ def test_empty_observation_detail_names_the_launcher() -> None:
     assert failure.detail.startswith("launcher exited")
 
 
+@pytest.mark.parametrize(
+    ("exits", "report", "expected"),
+    [
+        ((code(1, 1),), VALUE_ERROR, "rank 1 exited with code 1 at step 30 (ValueError"),
+        ((), VALUE_ERROR, "rank 1 raised at step 30 (ValueError"),
+        ((), OOM_REPORT, "rank 1 ran out of memory at step 30"),
+        ((sig(1, 9),), None, "rank 1 killed by SIGKILL at step 27"),
+    ],
+)
+def test_detail_takes_the_step_from_the_rank_s_own_report(
+    exits: tuple[RankExit, ...], report: RankReport | None, expected: str
+) -> None:
+    """Heartbeats are rate-limited, so the last one may be steps behind: a rank's own report
+    says exactly where it failed and wins; only without one does the heartbeat's step show."""
+    obs = Observation(
+        exits=exits, reports=() if report is None else (report,), last_steps={1: 27, 0: 27}
+    )
+    assert classify(obs).detail.startswith(expected), classify(obs).detail
+
+
 def test_long_report_message_is_shortened() -> None:
     """A huge exception message does not flood the one-sentence detail."""
     report = RankReport(0, "exception", "RuntimeError", "x" * 10_000, 1)

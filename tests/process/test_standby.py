@@ -1,0 +1,61 @@
+"""The warm standby launcher: a restart hands its command line to a torchrun started (and done
+importing) while the previous attempt ran; with warm_standby = false every attempt starts its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .harness import events, named, running, wait_progress, write_job
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
+
+
+def _restart_launcher(job: Path) -> tuple[psutil.Process, float]:
+    """Kill rank 1 at step >= 15, wait for the next attempt past step 32; return that attempt's
+    torchrun (the parent of its rank 0) and the time of the kill."""
+    st = wait_progress(job, min_step=15)
+    victim = next(r for r in st["ranks"] if r["rank"] == 1)
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+    st = wait_progress(job, min_step=32)
+    rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
+    launcher = rank0.parent()
+    assert launcher is not None
+    return launcher, killed_at
+
+
+def test_restart_runs_on_the_warm_launcher(tmp_path: Path) -> None:
+    """After a crash the next attempt's torchrun is the standby: a process started before the
+    crash (while attempt 1 ran), running worker_sdk._standby; the job completes, and the standby
+    prepared during attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
+    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"})
+    with running(job) as proc:
+        launcher, killed_at = _restart_launcher(job)
+        assert launcher.create_time() < killed_at
+        assert "worker_sdk._standby" in " ".join(launcher.cmdline())
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    evs = events(tmp_path / "run")
+    assert [f["kind"] for f in named(evs, "failure_detected")] == ["crash"]
+    assert named(evs, "job_succeeded")
+
+
+def test_without_warm_standby_each_attempt_starts_its_launcher(tmp_path: Path) -> None:
+    """warm_standby = false: the restarted attempt's torchrun starts after the crash."""
+    job = write_job(
+        tmp_path,
+        env={"STEP_SLEEP": "0.05"},
+        launch='term_timeout = "3s"\nstop_timeout = "30s"\nwarm_standby = false',
+    )
+    with running(job) as proc:
+        launcher, killed_at = _restart_launcher(job)
+        assert launcher.create_time() > killed_at
+        assert "worker_sdk._standby" not in " ".join(launcher.cmdline())
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
