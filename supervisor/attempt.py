@@ -220,6 +220,7 @@ class Attempt:
         commit = self.tracker.observe(path, seconds=seconds, source=source)
         if commit is None:
             return
+        self.ranks.commit_seen(commit.step)
         self._last_commit_t = time.monotonic()
         self.events.checkpoint_committed(
             step=commit.step,

@@ -57,6 +57,7 @@ class RankState:
     first_step_t: float | None = None
     phase: str | None = None
     saving_since: float | None = None
+    saving_step: int = -1  # the step of the save that began at saving_since
     step_times: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=_STEP_TIMES_KEPT)
     )
@@ -117,10 +118,20 @@ class RankTable:
                 st.phase = "exiting"  # leaving: its silence from now on is not a hang
         elif msg.kind is p.Kind.CKPT_BEGIN:
             st.saving_since = now
+            st.saving_step = msg.step
         elif msg.kind is p.Kind.PHASE:
             st.phase = str(msg.payload.get("name")) if msg.payload.get("begin") else None
             st.last_progress_t = now  # entering or leaving a phase is a sign of life
         return st
+
+    def commit_seen(self, step: int) -> None:
+        """The checkpoint of ``step`` is committed, so every rank finished writing its part of it
+        (they all agree before the commit): none of them is saving that step or an earlier one
+        any more, even if its own next message never arrives (a rank stopped right after a save
+        may leave it queued in its ZeroMQ I/O thread)."""
+        for st in self.ranks.values():
+            if st.saving_since is not None and st.saving_step <= step:
+                st.saving_since = None
 
     def _add_step_time(self, st: RankState, seconds: float) -> None:
         if len(st.step_times) == st.step_times.maxlen:

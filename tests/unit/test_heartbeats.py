@@ -321,3 +321,15 @@ def test_receive_batch_takes_what_is_queued_in_one_wake_up(tmp_path: Path) -> No
         assert endpoint.dropped["replayed"] == 1
 
     _with_endpoint(tmp_path, scenario)
+
+
+def test_a_commit_ends_every_rank_s_save() -> None:
+    """Seeing the checkpoint of step S committed ends the "saving" allowance of every rank that
+    began saving S or earlier (a stopped rank's own next message may never arrive), not of a
+    rank already saving a later step."""
+    table = RankTable()
+    for rank in (0, 1):
+        table.observe(b"x", _msg(p.Kind.CKPT_BEGIN, rank=rank, pid=100 + rank, step=299), 1.0)
+    table.observe(b"y", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=374), 1.0)
+    table.commit_seen(299)
+    assert [st.saving_since for st in table] == [None, None, 1.0]
