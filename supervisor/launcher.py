@@ -153,11 +153,16 @@ def spawn(plan: LaunchPlan) -> subprocess.Popen[bytes]:
     forked the child exits.
     """
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    return _bootstrapped(plan.argv, plan, stdin=subprocess.DEVNULL)
+
+
+def _bootstrapped(argv: Sequence[str], plan: LaunchPlan, *, stdin: int) -> subprocess.Popen[bytes]:
+    """``argv`` run through the bootstrap in a session of its own, with ``plan``'s env and cwd."""
     return subprocess.Popen(
-        [sys.executable, "-m", "worker_sdk._bootstrap", *plan.argv],
+        [sys.executable, "-m", "worker_sdk._bootstrap", *argv],
         env=dict(plan.env),
         cwd=plan.cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         start_new_session=True,
         close_fds=True,
     )
@@ -183,14 +188,7 @@ class Standby:
         """Start a standby for attempts like ``plan`` unless one is waiting already."""
         if plan.alloc is not None or (self._proc is not None and self._proc.poll() is None):
             return
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "worker_sdk._bootstrap", *_STANDBY],
-            env=dict(plan.env),
-            cwd=plan.cwd,
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self._proc = _bootstrapped(_STANDBY, plan, stdin=subprocess.PIPE)
 
     def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
         """The attempt's launcher: the standby given ``plan``'s command line, or a fresh one."""

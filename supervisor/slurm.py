@@ -15,15 +15,12 @@
 - :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
   task there now, or the controller marks them down or not responding): the evidence that tells
   a node failure from a crash.
-- :func:`expand_hostlist`, :func:`expand_counts`, :func:`parse_time_left`,
-  :func:`parse_job_record`, :func:`parse_lost_nodes` and :func:`parse_probe_failures` are pure
-  parsers of Slurm's notations and messages.
+- The parsers of Slurm's notations and messages are in :mod:`supervisor.slurm_text`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import socket
 import subprocess
@@ -34,19 +31,23 @@ from typing import Final
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from .slurm_text import (
+    PROBE_FAILED_NODE,
+    expand_counts,
+    expand_hostlist,
+    parse_job_record,
+    parse_lost_nodes,
+    parse_probe_failures,
+    parse_time_left,
+)
+
 __all__ = [
     "Allocation",
     "SlurmError",
     "cancel_step",
     "detect",
-    "expand_counts",
-    "expand_hostlist",
     "is_requeueable",
     "job_info",
-    "parse_job_record",
-    "parse_lost_nodes",
-    "parse_probe_failures",
-    "parse_time_left",
     "requeue",
     "signal_step",
     "srun_argv",
@@ -205,125 +206,14 @@ def _gpus_on_node(env: Mapping[str, str]) -> int | None:
     return None if None in counts else sum(count or 0 for count in counts)
 
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-
-
-def expand_hostlist(nodelist: str) -> tuple[str, ...]:
-    """Expand Slurm's compact host list: "node[1-3,5],gpu07" -> node1 node2 node3 node5 gpu07.
-
-    Zero padding is kept ("n[08-10]" -> n08 n09 n10); several bracket groups in one name expand
-    left to right ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2). Raises ValueError for malformed text.
-    """
-    names: list[str] = []
-    for item in _split_top_level(nodelist.strip()):
-        names.extend(_expand_item(item))
-    return tuple(names)
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas that are not inside brackets."""
-    items, depth, start = [], 0, 0
-    for position, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            items.append(text[start:position])
-            start = position + 1
-        if depth not in (0, 1):
-            raise ValueError(f"unbalanced brackets in host list {text!r}")
-    if depth:
-        raise ValueError(f"unbalanced brackets in host list {text!r}")
-    items.append(text[start:])
-    if any(not item.strip() for item in items):
-        raise ValueError(f"empty name in host list {text!r}")
-    return [item.strip() for item in items]
-
-
-def _expand_item(item: str) -> list[str]:
-    opening = item.find("[")
-    if opening < 0:
-        if "]" in item:
-            raise ValueError(f"unbalanced brackets in host name {item!r}")
-        return [item]
-    closing = item.index("]", opening)
-    prefix, ranges, rest = item[:opening], item[opening + 1 : closing], item[closing + 1 :]
-    numbers: list[str] = []
-    for part in ranges.split(","):
-        match = _RANGE.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"bad range {part!r} in host name {item!r}")
-        low, high = match.group(1), match.group(2) or match.group(1)
-        if int(high) < int(low):
-            raise ValueError(f"descending range {part!r} in host name {item!r}")
-        width = len(low) if low.startswith("0") else 0
-        numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    tails = _expand_item(rest) if rest else [""]
-    return [f"{prefix}{number}{tail}" for number in numbers for tail in tails]
-
-
-_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-
-
-def expand_counts(text: str) -> tuple[int, ...]:
-    """Expand Slurm's per-node counts: "2(x3),1" -> (2, 2, 2, 1). Raises ValueError if malformed."""
-    counts: list[int] = []
-    for part in text.split(","):
-        match = _COUNT.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"bad per-node count {part!r} in {text!r}")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return tuple(counts)
-
-
-_TIME_LEFT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?:(\d+)")
-
-
-def parse_time_left(text: str) -> float | None:
-    """Seconds in squeue's ``%L`` text, or None when there is no usable limit.
-
-    squeue prints "M:SS", "H:MM:SS" or "D-HH:MM:SS"; "UNLIMITED" (no limit), "NOT_SET" (no limit
-    yet) and "INVALID" (time left below zero or above a year) give None, as does anything else.
-    """
-    match = _TIME_LEFT.fullmatch(text.strip())
-    if match is None:
-        return None
-    days, first, second, last = match.groups()
-    if days is not None and second is None:
-        return None  # "1-02:03" is not a format squeue prints
-    hours, minutes = (int(first), int(second)) if second is not None else (0, int(first))
-    return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + int(last))
-
-
 def time_left_s(job_id: str) -> float | None:
     """Seconds until the job's time limit (squeue %L); None without a limit or once it ended."""
     return parse_time_left(_run_retrying(["squeue", "-h", "-j", job_id, "-o", "%L"]))
 
 
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
-
-
 def job_info(job_id: str) -> dict[str, str]:
     """``scontrol show job -o ID`` as a dict: JobState, Requeue, Restarts, TimeLimit, EndTime..."""
     return parse_job_record(_run_retrying(["scontrol", "show", "job", "-o", job_id]), job_id)
-
-
-def parse_job_record(text: str, job_id: str) -> dict[str, str]:
-    """The ``Key=Value`` fields of job ``job_id`` in ``scontrol show job -o`` output.
-
-    The output has one line per job (several for an array); the line of ``job_id`` is used, else
-    the first. A value may contain spaces (JobName, Command): it runs up to the next `` Key=``.
-    """
-    lines = text.splitlines()
-    wanted = [line for line in lines if line.startswith(f"JobId={job_id} ")]
-    line = (wanted or lines or [""])[0]
-    fields = list(_FIELD.finditer(line))
-    info: dict[str, str] = {}
-    for index, field in enumerate(fields):
-        end = fields[index + 1].start() if index + 1 < len(fields) else len(line)
-        info[field.group(1)] = line[field.end() : end].strip()
-    return info
 
 
 def is_requeueable(job_id: str) -> bool:
@@ -418,13 +308,6 @@ def cancel_step(step_id: str) -> None:
     _run_retrying(["scancel", step_id])
 
 
-# srun's words for a node it could not use: "Task launch for StepId=7.1 failed on node node2:
-# Communication connection failure", "Node failure on node2"
-_PROBE_FAILED_NODE = re.compile(r"(?:failed on node|Node failure on) ([^\s:,]+)")
-# sinfo %T states of a node that cannot run tasks now; a trailing "*" means not responding
-_LOST_STATES: Final = frozenset({"down", "fail", "failing", "unknown", "future"})
-
-
 def unreachable_nodes(alloc: Allocation, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
     """Nodes of ``alloc`` that are lost, in allocation order; () when every node answers.
 
@@ -446,24 +329,6 @@ def _nodes_marked_lost(nodes: Sequence[str]) -> list[str]:
     except SlurmError:
         return []
     return parse_lost_nodes(out)
-
-
-def parse_lost_nodes(text: str) -> list[str]:
-    """Nodes that cannot run tasks in ``sinfo -h -N -o "%N %T"`` output: down, failed, unknown,
-    or not responding (a state with a trailing ``*``, e.g. ``mixed*``), in the order listed."""
-    lost = []
-    for line in text.splitlines():
-        name, _, state = line.strip().partition(" ")
-        state = state.strip().lower()
-        if name and (state.endswith("*") or state.rstrip("~#!%$@^-") in _LOST_STATES):
-            lost.append(name)
-    return list(dict.fromkeys(lost))
-
-
-def parse_probe_failures(stderr: str, nodes: Sequence[str]) -> list[str]:
-    """The nodes of ``nodes`` that srun's ``stderr`` says it could not launch on, in node order."""
-    named = set(_PROBE_FAILED_NODE.findall(stderr))
-    return [node for node in nodes if node in named]
 
 
 def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
@@ -505,7 +370,7 @@ def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
                 if not chunk:
                     break  # srun ended
                 text += chunk.decode(errors="replace")
-                if _PROBE_FAILED_NODE.search(text):
+                if PROBE_FAILED_NODE.search(text):
                     end = min(end, time.monotonic() + PROBE_GRACE_S)
     finally:
         proc.kill()

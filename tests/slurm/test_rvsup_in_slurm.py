@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import slurm
+from supervisor import slurm, slurm_text
 from tests.process.harness import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
@@ -261,7 +261,7 @@ SRUN_LAUNCH_FAILED = (
 )
 def test_parse_probe_failures(stderr: str, expected: list[str]) -> None:
     """srun's stderr names the nodes it could not launch on; others, and killed tasks, are not."""
-    assert slurm.parse_probe_failures(stderr, ("node1", "node2")) == expected
+    assert slurm_text.parse_probe_failures(stderr, ("node1", "node2")) == expected
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ def test_parse_probe_failures(stderr: str, expected: list[str]) -> None:
 )
 def test_parse_lost_nodes(sinfo: str, expected: list[str]) -> None:
     """sinfo states that mean a node cannot run tasks now: down, failed, not responding."""
-    assert slurm.parse_lost_nodes(sinfo) == expected
+    assert slurm_text.parse_lost_nodes(sinfo) == expected
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import slurm
+from supervisor import slurm, slurm_text
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,7 @@ from supervisor import slurm
 )
 def test_expand_hostlist(nodelist: str, expected: tuple[str, ...]) -> None:
     """Slurm host lists expand in order, with zero padding and several bracket groups."""
-    assert slurm.expand_hostlist(nodelist) == expected
+    assert slurm_text.expand_hostlist(nodelist) == expected
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_expand_hostlist(nodelist: str, expected: tuple[str, ...]) -> None:
 def test_expand_hostlist_rejects_malformed(nodelist: str) -> None:
     """Malformed host lists raise ValueError instead of producing wrong names."""
     with pytest.raises(ValueError, match=r"host|range|bracket"):
-        slurm.expand_hostlist(nodelist)
+        slurm_text.expand_hostlist(nodelist)
 
 
 @pytest.mark.parametrize(
@@ -55,14 +55,14 @@ def test_expand_hostlist_rejects_malformed(nodelist: str) -> None:
 )
 def test_expand_counts(text: str, expected: tuple[int, ...]) -> None:
     """Per-node counts such as SLURM_TASKS_PER_NODE expand to one number per node."""
-    assert slurm.expand_counts(text) == expected
+    assert slurm_text.expand_counts(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "2(x)", "x2", "2(x3", "1,,2"])
 def test_expand_counts_rejects_malformed(text: str) -> None:
     """Malformed per-node counts raise ValueError."""
     with pytest.raises(ValueError, match="per-node count"):
-        slurm.expand_counts(text)
+        slurm_text.expand_counts(text)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_expand_counts_rejects_malformed(text: str) -> None:
 )
 def test_parse_time_left(text: str, expected: float | None) -> None:
     """squeue %L text becomes seconds; no limit, an invalid one or garbage become None."""
-    assert slurm.parse_time_left(text) == expected
+    assert slurm_text.parse_time_left(text) == expected
 
 
 def _env(**values: str) -> dict[str, str]:
@@ -198,15 +198,15 @@ RECORD = (
 )
 def test_parse_job_record(key: str, expected: str) -> None:
     """Each Key=Value of scontrol's one-line record is read, spaces in values included."""
-    assert slurm.parse_job_record(RECORD, "7")[key] == expected
+    assert slurm_text.parse_job_record(RECORD, "7")[key] == expected
 
 
 def test_parse_job_record_picks_the_asked_job() -> None:
     """Of several records (an array job) the one of the asked id is used."""
     text = "JobId=8 ArrayTaskId=1 JobState=PENDING\nJobId=9 ArrayTaskId=2 JobState=RUNNING\n"
-    assert slurm.parse_job_record(text, "9")["JobState"] == "RUNNING"
-    assert slurm.parse_job_record(text, "10")["JobState"] == "PENDING"
-    assert slurm.parse_job_record("", "10") == {}
+    assert slurm_text.parse_job_record(text, "9")["JobState"] == "RUNNING"
+    assert slurm_text.parse_job_record(text, "10")["JobState"] == "PENDING"
+    assert slurm_text.parse_job_record("", "10") == {}
 
 
 FAKE_SQUEUE = """#!/bin/bash
