@@ -15,6 +15,7 @@ class Profile:
 
     name: str
     n: int  # trials per cell of the fault figures
+    n_crash: int  # trials per column of the crash figure (its restart success rate)
     n_capped: int  # trials of cells that can only end at the cap (peers that never notice a hang)
     n_slow: int  # trials of the peers' hang cells with a process-group timeout (20-60 s each)
     steps: int  # steps of a fault trial
@@ -34,7 +35,8 @@ class Profile:
 
 FULL = Profile(
     name="full",
-    n=20,
+    n=5,
+    n_crash=20,
     n_capped=2,
     n_slow=5,
     steps=170,
@@ -42,7 +44,7 @@ FULL = Profile(
     ckpt_every=25,
     hang_cap_s=60.0,
     goodput_steps=13000,
-    n_goodput=3,
+    n_goodput=1,
     sdk_calls=1_000_000,
     ckpt_sizes_mb=(100, 1000),
     ckpt_reps=5,
@@ -53,6 +55,7 @@ FULL = Profile(
 QUICK = Profile(
     name="quick",
     n=3,
+    n_crash=3,
     n_capped=1,
     n_slow=1,
     steps=170,
@@ -71,6 +74,7 @@ QUICK = Profile(
 SMOKE = Profile(
     name="smoke",
     n=1,
+    n_crash=1,
     n_capped=1,
     n_slow=1,
     steps=90,

@@ -215,3 +215,14 @@ def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
     assert mttr["rvsup (auto)"]["n"] == 1 and mttr["rvsup (auto)"]["median"] > 0
     assert figures["sdk"]["rows"]["step(), nothing due (median of batches)"]["rvsup SDK"]["n"] > 0
     assert data["machine"]["cores"] >= 1
+
+
+def test_checkpoint_writers_each_measured_and_their_files_removed(tmp_path: Path) -> None:
+    """Figure 8 times every writer once per repetition (the atomic save, torch.save over one file
+    with and without fsync, to a new file each time, dd) and leaves nothing on the disk."""
+    from benchmarks import fig_checkpoint
+
+    out = fig_checkpoint.measure(tmp_path / "ckpt", 1, 3)
+    assert list(out) == fig_checkpoint.KEYS
+    assert all(len(values) == 3 and min(values) > 0 for values in out.values())
+    assert not (tmp_path / "ckpt").exists()
