@@ -30,6 +30,7 @@ class Profile:
     scale_ranks: tuple[int, ...]
     scale_window_s: float
     footprint_steps: int
+    n_windows: int  # repetitions of the footprint and scale measurements
     smoke: bool = False
 
 
@@ -37,20 +38,21 @@ FULL = Profile(
     name="full",
     n=5,
     n_crash=20,
-    n_capped=2,
+    n_capped=5,
     n_slow=5,
     steps=170,
     fault_step=110,
     ckpt_every=25,
     hang_cap_s=60.0,
     goodput_steps=13000,
-    n_goodput=1,
+    n_goodput=5,
     sdk_calls=1_000_000,
     ckpt_sizes_mb=(100, 1000),
     ckpt_reps=5,
     scale_ranks=(64, 512, 4096),
     scale_window_s=20.0,
     footprint_steps=800,
+    n_windows=5,
 )
 QUICK = Profile(
     name="quick",
@@ -70,6 +72,7 @@ QUICK = Profile(
     scale_ranks=(64, 512, 4096),
     scale_window_s=10.0,
     footprint_steps=500,
+    n_windows=1,
 )
 SMOKE = Profile(
     name="smoke",
@@ -89,6 +92,7 @@ SMOKE = Profile(
     scale_ranks=(16,),
     scale_window_s=3.0,
     footprint_steps=120,
+    n_windows=1,
     smoke=True,
 )
 PROFILES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
