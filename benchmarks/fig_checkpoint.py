@@ -109,7 +109,6 @@ def checkpoint(ctx: Context) -> Table:
         "torch.save + fsync, new file",
         "dd conv=fsync",
     ]
-    keys = KEYS
     t = Table(
         "checkpoint",
         f"8. Checkpoint write throughput (MB/s, {p.ckpt_reps} interleaved "
@@ -119,7 +118,7 @@ def checkpoint(ctx: Context) -> Table:
     for size in p.ckpt_sizes_mb:
         ctx.log(f"checkpoint {size} MB")
         m = measure(ctx.scratch / f"ckpt-{size}", size, p.ckpt_reps)
-        cells = {c: Cell(m[k], " MB/s", digits=0) for c, k in zip(cols, keys, strict=True)}
+        cells = {c: Cell(m[k], " MB/s", digits=0) for c, k in zip(cols, KEYS, strict=True)}
         t.row(f"{size} MB", dict(cells))
         t.add_ratio(f"{size} MB: atomic / torch.save", cells[cols[0]], cells[cols[1]])
         t.add_ratio(f"{size} MB: atomic / torch.save + fsync", cells[cols[0]], cells[cols[2]])

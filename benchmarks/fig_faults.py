@@ -56,8 +56,7 @@ def _unavailable_row(tools: dict[str, Tool], cells: dict[str, Cell | str]) -> di
 # ---------------------------------------------------------------- 1. crash
 def crash(ctx: Context) -> Table:
     p = ctx.profile
-    # a crash never waits on a hang timeout: one rvsup column is enough
-    tools = {k: v for k, v in recovery_tools(ctx).items() if k != "rvsup (10 s)"}
+    tools = recovery_tools(ctx)
     spec = Spec(steps=p.steps, ckpt_every=p.ckpt_every, fault=f"kill:1:{p.fault_step}")
     detect = {c: Cell(unit=" s") for c in tools}
     mttr = {c: Cell(unit=" s") for c in tools}

@@ -113,10 +113,11 @@ class Context:
 
 
 def recovery_tools(ctx: Context) -> dict[str, Tool]:
-    """The columns of the fault figures (smoke: rvsup and torchrun with the workaround only)."""
+    """The columns of the crash figure (smoke: rvsup and torchrun with the workaround only).
+
+    One rvsup column: a crash never waits on a hang timeout."""
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(hang_timeout="auto"),
-        "rvsup (10 s)": Rvsup(name="rvsup", hang_timeout=f"{CONFIGURED_HANG_S:g}s"),
         "torchrun": Torchrun(share_store=True),
         "torchrun (workaround)": Torchrun(share_store=False),
         "bash loop": BashLoop(),
