@@ -18,18 +18,20 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.config.load import JobConfig
+from supervisor.process import launcher, proctree
+from supervisor.process.launcher import LaunchPlan
+from supervisor.ranks import diagnostics
+from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
+from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
+from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.ranks.exits import ExitLedger
+from supervisor.record.events import EventLog
+from supervisor.rules import hangs
+from supervisor.rules.failures import Observation, RankExit, RankReport
+from supervisor.rules.states import JobState
+from supervisor.slurm import commands as slurm
 from worker_sdk import protocol as p
-
-from . import diagnostics, hangs, launcher, proctree, slurm
-from .checkpoints import CommitTracker, DirectoryWatch
-from .config import JobConfig
-from .coordinated import SaveRound, answer_without_round
-from .events import EventLog
-from .exits import ExitLedger
-from .failures import Observation, RankExit, RankReport
-from .heartbeats import HeartbeatEndpoint, RankTable, exit_from_report
-from .launcher import LaunchPlan
-from .states import JobState
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long

@@ -16,9 +16,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import control, history
-from .config import ConfigError, JobConfig, load_config, preflight, render_config
-from .launcher import find_torchrun
+from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
+from supervisor.process.launcher import find_torchrun
+from supervisor.record import history
+from supervisor.service import control
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -50,7 +51,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         for issue in issues:
             print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
         return EXIT_USAGE
-    from .supervisor import AlreadyRunningError, Supervisor
+    from supervisor.supervisor import AlreadyRunningError, Supervisor
 
     try:
         return asyncio.run(Supervisor(cfg, console=None if args.quiet else sys.stderr).run())

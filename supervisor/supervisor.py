@@ -23,17 +23,15 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from worker_sdk import protocol as p
-
-from . import history, launcher, slurm
-from .attempt import Attempt, AttemptResult
-from .checkpoints import CommitTracker, DirectoryWatch
-from .config import JobConfig
-from .control import ControlServer, remove_daemon_file, write_daemon_file
-from .events import EventLog
-from .failures import Failure, FailureKind, classify
-from .heartbeats import HeartbeatEndpoint, RankTable, socket_dir
-from .policy import (
+from supervisor.attempt import Attempt, AttemptResult
+from supervisor.config.load import JobConfig
+from supervisor.process import launcher
+from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, socket_dir
+from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
+from supervisor.record import history
+from supervisor.record.events import EventLog
+from supervisor.rules.failures import Failure, FailureKind, classify
+from supervisor.rules.policy import (
     GiveUp,
     JobHistory,
     Requeue,
@@ -42,8 +40,11 @@ from .policy import (
     decide,
     nodes_for_restart,
 )
-from .sdnotify import Notifier
-from .states import JobState, check_transition, exit_code
+from supervisor.rules.states import JobState, check_transition, exit_code
+from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
+from supervisor.service.sdnotify import Notifier
+from supervisor.slurm import commands as slurm
+from worker_sdk import protocol as p
 
 _STOP_SIGNALS = {
     signal.SIGTERM: "preempted",
@@ -102,7 +103,7 @@ class Supervisor:
         run_dir = cfg.job.run_dir
         lock = _lock_run_dir(run_dir)
         loop = asyncio.get_running_loop()
-        from .proctree import become_subreaper
+        from supervisor.process.proctree import become_subreaper
 
         become_subreaper()
         secret = p.new_secret()

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import zmq
 
-from supervisor.heartbeats import exit_from_report
+from supervisor.ranks.channel import exit_from_report
 from worker_sdk import protocol as p
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]

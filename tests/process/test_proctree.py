@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from supervisor.proctree import (
+from supervisor.process.proctree import (
     ExitStatus,
     become_subreaper,
     descendants,

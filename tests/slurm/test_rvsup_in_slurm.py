@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import slurm, slurm_text
+from supervisor.slurm import commands as slurm
+from supervisor.slurm import text as slurm_text
 from tests.process.harness import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import slurm
+from supervisor.slurm import commands as slurm
 from tests.slurm.cluster import PAIR, SlurmCluster, read_env_file
 
 pytestmark = pytest.mark.slurm

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import (
+from supervisor.config.durations import format_duration, parse_duration
+from supervisor.config.load import (
     CheckpointSection,
     ConfigError,
     FrozenEnv,
@@ -24,7 +25,6 @@ from supervisor.config import (
     parse_config,
     render_config,
 )
-from supervisor.durations import format_duration, parse_duration
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import ConfigError, JobConfig, parse_config
+from supervisor.config.load import ConfigError, JobConfig, parse_config
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.control import (
+from supervisor.service.control import (
     DAEMON_FILE,
     ControlServer,
     NotRunningError,

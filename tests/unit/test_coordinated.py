@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.coordinated import SaveRound, answer_without_round
-from supervisor.heartbeats import RankTable
+from supervisor.ranks.channel import RankTable
+from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from worker_sdk import protocol as p
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.events import EVENTS_FILE, EventLog
+from supervisor.record.events import EVENTS_FILE, EventLog
 
 COMMON = {"timestamp", "event", "level", "job", "attempt"}
 

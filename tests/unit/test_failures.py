@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from supervisor.failures import (
+from supervisor.rules.failures import (
     Failure,
     FailureKind,
     Observation,

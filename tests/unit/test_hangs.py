@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from supervisor.hangs import (
+from supervisor.rules.hangs import (
     FACTOR,
     FLOOR_S,
     PERCENTILE,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import zmq
 
-from supervisor.failures import RankExit
-from supervisor.heartbeats import HeartbeatEndpoint, RankTable, exit_from_report
+from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
+from supervisor.rules.failures import RankExit
 from worker_sdk import protocol as p
 
 # ---------------------------------------------------------------- RankTable.observe

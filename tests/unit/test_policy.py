@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from supervisor.failures import Failure, FailureKind
-from supervisor.policy import (
+from supervisor.rules.failures import Failure, FailureKind
+from supervisor.rules.policy import (
     Decision,
     GiveUp,
     JobHistory,

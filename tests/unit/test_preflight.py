@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import CHECKPOINT_MARKER, ConfigIssue, JobConfig, load_config, preflight
+from supervisor.config.load import CHECKPOINT_MARKER, ConfigIssue, JobConfig, load_config, preflight
 
 
 def write_job(tmp_path: Path, body: str = "", command: str | None = None) -> JobConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.sdnotify import MAX_STATUS_CHARS, Notifier, child_env_cleanup
+from supervisor.service.sdnotify import MAX_STATUS_CHARS, Notifier, child_env_cleanup
 
 RECEIVE_TIMEOUT_S = 5.0
 

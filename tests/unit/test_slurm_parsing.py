@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import slurm, slurm_text
+from supervisor.slurm import commands as slurm
+from supervisor.slurm import text as slurm_text
 
 
 @pytest.mark.parametrize(

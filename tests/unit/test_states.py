@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from supervisor.states import (
+from supervisor.rules.states import (
     TERMINAL,
     TRANSITIONS,
     IllegalTransitionError,

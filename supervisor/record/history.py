@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
-from supervisor.policy import next_no_progress_streak
+from supervisor.rules.policy import next_no_progress_streak
 
 __all__ = [
     "AttemptRow",

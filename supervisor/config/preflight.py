@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from supervisor.config_model import ConfigIssue, JobConfig
+from supervisor.config.model import ConfigIssue, JobConfig
 from worker_sdk import layout
 
 #: Marker file that :func:`preflight` puts into a new, empty checkpoint directory.

@@ -13,8 +13,8 @@ import os
 import signal
 from collections.abc import Callable
 
-from . import proctree
-from .failures import RankExit
+from supervisor.process import proctree
+from supervisor.rules.failures import RankExit
 
 
 class ExitLedger:

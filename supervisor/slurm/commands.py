@@ -31,7 +31,7 @@ from typing import Final
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from .slurm_text import (
+from supervisor.slurm.text import (
     PROBE_FAILED_NODE,
     expand_counts,
     expand_hostlist,

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.config.load import JobConfig
+from supervisor.service.sdnotify import child_env_cleanup
 from worker_sdk import protocol as p
 
-from .config import JobConfig
-from .sdnotify import child_env_cleanup
-
 if TYPE_CHECKING:
-    from .slurm import Allocation
+    from supervisor.slurm.commands import Allocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +104,7 @@ def build_plan(
     tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *cfg.job.command]
     argv = tr
     if nnodes > 1 and alloc is not None:
-        from .slurm import srun_argv
+        from supervisor.slurm.commands import srun_argv
 
         argv = srun_argv(alloc, tr, job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from supervisor.ranks.channel import HeartbeatEndpoint, RankTable
 from worker_sdk import protocol as p
-
-from .heartbeats import HeartbeatEndpoint, RankTable
 
 
 @dataclass(slots=True)

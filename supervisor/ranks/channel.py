@@ -20,10 +20,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from supervisor.rules.failures import RankExit
+from supervisor.rules.hangs import StepTimes
 from worker_sdk import protocol as p
-
-from .failures import RankExit
-from .hangs import StepTimes
 
 _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
 _STEP_TIMES_KEPT = 256

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import proctree
+from supervisor.process import proctree
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from supervisor.durations import EXPECTED_DURATION, format_duration, parse_duration
+from supervisor.config.durations import EXPECTED_DURATION, format_duration, parse_duration
 
 _JOB_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
 # torchrun flags (dashes for underscores) rvsup passes itself; "rdzv-" covers every rdzv flag.

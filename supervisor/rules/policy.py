@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from supervisor.failures import Failure, FailureKind, deterministic_signature
+from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
 
 __all__ = [
     "Decision",

@@ -21,7 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from supervisor.config_model import (
+from supervisor.config.durations import format_duration
+from supervisor.config.model import (
     CheckpointSection,
     ConfigError,
     ConfigIssue,
@@ -33,7 +34,8 @@ from supervisor.config_model import (
     RestartSection,
     SlurmSection,
 )
-from supervisor.config_values import (
+from supervisor.config.preflight import CHECKPOINT_MARKER, preflight
+from supervisor.config.values import (
     InvalidValueError,
     auto_count,
     boolean,
@@ -47,8 +49,6 @@ from supervisor.config_values import (
     path_text,
     unknown_name,
 )
-from supervisor.durations import format_duration
-from supervisor.preflight import CHECKPOINT_MARKER, preflight
 
 if sys.version_info >= (3, 11):
     import tomllib

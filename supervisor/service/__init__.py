@@ -1,0 +1,2 @@
+"""The daemon as a service: the control socket (:mod:`.control`), systemd's sd_notify
+(:mod:`.sdnotify`)."""

@@ -1,0 +1,2 @@
+"""Slurm: the allocation, srun, requeue, time left (:mod:`.commands`); Slurm's notations
+(:mod:`.text`, pure parsers)."""
