@@ -1,45 +1,63 @@
 """One attempt: observe the ranks until the attempt ends, then say how it ended.
 
-Observation only: messages, process exits (pidfds), a 0.1 s tick for hangs and scheduled saves.
-It never decides whether to restart (``policy.decide``) and it changes the job's state only through
-the ``transition`` callback the supervisor gives it. Whatever happens, including cancellation, the
-attempt's whole process tree is torn down and reaped before :meth:`Attempt.run` returns.
+Observation only: messages from the rank channel, process exits (through the attempt's
+:class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. It never decides whether to
+restart (``rules.policy.decide``) and it changes the job's state only through the ``transition``
+callback the supervisor gives it. Its loops run under :func:`~supervisor.loops.run_beside`: a loop
+that raises ends the attempt with that error instead of leaving it waiting. Whatever happens,
+including cancellation, the attempt's whole process tree is torn down and reaped before
+:meth:`Attempt.run` returns (the teardown is shielded from cancellation).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import subprocess
-import time
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-import psutil
-
-from supervisor.config.load import JobConfig
-from supervisor.process import launcher, proctree
+from supervisor.config import JobConfig
+from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.process.launcher import LaunchPlan
-from supervisor.ranks import diagnostics
-from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
-from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
+from supervisor.ranks.channel import Channel, RankTable, exit_from_report
+from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
-from supervisor.ranks.exits import ExitLedger
 from supervisor.record.events import EventLog
 from supervisor.rules import hangs
-from supervisor.rules.failures import Observation, RankExit, RankReport
+from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
-from supervisor.slurm import commands as slurm
 from worker_sdk import protocol as p
+
+__all__ = ["SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome", "ProcessTree"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
+_SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
+_SCAN_RUNNING_S = 2.0
+
+
+class Outcome(enum.Enum):
+    """How an attempt ended, as the supervisor acts on it."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class _Ending(enum.Enum):
+    """Why the observation ended (a hang is a failure found by silence, not by an exit)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    HANG = "hang"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptResult:
-    outcome: str  # "succeeded" | "failed" | "stopped"
+    outcome: Outcome
     observation: Observation
     detect_s: float | None  # hangs: how long the most silent rank had been silent when caught
     diagnostics: str | None
@@ -47,6 +65,29 @@ class AttemptResult:
     last_step: int | None
     stop_step: int | None  # the checkpoint committed by a stop, if any
     noticed_at: float | None  # wall-clock time of the first sign of the failure (for the history)
+
+
+class ProcessTree(Protocol):
+    """What an attempt does to its processes (:class:`supervisor.process.tree.AttemptTree`)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def launcher_rc(self) -> int | None: ...
+    def start(
+        self, on_launcher_exit: Callable[[int], None], on_rank_exit: Callable[[RankExit], None]
+    ) -> None: ...
+    def watch_rank(self, pid: int, rank: int, host: str) -> None: ...
+    def record(self, ended: RankExit) -> bool: ...
+    @property
+    def exits(self) -> tuple[RankExit, ...]: ...
+    def any_left_cleanly(self) -> bool: ...
+    def scan(self) -> None: ...
+    async def collect_stacks(self, directory: Path) -> str | None: ...
+    async def lost_nodes(self) -> tuple[str, ...]: ...
+    def host_oom_kills(self) -> int: ...
+    def stderr_tail(self) -> str: ...
+    async def teardown(self) -> None: ...
 
 
 class Attempt:
@@ -58,87 +99,83 @@ class Attempt:
         number: int,
         plan: LaunchPlan,
         *,
-        endpoint: HeartbeatEndpoint,
+        tree: ProcessTree,
+        channel: Channel,
         ranks: RankTable,
         events: EventLog,
         tracker: CommitTracker,
-        watch: DirectoryWatch | None,
+        commits: asyncio.Queue[Path] | None,
         transition: Callable[[JobState], None],
-        spawn: Callable[[LaunchPlan], subprocess.Popen[bytes]] = launcher.spawn,
+        clock: Clock = SYSTEM_CLOCK,
+        liveness: Liveness | None = None,
     ) -> None:
         self.cfg = cfg
         self.number = number
         self.plan = plan
-        self.endpoint = endpoint
+        self.tree = tree
+        self.channel = channel
         self.ranks = ranks
         self.events = events
         self.tracker = tracker
-        self.watch = watch
+        self.commits = commits
         self._transition = transition
-        self._spawn = spawn
+        self.clock = clock
+        self.liveness = liveness or Liveness(clock)
         self.world_size = plan.nnodes * plan.nproc_per_node
         self.diag_dir = cfg.job.run_dir / "diagnostics" / f"attempt-{number}"
         self.sync: SaveRound | None = None
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s
         self._started_step = tracker.newest_step
-        self._last_commit_t = time.monotonic()
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._ledger = ExitLedger(self._on_exit, reports_expected=plan.alloc is not None)
         self._reports: list[RankReport] = []
-        self._silent: tuple[int, ...] = ()
-        self._launcher_rc: int | None = None
-        self._first_sign_t: float | None = None
-        self._ending: asyncio.TimerHandle | None = None
-        self._done: asyncio.Future[str] | None = None
-        self._stop_deadline = float("inf")
-        self._hang_silence_s: float | None = None
-        self._noticed_at: float | None = None
-        self._oom_baseline = proctree.host_oom_kill_count()
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
-        self._lost_nodes: tuple[str, ...] = ()
-        self._t0 = time.monotonic()
+        self._silent: tuple[int, ...] = ()
+        self._hang_silence_s: float | None = None
+        self._first_sign_t: float | None = None
+        self._noticed_at: float | None = None
+        self._settling: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[_Ending] | None = None
+        self._stop_deadline = float("inf")
+        self._t0 = self._last_commit_t = clock.monotonic()
         self.state = JobState.STARTING
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> AttemptResult:
-        loop = asyncio.get_running_loop()
-        self._done = loop.create_future()
-        self._t0 = time.monotonic()
-        self._popen = self._spawn(self.plan)
-        self._ledger.watch(self._popen.pid, rank=None)
-        tasks = [
-            asyncio.create_task(self._receive_loop(), name="receive"),
-            asyncio.create_task(self._tick_loop(), name="tick"),
-        ]
-        if self.watch is not None:
-            tasks.append(asyncio.create_task(self._watch_loop(), name="watch"))
-        outcome = "failed"
+        self._done = asyncio.get_running_loop().create_future()
+        self._t0 = self._last_commit_t = self.clock.monotonic()
+        loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
+        if self.commits is not None:
+            loops["watch"] = self._watch_loop()
+        ending = _Ending.FAILED
+        diagnostics: str | None = None
+        lost: tuple[str, ...] = ()
         try:
-            outcome = await self._done
-            diagnostics = await self._dump_stacks_if_hung(outcome)
-            self._lost_nodes = await self._find_lost_nodes(outcome)
+            self.tree.start(self._on_launcher_exit, self._on_rank_exit)
+            ending = await run_beside(self._done, loops)
+            if ending is _Ending.HANG:
+                diagnostics = await self.tree.collect_stacks(self.diag_dir)
+            if ending in (_Ending.FAILED, _Ending.HANG) and self.stop_reason is None:
+                lost = await self.tree.lost_nodes()
         finally:
-            if outcome != "succeeded":
+            for name in loops:
+                self.liveness.forget(name)
+            if self._settling is not None:
+                self._settling.cancel()
+            if ending is not _Ending.SUCCEEDED:
                 self._set_state(JobState.TEARING_DOWN)
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            await self._teardown()
-        return self._result(outcome, diagnostics)
+            await shielded(self.tree.teardown())
+        return self._result(ending, diagnostics, lost)
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         """Checkpoint at a common step, then let the ranks exit (deadline: launch.stop_timeout)."""
         if self.stop_reason is not None or self._is_ending():
             return
         self.stop_reason = reason
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._stop_deadline = now + self.cfg.launch.stop_timeout_s
         if not any(st.first_step_t is not None for st in self.ranks):
             # nobody has trained yet: the newest checkpoint is what they loaded; nothing to save
-            self._finish("stopped")
+            self._finish(_Ending.STOPPED)
             return
         self._set_state(JobState.STOPPING)
         self._begin_sync(stop=True, now=now)
@@ -146,33 +183,36 @@ class Attempt:
     # ------------------------------------------------------------------ observation
     async def _receive_loop(self) -> None:
         while True:
-            for identity, msg in await self.endpoint.receive_batch():
-                self._on_message(identity, msg, time.monotonic())
+            batch = await self.channel.receive_batch()
+            now = self.clock.monotonic()
+            for identity, msg in batch:
+                self._on_message(identity, msg, now)
 
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
         kind = msg.kind
         if kind is p.Kind.RANK_EXIT:  # from the rank's parent, not the rank: no sign of life
-            self._on_exit_report(msg, now)
+            ended = exit_from_report(msg)
+            if ended is not None and self.tree.record(ended):
+                self._on_rank_exit(ended)
             return
         st = self.ranks.observe(identity, msg, now)
         if kind is p.Kind.HELLO:
-            if st.host == self._ledger.host or self.plan.nnodes == 1:
-                self._ledger.watch(msg.pid, rank=msg.rank)
+            self.tree.watch_rank(msg.pid, msg.rank, st.host)
             if self.sync is not None:
-                self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
+                self.sync.ask(self.channel, self.ranks, msg.rank, now)
         elif kind is p.Kind.HEARTBEAT:
             if self.state is JobState.STARTING and self._all_started():
                 self._set_state(JobState.RUNNING)
             if self.sync is not None:
-                self.sync.ask(self.endpoint, self.ranks, msg.rank, now)
+                self.sync.ask(self.channel, self.ranks, msg.rank, now)
         elif kind is p.Kind.EXITING:
-            if msg.payload.get("reason") == "stop requested":
+            if msg.payload.get("reason") == p.ExitingReason.STOP.value:
                 self._left_for_stop.add(msg.rank)
         elif kind is p.Kind.SYNC:
             if self.sync is None:
-                answer_without_round(self.endpoint, identity, msg)
+                answer_without_round(self.channel, identity, msg)
             else:
-                self.sync.answer(self.endpoint, identity, msg)
+                self.sync.answer(self.channel, identity, msg)
         elif kind is p.Kind.CKPT_COMMITTED:
             path = Path(str(msg.payload.get("path", "")))
             self._on_commit(path, seconds=msg.value, source="sdk")
@@ -194,28 +234,29 @@ class Attempt:
             )
             self._sign_of_failure(now)
 
-    def _on_exit_report(self, msg: p.Message, now: float) -> None:
-        """A rank's waiting parent says how the rank ended (multi-node attempts: the only news
-        of a rank on another node, and of a local one its parent reaped before we looked)."""
-        ended = exit_from_report(msg)
-        if ended is not None:
-            self._record_exit(ended, now)
+    def _on_rank_exit(self, ended: RankExit) -> None:
+        """A rank's end, seen here or reported by its parent (each told once)."""
+        if ended.exit_code != 0:
+            self._sign_of_failure(self.clock.monotonic())
 
-    def _record_exit(self, ended: RankExit, now: float) -> None:
-        """Record one rank's end once (a pidfd and a report may both tell of it)."""
-        if self._ledger.record(ended) and ended.exit_code != 0:
-            self._sign_of_failure(now)
+    def _on_launcher_exit(self, rc: int) -> None:
+        if rc == 0 and not self._reports and not self._left_for_stop:
+            self._finish(_Ending.SUCCEEDED)  # even with a stop pending: the training ended first
+        elif self.stop_reason is not None:
+            self._finish(_Ending.STOPPED)
+        else:
+            self._sign_of_failure(self.clock.monotonic())
 
     def _all_started(self) -> bool:
         started = [st for st in self.ranks if st.first_step_t is not None]
         return len(started) >= self.world_size
 
     async def _watch_loop(self) -> None:
-        assert self.watch is not None
+        assert self.commits is not None
         while True:
-            path = await self.watch.queue.get()
+            path = await self.commits.get()
             began = [st.saving_since for st in self.ranks if st.saving_since is not None]
-            seconds = time.monotonic() - min(began) if began else None
+            seconds = self.clock.monotonic() - min(began) if began else None
             self._on_commit(path, seconds=seconds, source="watchdog")
 
     def _on_commit(self, path: Path, *, seconds: float | None, source: str) -> None:
@@ -223,7 +264,7 @@ class Attempt:
         if commit is None:
             return
         self.ranks.commit_seen(commit.step)
-        self._last_commit_t = time.monotonic()
+        self._last_commit_t = self.clock.monotonic()
         self.events.checkpoint_committed(
             step=commit.step,
             path=str(commit.path),
@@ -235,65 +276,35 @@ class Attempt:
             self.sync = None
             self._set_state(JobState.RUNNING)
 
-    def _on_exit(self, pid: int) -> None:
-        now = time.monotonic()
-        if self._popen is not None and pid == self._popen.pid:
-            self._ledger.unwatch(pid)
-            self._launcher_rc = self._popen.wait()
-            self._on_launcher_exit(now)
-            return
-        ended = self._ledger.from_zombie(pid)
-        if ended is not None:
-            self._record_exit(ended, now)
-
-    def _on_launcher_exit(self, now: float) -> None:
-        rc = self._launcher_rc
-        if rc == 0 and not self._reports and not self._left_for_stop:
-            self._finish("succeeded")  # even with a stop pending: the training ended first
-        elif self.stop_reason is not None:
-            self._finish("stopped")
-        else:
-            self._sign_of_failure(now)
-
     def _sign_of_failure(self, now: float) -> None:
         if self._first_sign_t is None:
             self._first_sign_t = now
-            self._noticed_at = time.time()
+            self._noticed_at = self.clock.wall()
         if self.stop_reason is not None:  # a rank died during the stop: give up on the stop
-            self._finish("stopped")
+            self._finish(_Ending.STOPPED)
             return
-        if self._ending is None and not self._is_ending():
-            self._ending = asyncio.get_running_loop().call_later(SETTLE_S, self._finish, "failed")
+        if self._settling is None and not self._is_ending():
+            self._settling = asyncio.ensure_future(self._settle_then_fail())
+
+    async def _settle_then_fail(self) -> None:
+        await self.clock.sleep(SETTLE_S)
+        self._finish(_Ending.FAILED)
 
     # ------------------------------------------------------------------ the tick
     async def _tick_loop(self) -> None:
         next_scan = 0.0
         while True:
-            await asyncio.sleep(TICK_S)
-            now = time.monotonic()
+            await self.clock.sleep(TICK_S)
+            self.liveness.beat("tick")
+            now = self.clock.monotonic()
             if now >= next_scan:
-                self._scan_ranks()
-                next_scan = now + (0.25 if self.state is JobState.STARTING else 2.0)
+                self.tree.scan()
+                starting = self.state is JobState.STARTING
+                next_scan = now + (_SCAN_STARTING_S if starting else _SCAN_RUNNING_S)
             self._check_hang(now)
             self._maybe_schedule_save(now)
             if now >= self._stop_deadline:
-                self._finish("stopped")
-
-    def _scan_ranks(self) -> None:
-        """Find local rank processes (torchrun's children) that have not said hello yet."""
-        if self._popen is None or self.plan.nnodes > 1:
-            return
-        try:
-            children = psutil.Process(self._popen.pid).children()
-        except psutil.Error:
-            return
-        for child in children:
-            if not self._ledger.is_watched(child.pid):
-                try:
-                    rank = int(child.environ().get("RANK", "-1"))
-                except (psutil.Error, ValueError):
-                    rank = -1
-                self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
+                self._finish(_Ending.STOPPED)
 
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
@@ -315,7 +326,7 @@ class Attempt:
         ):
             return
         # once a rank has left cleanly the job is finishing: the others get the longer allowance
-        finishing = self._ledger.any_left_cleanly()
+        finishing = self.tree.any_left_cleanly()
         silences = [
             hangs.Silence(
                 rank=st.rank,
@@ -334,8 +345,8 @@ class Attempt:
             last_steps = {st.rank: st.last_step for st in self.ranks}
             self._silent, self._hang_silence_s = hangs.quiet_ranks(silences, hung, last_steps)
             self._first_sign_t = now
-            self._noticed_at = time.time()
-            self._finish("hang")
+            self._noticed_at = self.clock.wall()
+            self._finish(_Ending.HANG)
 
     def _maybe_schedule_save(self, now: float) -> None:
         every = self.cfg.checkpoint.every_s
@@ -345,7 +356,6 @@ class Attempt:
             self._set_state(JobState.SAVING)
             self._begin_sync(stop=False, now=now)
 
-    # ------------------------------------------------------------------ coordinated saves
     def _begin_sync(self, *, stop: bool, now: float) -> None:
         self.sync = SaveRound(
             stop=stop,
@@ -353,80 +363,52 @@ class Attempt:
             resend_after_s=2 * self.cfg.heartbeat.interval_s,
             started_t=now,
         )
-        self.sync.ask_all(self.endpoint, self.ranks, now)
+        self.sync.ask_all(self.channel, self.ranks, now)
 
     # ------------------------------------------------------------------ ending
     def _is_ending(self) -> bool:
         return self._done is None or self._done.done()
 
-    def _finish(self, outcome: str) -> None:
+    def _finish(self, ending: _Ending) -> None:
         if self._done is not None and not self._done.done():
-            self._done.set_result(outcome)
+            self._done.set_result(ending)
 
     def _set_state(self, new: JobState) -> None:
         if new is not self.state:
             self.state = new
             self._transition(new)
 
-    async def _dump_stacks_if_hung(self, outcome: str) -> str | None:
-        if outcome != "hang":
-            return None
-        return await diagnostics.collect_stacks(self._ledger.known_ranks(), self.diag_dir)
-
-    async def _teardown(self) -> None:
-        self._ledger.close()
-        if self._popen is None:
-            return
-        pids = set(self._ledger.rank_of_pid) | {self._popen.pid}
-        await asyncio.to_thread(
-            proctree.teardown,
-            pids,
-            term_timeout_s=self.cfg.launch.term_timeout_s,
-            popens=[self._popen],
-        )
-        if self._launcher_rc is None:
-            self._launcher_rc = self._popen.returncode
-
-    async def _find_lost_nodes(self, outcome: str) -> tuple[str, ...]:
-        """After a multi-node failure: the nodes Slurm says are gone (a probe step, seconds)."""
-        alloc = self.plan.alloc
-        if alloc is None or outcome not in ("failed", "hang") or self.stop_reason is not None:
-            return ()
-        return await asyncio.to_thread(slurm.unreachable_nodes, alloc)
-
-    def _host_oom_kills(self) -> int:
-        """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
-        if not self._ledger.sigkilled or self._oom_baseline is None:
-            return 0
-        return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
-
-    def _result(self, outcome: str, diagnostics: str | None) -> AttemptResult:
+    def _result(
+        self, ending: _Ending, diagnostics: str | None, lost: tuple[str, ...]
+    ) -> AttemptResult:
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
-        hb_timeout = self.hang_timeout_s
         obs = Observation(
-            exits=tuple(self._ledger.exits),
+            exits=self.tree.exits,
             reports=tuple(self._reports),
-            launcher_exit=self._launcher_rc,
+            launcher_exit=self.tree.launcher_rc,
             silent_ranks=self._silent,
-            hang_timeout_s=hb_timeout,
+            hang_timeout_s=self.hang_timeout_s,
             last_steps=last_steps,
             stop_reason=self.stop_reason,
-            stderr_tail=launcher.stderr_tail(self.plan.log_dir) if outcome != "succeeded" else "",
-            host_oom_kills=self._host_oom_kills(),
-            lost_nodes=self._lost_nodes,
+            stderr_tail=self.tree.stderr_tail() if ending is not _Ending.SUCCEEDED else "",
+            host_oom_kills=self.tree.host_oom_kills(),
+            lost_nodes=lost,
         )
-        detect_s = self._hang_silence_s if outcome == "hang" else None
         newest = self.tracker.newest_step
         progressed = newest is not None and (
             self._started_step is None or newest > self._started_step
         )
         stop_step = None
-        if outcome == "stopped" and self.sync is not None and self.sync.committed_by(newest):
+        if ending is _Ending.STOPPED and self.sync is not None and self.sync.committed_by(newest):
             stop_step = newest
+        outcome = {
+            _Ending.SUCCEEDED: Outcome.SUCCEEDED,
+            _Ending.STOPPED: Outcome.STOPPED,
+        }.get(ending, Outcome.FAILED)
         return AttemptResult(
-            outcome="failed" if outcome == "hang" else outcome,
+            outcome=outcome,
             observation=obs,
-            detect_s=detect_s,
+            detect_s=self._hang_silence_s if ending is _Ending.HANG else None,
             diagnostics=diagnostics,
             progressed=progressed,
             last_step=max(last_steps.values()) if last_steps else None,

@@ -51,10 +51,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         for issue in issues:
             print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
         return EXIT_USAGE
-    from supervisor.supervisor import AlreadyRunningError, Supervisor
+    from supervisor.daemon import AlreadyRunningError, run_daemon
 
     try:
-        return asyncio.run(Supervisor(cfg, console=None if args.quiet else sys.stderr).run())
+        return asyncio.run(run_daemon(cfg, console=None if args.quiet else sys.stderr))
     except AlreadyRunningError as exc:
         print(f"rvsup: {exc}", file=sys.stderr)
         return EXIT_USAGE

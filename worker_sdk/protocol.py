@@ -83,6 +83,15 @@ class Kind(enum.IntEnum):
     SYNC_CANCEL = 23  # answer to SYNC when no coordinated save is pending: leave sync mode
 
 
+class ExitingReason(str, enum.Enum):
+    """The ``reason`` of an EXITING message."""
+
+    STOP = "stop requested"
+    """The supervisor asked for a stop and the stop's checkpoint is committed."""
+    END = "exit"
+    """The training script ended (the interpreter is exiting)."""
+
+
 _KINDS: Final = {int(k): k for k in Kind}  # a dict lookup: Kind(n) costs a microsecond
 
 

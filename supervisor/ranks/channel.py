@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -154,6 +154,28 @@ def exit_from_report(msg: p.Message) -> RankExit | None:
     if (code is None) == (sig is None):  # exactly one of them says how it ended
         return None
     return RankExit(msg.rank, pid, exit_code=code, signal=sig, node=host)
+
+
+class Channel(Protocol):
+    """What the supervisor's core needs of the rank channel (a fake in unit tests)."""
+
+    endpoint: str
+    accepted: int
+    dropped: collections.Counter[str]
+
+    def new_attempt(self, attempt: int) -> None:
+        """Accept messages of ``attempt`` only, from now on."""
+        ...
+
+    async def receive_batch(self) -> list[tuple[bytes, p.Message]]:
+        """The next accepted messages (at least one), oldest first."""
+        ...
+
+    def send(
+        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
+    ) -> None:
+        """Send to one rank; never blocks."""
+        ...
 
 
 class HeartbeatEndpoint:

@@ -37,6 +37,10 @@ class CommitTracker:
         self.newest_step: int | None = latest.step if latest else None
         self._seen: set[int] = set()
 
+    def path_of(self, step: int) -> Path:
+        """Where the committed checkpoint of ``step`` lives (``worker_sdk.layout`` names it)."""
+        return self.directory / layout.committed_name(step)
+
     def observe(self, path: Path, *, seconds: float | None, source: str) -> Commit | None:
         """A commit to report, or None if already reported or not a valid checkpoint."""
         m = layout.COMMITTED_RE.match(path.name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from supervisor.ranks.channel import HeartbeatEndpoint, RankTable
+from supervisor.ranks.channel import Channel, RankTable
 from worker_sdk import protocol as p
 
 
@@ -32,7 +32,7 @@ class SaveRound:
     def flags(self) -> int:
         return p.FLAG_STOP if self.stop else 0
 
-    def ask(self, endpoint: HeartbeatEndpoint, ranks: RankTable, rank: int, now: float) -> None:
+    def ask(self, endpoint: Channel, ranks: RankTable, rank: int, now: float) -> None:
         """Send SYNC_REQUEST to ``rank`` unless it already reported or was asked recently."""
         st = ranks.ranks.get(rank)
         if st is None or rank in self.reported:
@@ -42,11 +42,11 @@ class SaveRound:
         self.asked_t[rank] = now
         endpoint.send(st.identity, p.Kind.SYNC_REQUEST, rank=rank, flags=self.flags)
 
-    def ask_all(self, endpoint: HeartbeatEndpoint, ranks: RankTable, now: float) -> None:
+    def ask_all(self, endpoint: Channel, ranks: RankTable, now: float) -> None:
         for st in ranks:
             self.ask(endpoint, ranks, st.rank, now)
 
-    def answer(self, endpoint: HeartbeatEndpoint, identity: bytes, msg: p.Message) -> None:
+    def answer(self, endpoint: Channel, identity: bytes, msg: p.Message) -> None:
         """Record a SYNC and answer it: CONTINUE, or SAVE_AT the common step."""
         self.reported[msg.rank] = max(msg.step, self.reported.get(msg.rank, -1))
         if self.target is None and len(self.reported) >= self.world_size:
@@ -63,5 +63,5 @@ class SaveRound:
         return self.target is not None and step is not None and step >= self.target
 
 
-def answer_without_round(endpoint: HeartbeatEndpoint, identity: bytes, msg: p.Message) -> None:
+def answer_without_round(endpoint: Channel, identity: bytes, msg: p.Message) -> None:
     endpoint.send(identity, p.Kind.SYNC_CANCEL, rank=msg.rank)

@@ -52,6 +52,7 @@ __all__ = [
     "Observation",
     "RankExit",
     "RankReport",
+    "StopReason",
     "classify",
     "deterministic_signature",
     "signal_name",
@@ -83,15 +84,30 @@ class FailureKind(StrEnum):
     STOPPED = "stopped"
 
 
-_STOP_KINDS: Final[Mapping[str, FailureKind]] = {
-    "preempted": FailureKind.PREEMPTED,
-    "timelimit": FailureKind.TIMELIMIT,
-    "stopped": FailureKind.STOPPED,
-}
-_STOP_TEXT: Final[Mapping[str, str]] = {
-    "preempted": "stopped on preemption",
-    "timelimit": "stopped before the time limit",
-    "stopped": "stopped on request",
+class StopReason(StrEnum):
+    """Why the supervisor asked the ranks to stop; the ``reason`` of ``stop_requested`` and
+    ``job_stopped``, and the failure kind of the attempt it ends."""
+
+    PREEMPTED = "preempted"
+    """Slurm's SIGTERM (preemption, scancel)."""
+    TIMELIMIT = "timelimit"
+    """SIGUSR1, or the allocation's time limit is near (``slurm.stop_before_end``)."""
+    STOPPED = "stopped"
+    """``rvsup stop``, SIGINT."""
+
+    @property
+    def kind(self) -> FailureKind:
+        return FailureKind(self.value)
+
+    @property
+    def text(self) -> str:
+        return _STOP_TEXT[self]
+
+
+_STOP_TEXT: Final[Mapping[StopReason, str]] = {
+    StopReason.PREEMPTED: "stopped on preemption",
+    StopReason.TIMELIMIT: "stopped before the time limit",
+    StopReason.STOPPED: "stopped on request",
 }
 
 
@@ -138,8 +154,8 @@ class Observation:
     hang_timeout_s: float | None = None
     last_steps: Mapping[int, int] = field(default_factory=dict)
     """Rank -> last finished step it reported."""
-    stop_reason: str | None = None
-    """``"preempted"`` | ``"timelimit"`` | ``"stopped"`` when a stop was requested."""
+    stop_reason: StopReason | None = None
+    """Set when a stop was requested."""
     stderr_tail: str = ""
     """The last lines of the ranks' stderr (OOM fallback)."""
     host_oom_kills: int = 0
@@ -199,10 +215,8 @@ def classify(obs: Observation) -> Failure:
 
 
 def _stop(obs: Observation, last_step: int | None) -> Failure:
-    reason = obs.stop_reason or ""
-    kind = _STOP_KINDS.get(reason, FailureKind.STOPPED)
-    what = _STOP_TEXT.get(reason, f"stopped ({reason})")
-    return Failure(kind, (), (), (), last_step, f"{what}{_at_step(last_step)}")
+    reason = obs.stop_reason or StopReason.STOPPED
+    return Failure(reason.kind, (), (), (), last_step, f"{reason.text}{_at_step(last_step)}")
 
 
 def _node_failure(obs: Observation, last_step: int | None) -> Failure:

@@ -38,6 +38,7 @@ from typing import Final
 __all__ = [
     "TERMINAL",
     "TRANSITIONS",
+    "ExitCode",
     "IllegalTransitionError",
     "JobState",
     "check_transition",
@@ -88,8 +89,24 @@ TRANSITIONS: Final[Mapping[JobState, frozenset[JobState]]] = MappingProxyType(
 TERMINAL: Final[frozenset[JobState]] = frozenset({_S.SUCCEEDED, _S.GAVE_UP, _S.STOPPED})
 """States that end the job."""
 
-_EXIT_CODES: Final[Mapping[JobState, int]] = MappingProxyType(
-    {_S.SUCCEEDED: 0, _S.GAVE_UP: 3, _S.STOPPED: 75}
+
+class ExitCode(enum.IntEnum):
+    """The exit statuses of ``rvsup`` (its commands and the daemon)."""
+
+    OK = 0
+    """Success: the job finished (``start``), or the command did what was asked."""
+    ERROR = 1
+    """An internal error of the daemon, or ``status``/``stop`` found no daemon."""
+    USAGE = 2
+    """Bad configuration or usage; nothing was launched."""
+    GAVE_UP = 3
+    """The restart budget is spent, or a failure must not be retried."""
+    TEMPFAIL = 75
+    """EX_TEMPFAIL: stopped on request, preemption or time limit; resumable."""
+
+
+_EXIT_CODES: Final[Mapping[JobState, ExitCode]] = MappingProxyType(
+    {_S.SUCCEEDED: ExitCode.OK, _S.GAVE_UP: ExitCode.GAVE_UP, _S.STOPPED: ExitCode.TEMPFAIL}
 )
 
 
@@ -109,7 +126,7 @@ def check_transition(old: JobState, new: JobState) -> None:
         raise IllegalTransitionError(old, new)
 
 
-def exit_code(state: JobState) -> int:
+def exit_code(state: JobState) -> ExitCode:
     """The exit status of ``rvsup start`` for a terminal state: 0, 3 or 75.
 
     Raises ``ValueError`` for a state that is not terminal.

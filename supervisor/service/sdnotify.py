@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Final
 
 __all__ = ["CHILD_ENV_VARS", "Notifier", "child_env_cleanup"]
@@ -127,16 +127,19 @@ class Notifier:
         """Tell systemd the daemon is shutting down (``STOPPING=1``), with an optional status."""
         self._send(["STOPPING=1", *self._status_field(status)])
 
-    async def run_watchdog(self) -> None:
-        """Ping every :attr:`watchdog_interval_s` until cancelled; return at once without one.
+    async def run_watchdog(self, alive: Callable[[], bool]) -> None:
+        """Ping every :attr:`watchdog_interval_s` while ``alive()`` says the daemon's loops
+        run, until cancelled; return at once without a watchdog.
 
-        Run it as a task on the daemon's event loop: if the loop stalls, the pings stop.
+        Run it as a task on the daemon's event loop: if the loop stalls, or the loops that must
+        keep running stop beating, the pings stop and systemd restarts the service.
         """
         interval = self.watchdog_interval_s
         if interval is None:
             return
         while self.enabled:
-            self.watchdog()
+            if alive():
+                self.watchdog()
             await asyncio.sleep(interval)
 
     def close(self) -> None:

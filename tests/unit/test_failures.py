@@ -12,6 +12,7 @@ from supervisor.rules.failures import (
     Observation,
     RankExit,
     RankReport,
+    StopReason,
     classify,
     deterministic_signature,
     signal_name,
@@ -66,7 +67,7 @@ ROWS = {
             last_steps={0: 57, 1: 30, 2: 56},
             lost_nodes=("n2",),
             host_oom_kills=1,
-            stop_reason="preempted",
+            stop_reason=StopReason.PREEMPTED,
         ),
         K.PREEMPTED,
         (),
@@ -74,21 +75,18 @@ ROWS = {
         last_step=57,
     ),
     "timelimit": Row(
-        Observation(stop_reason="timelimit", last_steps={0: 99, 1: 99}),
+        Observation(stop_reason=StopReason.TIMELIMIT, last_steps={0: 99, 1: 99}),
         K.TIMELIMIT,
         (),
         "stopped before the time limit at step 99",
         last_step=99,
     ),
     "stopped-on-request": Row(
-        Observation(stop_reason="stopped", exits=(code(0, 0),), last_steps={0: 5}),
+        Observation(stop_reason=StopReason.STOPPED, exits=(code(0, 0),), last_steps={0: 5}),
         K.STOPPED,
         (),
         "stopped on request at step 5",
         last_step=5,
-    ),
-    "unknown-stop-reason-is-stopped": Row(
-        Observation(stop_reason="drain"), K.STOPPED, (), "stopped (drain)"
     ),
     # ---- 2. a lost node beats OOM, hang and crash
     "lost-node-beats-oom": Row(

@@ -131,7 +131,7 @@ def test_disabled_without_usable_socket(env: dict[str, str]) -> None:
     n.status("x")
     n.watchdog()
     n.stopping("x")
-    asyncio.run(asyncio.wait_for(n.run_watchdog(), timeout=1.0))  # returns at once
+    asyncio.run(asyncio.wait_for(n.run_watchdog(lambda: True), timeout=1.0))  # returns at once
     n.close()
     assert (n.sent, n.send_failures) == (0, 0)
 
@@ -201,7 +201,7 @@ def test_run_watchdog_pings_until_cancelled(receiver: Receiver) -> None:
     assert n.watchdog_interval_s == 0.01
 
     async def run_for_a_while() -> None:
-        task = asyncio.create_task(n.run_watchdog())
+        task = asyncio.create_task(n.run_watchdog(lambda: True))
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -212,6 +212,29 @@ def test_run_watchdog_pings_until_cancelled(receiver: Receiver) -> None:
     n.close()
     assert 3 <= len(got) <= 21
     assert set(got) == {b"WATCHDOG=1"}
+
+
+@pytest.mark.timeout(20)
+def test_run_watchdog_stays_silent_while_loops_are_stale(receiver: Receiver) -> None:
+    """No WATCHDOG=1 is sent while alive() says a loop stopped beating: systemd will restart a
+    daemon whose event loop runs but whose loops are dead."""
+    n = Notifier.from_env({"NOTIFY_SOCKET": receiver.notify_socket, "WATCHDOG_USEC": "20000"})
+    alive = {"now": False}
+
+    async def run_for_a_while() -> None:
+        task = asyncio.create_task(n.run_watchdog(lambda: alive["now"]))
+        await asyncio.sleep(0.1)
+        assert receiver.pending() == []
+        alive["now"] = True
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_for_a_while())
+    got = receiver.pending()
+    n.close()
+    assert got and set(got) == {b"WATCHDOG=1"}
 
 
 def test_send_to_vanished_path_socket_counts_failure(tmp_path: Path) -> None:

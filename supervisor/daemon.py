@@ -1,0 +1,193 @@
+"""The daemon's house: everything around the :class:`~supervisor.supervisor.Supervisor`.
+
+:func:`run_daemon` is ``rvsup start`` after the configuration passed its checks. In order: lock the
+run directory (one daemon per job), become the subreaper of the job's processes, write the per-job
+secret, bind the rank channel and the control socket, open the history and fold it into the
+restart budget, install the stop signals (handlers only enqueue), then run the supervisor with its
+loops beside it (systemd watchdog, Slurm time limit). A loop or the supervisor raising is a bug:
+it is recorded as ``supervisor_error`` with its traceback, the attempt's process tree is torn down
+(shielded from cancellation, on the way out of the attempt), and the daemon exits 1. Everything it
+opened is closed on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import IO, Any
+
+from supervisor.config import JobConfig
+from supervisor.loops import Liveness, run_beside
+from supervisor.process import launcher, proctree
+from supervisor.process.plan import Launches
+from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
+from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
+from supervisor.record import history
+from supervisor.record.events import EventLog
+from supervisor.rules.failures import StopReason
+from supervisor.rules.policy import JobHistory
+from supervisor.rules.states import ExitCode
+from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
+from supervisor.service.sdnotify import Notifier
+from supervisor.slurm import commands as slurm
+from supervisor.slurm import lifecycle
+from supervisor.supervisor import Supervisor
+from worker_sdk import protocol as p
+
+__all__ = ["STOP_SIGNALS", "AlreadyRunningError", "run_daemon"]
+
+STOP_SIGNALS: dict[signal.Signals, StopReason] = {
+    signal.SIGTERM: StopReason.PREEMPTED,
+    signal.SIGUSR1: StopReason.TIMELIMIT,
+    signal.SIGINT: StopReason.STOPPED,
+}
+SECRET_FILE = "secret"
+LOCK_FILE = "lock"
+
+
+class AlreadyRunningError(RuntimeError):
+    """Another daemon holds this job's run directory."""
+
+
+async def run_daemon(cfg: JobConfig, *, console: IO[str] | None = sys.stderr) -> ExitCode:
+    """Supervise the job of ``cfg`` until it ends; the exit status of ``rvsup start``."""
+    async with _house(cfg, console) as (events, sup, loops):
+        try:
+            return await run_beside(sup.run(), loops)
+        except Exception as exc:  # a bug: record it, the tree is already torn down
+            events.emit(
+                "supervisor_error",
+                level="error",
+                error=repr(exc),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            )
+            return ExitCode.ERROR
+
+
+@contextlib.asynccontextmanager
+async def _house(
+    cfg: JobConfig, console: IO[str] | None
+) -> AsyncIterator[tuple[EventLog, Supervisor, dict[str, Coroutine[Any, Any, None]]]]:
+    run_dir = cfg.job.run_dir
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_lock_run_dir(run_dir))
+        proctree.become_subreaper()
+        secret_file = run_dir / SECRET_FILE
+        secret = p.new_secret()
+        p.write_secret(str(secret_file), secret)
+        alloc = await asyncio.to_thread(slurm.detect)
+        torchrun = launcher.find_torchrun()
+        assert torchrun is not None, "preflight checks that torchrun exists"
+        launches = Launches(cfg, alloc, torchrun)
+        stack.callback(launches.close)
+        transport = cfg.heartbeat.transport
+        tcp = transport == "tcp" or (transport == "auto" and launches.multi_node)
+        channel = HeartbeatEndpoint(secret, sock_dir=socket_dir(run_dir), tcp=tcp)
+        stack.callback(channel.close)
+        events = EventLog(run_dir, cfg.job.name, console=console)
+        stack.callback(events.close)
+        notifier = Notifier.from_env()
+        stack.callback(notifier.close)
+        watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
+        stack.callback(watch.close)
+        past, _ = history.read_events(events.path)
+        budget = history.budget_state(past)
+        liveness = Liveness()
+        slurm_ids = {
+            "slurm_job_id": alloc.job_id if alloc else None,
+            "restart_count": alloc.restart_count if alloc else None,
+        }
+
+        async def requeue(reason: StopReason) -> bool:
+            if alloc is None:
+                return False
+            return await lifecycle.requeue(alloc.job_id, mode=cfg.slurm.requeue, events=events)
+
+        sup = Supervisor(
+            cfg,
+            events=events,
+            channel=channel,
+            tracker=CommitTracker(cfg.job.checkpoint_dir),
+            commits=watch.queue,
+            launches=launches,
+            history=JobHistory(
+                restarts_used=budget.restarts_used,
+                no_progress_streak=budget.no_progress_streak,
+                oom_count=budget.oom_count,
+            ),
+            attempts_before=budget.attempts,
+            last_failure=budget.last_failure,
+            secret_file=secret_file,
+            requeue=requeue,
+            notifier=notifier,
+            slurm_ids=slurm_ids,
+            liveness=liveness,
+        )
+
+        async def on_control(request: dict[str, Any]) -> dict[str, Any]:
+            op = request.get("op")
+            if op == "status":
+                return sup.status()
+            if op == "stop":
+                sup.request_stop(StopReason.STOPPED, "rvsup stop")
+                return {"ok": True, "state": sup.state.name.lower()}
+            return {"ok": False, "error": f"unknown op {op!r}; valid: status, stop"}
+
+        control = ControlServer(socket_dir(run_dir) / "control.sock", on_control)
+        await control.start()
+        stack.push_async_callback(control.close)
+        write_daemon_file(run_dir, pid=os.getpid(), control=control.path, endpoint=channel.endpoint)
+        stack.callback(remove_daemon_file, run_dir)
+        for sig, reason in STOP_SIGNALS.items():
+            loop.add_signal_handler(sig, sup.request_stop, reason, f"signal {sig.name}")
+            stack.callback(loop.remove_signal_handler, sig)
+        events.job_started(
+            config=str(cfg.path),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            restarts_used=budget.restarts_used,
+            **slurm_ids,
+        )
+        notifier.ready("supervising")
+        loops: dict[str, Coroutine[Any, Any, None]] = {}
+        interval = notifier.watchdog_interval_s
+        if interval is not None:
+            loops["watchdog"] = notifier.run_watchdog(lambda: not liveness.stale(interval))
+        if alloc is not None and cfg.slurm.stop_before_end_s > 0:
+            loops["time limit"] = lifecycle.watch_time_limit(
+                alloc.job_id,
+                margin_s=cfg.slurm.stop_before_end_s,
+                request_stop=sup.request_stop,
+                events=events,
+            )
+        try:
+            yield events, sup, loops
+        finally:
+            for coro in loops.values():
+                coro.close()  # never started when run_beside was not reached
+
+
+@contextlib.contextmanager
+def _lock_run_dir(run_dir: Path) -> Any:
+    """Hold an exclusive lock on ``<run_dir>/lock`` for the daemon's lifetime."""
+    f = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise AlreadyRunningError(
+            f"another rvsup daemon is supervising this job (run_dir {run_dir})"
+        ) from None
+    try:
+        yield f
+    finally:
+        f.close()

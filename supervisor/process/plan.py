@@ -1,0 +1,88 @@
+"""Where and how each attempt is launched: the nodes it runs on, its plan, its process tree.
+
+:class:`Launches` is the supervisor's one source of launch plans. It knows the allocation (or that
+there is none), how many nodes the job runs on, which nodes a node failure took away, which
+torchrun to run and whether a warm standby launcher is kept ready, and it builds, for attempt
+``n``, the :class:`~supervisor.process.launcher.LaunchPlan` and the
+:class:`~supervisor.process.tree.AttemptTree` that starts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterable, Mapping
+
+from supervisor.config import JobConfig
+from supervisor.process import launcher
+from supervisor.process.launcher import LaunchPlan
+from supervisor.process.tree import AttemptTree
+from supervisor.rules.policy import nodes_for_restart
+from supervisor.slurm.commands import Allocation
+
+__all__ = ["Launches", "free_port"]
+
+
+class Launches:
+    """Launch planning for one ``rvsup start`` (see the module docstring)."""
+
+    def __init__(self, cfg: JobConfig, alloc: Allocation | None, torchrun: str) -> None:
+        self.cfg = cfg
+        self.alloc = alloc
+        self.torchrun = torchrun
+        #: nodes every attempt runs on: the job's setting, else all of the allocation's
+        self.nodes_needed = cfg.launch.nnodes or (len(alloc.nodes) if alloc else 1)
+        self.lost_nodes: set[str] = set()
+        self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_needed > 1
+
+    def nodes_left(self) -> tuple[str, ...]:
+        """The allocation's first nodes that no failure took away, as many as the job needs."""
+        assert self.alloc is not None
+        return nodes_for_restart(self.alloc.nodes, self.lost_nodes, self.nodes_needed)
+
+    def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None:
+        """Nodes a node failure named are gone for this allocation; returns (left, needed) for
+        the policy, or None when the job does not run in an allocation."""
+        if self.alloc is None:
+            return None
+        self.lost_nodes.update(nodes)
+        return len(self.nodes_left()), self.nodes_needed
+
+    def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
+        """Attempt ``attempt``'s command line and environment."""
+        alloc = None
+        if self.alloc is not None:
+            alloc = dataclasses.replace(self.alloc, nodes=self.nodes_left())
+        return launcher.build_plan(
+            self.cfg,
+            attempt=attempt,
+            torchrun=self.torchrun,
+            rank_env=rank_env,
+            alloc=alloc,
+            rdzv_port=free_port(),
+        )
+
+    def tree(self, plan: LaunchPlan) -> AttemptTree:
+        """The process tree that will run ``plan`` (through the warm standby when there is one)."""
+        spawn = launcher.spawn if self.standby is None else self.standby.spawn
+        return AttemptTree(plan, spawn, term_timeout_s=self.cfg.launch.term_timeout_s)
+
+    def warm_up(self, plan: LaunchPlan) -> None:
+        """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile."""
+        if self.standby is not None:
+            self.standby.prepare(plan)
+
+    def close(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (torchrun's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,140 @@
+"""The processes of one attempt on this node: its launcher, the local ranks, how each ended.
+
+:class:`AttemptTree` is what an :class:`~supervisor.attempt.Attempt` does to processes: start the
+launcher, watch it and every local rank through pidfds, find ranks that have not said hello yet,
+collect stacks before a hung attempt is killed, ask Slurm which nodes are lost, and tear the tree
+down (SIGTERM, monotonic deadline, SIGKILL, reap). The attempt talks to it through the
+:class:`~supervisor.attempt.ProcessTree` protocol, so that its unit tests use a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from supervisor.loops import shielded
+from supervisor.process import launcher, proctree
+from supervisor.process.launcher import LaunchPlan
+from supervisor.ranks import diagnostics
+from supervisor.ranks.exits import ExitLedger
+from supervisor.rules.failures import RankExit
+from supervisor.slurm import commands as slurm
+
+__all__ = ["AttemptTree", "Spawn"]
+
+Spawn = Callable[[LaunchPlan], "subprocess.Popen[bytes]"]
+
+
+class AttemptTree:
+    """One attempt's process tree on this node (see the module docstring)."""
+
+    def __init__(self, plan: LaunchPlan, spawn: Spawn, *, term_timeout_s: float) -> None:
+        self.plan = plan
+        self._spawn = spawn
+        self._term_timeout_s = term_timeout_s
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._on_launcher_exit: Callable[[int], None] = _ignore
+        self._on_rank_exit: Callable[[RankExit], None] = _ignore
+        self._ledger = ExitLedger(self._on_pid_exit, reports_expected=plan.alloc is not None)
+        self._oom_baseline = proctree.host_oom_kill_count()
+        self.launcher_rc: int | None = None
+        """The launcher's exit status once it ended (negative: killed by that signal)."""
+
+    @property
+    def host(self) -> str:
+        return self._ledger.host
+
+    def start(
+        self, on_launcher_exit: Callable[[int], None], on_rank_exit: Callable[[RankExit], None]
+    ) -> None:
+        """Launch; the callbacks tell of the launcher's end and of every rank's end seen here."""
+        self._on_launcher_exit = on_launcher_exit
+        self._on_rank_exit = on_rank_exit
+        self._popen = self._spawn(self.plan)
+        self._ledger.watch(self._popen.pid, rank=None)
+
+    def watch_rank(self, pid: int, rank: int, host: str) -> None:
+        """A rank said hello: watch its process if it runs on this node."""
+        if host == self._ledger.host or self.plan.nnodes == 1:
+            self._ledger.watch(pid, rank=rank)
+
+    def record(self, ended: RankExit) -> bool:
+        """A rank's end told by a report; False when it was known already."""
+        return self._ledger.record(ended)
+
+    @property
+    def exits(self) -> tuple[RankExit, ...]:
+        return tuple(self._ledger.exits)
+
+    def any_left_cleanly(self) -> bool:
+        return self._ledger.any_left_cleanly()
+
+    def scan(self) -> None:
+        """Watch the launcher's children that have not said hello yet (single node only)."""
+        if self._popen is None or self.plan.nnodes > 1:
+            return
+        try:
+            children = psutil.Process(self._popen.pid).children()
+        except psutil.Error:
+            return
+        for child in children:
+            if self._ledger.is_watched(child.pid):
+                continue
+            try:
+                rank = int(child.environ().get("RANK", "-1"))
+            except (psutil.Error, ValueError):
+                rank = -1
+            self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
+
+    async def collect_stacks(self, directory: Path) -> str | None:
+        """Every known rank's Python stacks into ``directory`` (at most a second)."""
+        return await diagnostics.collect_stacks(self._ledger.known_ranks(), directory)
+
+    async def lost_nodes(self) -> tuple[str, ...]:
+        """The allocation's nodes Slurm says are gone (a probe step: seconds); () off Slurm."""
+        alloc = self.plan.alloc
+        if alloc is None:
+            return ()
+        return await asyncio.to_thread(slurm.unreachable_nodes, alloc)
+
+    def host_oom_kills(self) -> int:
+        """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
+        if not self._ledger.sigkilled or self._oom_baseline is None:
+            return 0
+        return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
+
+    def stderr_tail(self) -> str:
+        return launcher.stderr_tail(self.plan.log_dir)
+
+    async def teardown(self) -> None:
+        """Kill and reap the whole tree; runs to its end even if the caller is cancelled."""
+        self._ledger.close()
+        popen = self._popen
+        if popen is None:
+            return
+        pids = set(self._ledger.rank_of_pid) | {popen.pid}
+        await shielded(
+            asyncio.to_thread(
+                proctree.teardown, pids, term_timeout_s=self._term_timeout_s, popens=[popen]
+            )
+        )
+        if self.launcher_rc is None:
+            self.launcher_rc = popen.returncode
+
+    def _on_pid_exit(self, pid: int) -> None:
+        if self._popen is not None and pid == self._popen.pid:
+            self._ledger.unwatch(pid)
+            self.launcher_rc = self._popen.wait()
+            self._on_launcher_exit(self.launcher_rc)
+            return
+        ended = self._ledger.from_zombie(pid)
+        if ended is not None and self._ledger.record(ended):
+            self._on_rank_exit(ended)
+
+
+def _ignore(_: object) -> None:
+    return None

@@ -1,0 +1,61 @@
+"""What the daemon does with its Slurm allocation while it runs: watch the time left, requeue.
+
+Both call Slurm's commands, which can block for seconds (``scontrol`` retried up to 4 x 30 s):
+they run in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from supervisor.loops import SYSTEM_CLOCK, Clock
+from supervisor.record.events import EventLog
+from supervisor.rules.failures import StopReason
+from supervisor.slurm import commands as slurm
+
+__all__ = ["TIME_LEFT_POLL_S", "requeue", "watch_time_limit"]
+
+TIME_LEFT_POLL_S = 15.0
+
+
+async def watch_time_limit(
+    job_id: str,
+    *,
+    margin_s: float,
+    request_stop: Callable[[StopReason, str], None],
+    events: EventLog,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Ask for a ``timelimit`` stop once the allocation has ``margin_s`` or less left; then wait
+    (the loop runs until cancelled, like every loop of the daemon)."""
+    while True:
+        try:
+            left = await asyncio.to_thread(slurm.time_left_s, job_id)
+        except slurm.SlurmError as exc:
+            events.emit("time_left_unknown", level="warning", error=str(exc))
+            left = None
+        if left is not None and left <= margin_s:
+            request_stop(StopReason.TIMELIMIT, f"{left:.0f}s left of the time limit")
+            await asyncio.Event().wait()  # nothing more to watch
+        wait = TIME_LEFT_POLL_S if left is None else min(TIME_LEFT_POLL_S, left - margin_s)
+        await clock.sleep(max(1.0, wait))
+
+
+async def requeue(job_id: str, *, mode: str, events: EventLog) -> bool:
+    """Requeue the allocation as ``slurm.requeue`` says (``"auto"``: if Slurm lets it be
+    requeued); True when Slurm accepted."""
+    if mode == "never":
+        return False
+
+    def attempt() -> bool:
+        if mode == "auto" and not slurm.is_requeueable(job_id):
+            return False
+        slurm.requeue(job_id)
+        return True
+
+    try:
+        return await asyncio.to_thread(attempt)
+    except slurm.SlurmError as exc:
+        events.emit("requeue_failed", level="error", job_id=job_id, error=str(exc))
+        return False
