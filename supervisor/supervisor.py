@@ -92,7 +92,7 @@ class Supervisor:
         self.secret_file = secret_file
         self._requeue = requeue
         self.notifier = notifier
-        self.slurm_ids = dict(slurm_ids or {})
+        self.slurm_ids = {"slurm_job_id": None, "restart_count": None, **(slurm_ids or {})}
         self.clock = clock
         self.liveness = liveness or Liveness(clock)
         self._jitter = jitter

@@ -1,0 +1,255 @@
+"""Fakes for driving the stateful core (Attempt, Supervisor) in virtual time.
+
+``FakeClock`` is a discrete-event clock: a sleeper wakes when its deadline is the earliest of all
+sleepers, and time jumps there; nothing ever waits in real time. ``FakeChannel`` and ``FakeTree``
+stand in for the ZeroMQ channel and the attempt's processes; a scenario (one per attempt) plays
+the ranks: it sends messages and ends processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.config import JobConfig, load_config
+from supervisor.process.launcher import LaunchPlan
+from supervisor.rules.failures import RankExit
+from worker_sdk import protocol as p
+
+WORLD = 2
+
+
+class FakeClock:
+    """Virtual time: ``sleep`` returns once its deadline is the earliest pending one."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self._deadlines: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return 1_800_000_000.0 + self.now
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self.now + max(0.0, seconds)
+        self._deadlines.append(deadline)
+        try:
+            while True:
+                for _ in range(3):  # let every runnable task move before time jumps
+                    await asyncio.sleep(0)
+                if deadline <= min(self._deadlines):
+                    self.now = max(self.now, deadline)
+                    return
+        finally:
+            self._deadlines.remove(deadline)
+
+    async def until(self, t: float) -> None:
+        """Sleep until virtual time ``t``."""
+        await self.sleep(t - self.now)
+
+
+class FakeChannel:
+    """The rank channel: scenarios ``put`` messages, the core's replies are kept in ``sent``."""
+
+    def __init__(self) -> None:
+        self.endpoint = "ipc:///fake/hb.sock"
+        self.accepted = 0
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.attempt = 0
+        self.sent: list[tuple[int, p.Kind, int, int]] = []
+        self._queue: asyncio.Queue[tuple[bytes, p.Message]] = asyncio.Queue()
+        self._seq = 0
+        self.fail_with: BaseException | None = None
+
+    def new_attempt(self, attempt: int) -> None:
+        self.attempt = attempt
+
+    async def receive_batch(self) -> list[tuple[bytes, p.Message]]:
+        item = await self._queue.get()
+        if self.fail_with is not None:
+            raise self.fail_with
+        batch = [item]
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        self.accepted += len(batch)
+        return batch
+
+    def send(
+        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
+    ) -> None:
+        self.sent.append((rank, kind, step, flags))
+
+    def put(
+        self,
+        rank: int,
+        kind: p.Kind,
+        *,
+        step: int = -1,
+        value: float = 0.0,
+        payload: Mapping[str, object] | None = None,
+    ) -> None:
+        """A message from ``rank`` of the current attempt (pid 100 + rank)."""
+        self._seq += 1
+        msg = p.Message(
+            kind, rank, self.attempt, 100 + rank, self._seq, step, value, 0, dict(payload or {})
+        )
+        self._queue.put_nowait((f"r{rank}".encode(), msg))
+
+    def hello_all(self, resume_step: int = 0) -> None:
+        for rank in range(WORLD):
+            self.put(rank, p.Kind.HELLO, step=resume_step, payload={"host": "fakehost"})
+
+    def steps(self, step: int, ranks: Iterable[int] = range(WORLD)) -> None:
+        for rank in ranks:
+            self.put(rank, p.Kind.HEARTBEAT, step=step, value=0.01)
+
+
+@dataclass
+class FakeTree:
+    """One attempt's processes: nothing runs; the scenario says when things end."""
+
+    plan: LaunchPlan
+    host: str = "fakehost"
+    launcher_rc: int | None = None
+    lost: tuple[str, ...] = ()
+    teardown_gate: asyncio.Event | None = None
+    started: bool = False
+    torn_down: bool = False
+    stacks_collected: bool = False
+    watched: dict[int, int] = field(default_factory=dict)
+    _exits: list[RankExit] = field(default_factory=list)
+    _on_launcher_exit: Callable[[int], None] | None = None
+    _on_rank_exit: Callable[[RankExit], None] | None = None
+
+    def start(
+        self, on_launcher_exit: Callable[[int], None], on_rank_exit: Callable[[RankExit], None]
+    ) -> None:
+        self.started = True
+        self._on_launcher_exit = on_launcher_exit
+        self._on_rank_exit = on_rank_exit
+
+    def watch_rank(self, pid: int, rank: int, host: str) -> None:
+        self.watched[pid] = rank
+
+    def record(self, ended: RankExit) -> bool:
+        if any(e.pid == ended.pid for e in self._exits):
+            return False
+        self._exits.append(ended)
+        return True
+
+    @property
+    def exits(self) -> tuple[RankExit, ...]:
+        return tuple(self._exits)
+
+    def any_left_cleanly(self) -> bool:
+        return any(e.exit_code == 0 for e in self._exits)
+
+    def scan(self) -> None:
+        return None
+
+    async def collect_stacks(self, directory: Path) -> str | None:
+        self.stacks_collected = True
+        return str(directory)
+
+    async def lost_nodes(self) -> tuple[str, ...]:
+        return self.lost
+
+    def host_oom_kills(self) -> int:
+        return 0
+
+    def stderr_tail(self) -> str:
+        return ""
+
+    async def teardown(self) -> None:
+        if self.teardown_gate is not None:
+            await self.teardown_gate.wait()
+        self.torn_down = True
+
+    # what a scenario does
+    def rank_ends(self, rank: int, *, code: int | None = None, sig: int | None = None) -> None:
+        ended = RankExit(rank, 100 + rank, code, sig, self.host)
+        if self.record(ended) and self._on_rank_exit is not None:
+            self._on_rank_exit(ended)
+
+    def launcher_ends(self, rc: int) -> None:
+        self.launcher_rc = rc
+        assert self._on_launcher_exit is not None
+        self._on_launcher_exit(rc)
+
+    def all_succeed(self) -> None:
+        for rank in range(WORLD):
+            self.rank_ends(rank, code=0)
+        self.launcher_ends(0)
+
+    def rank_killed(self, rank: int) -> None:
+        self.rank_ends(rank, sig=signal.SIGKILL)
+        self.launcher_ends(1)
+
+
+Scenario = Callable[[FakeTree, FakeChannel, FakeClock], Awaitable[None]]
+
+
+class FakeLaunches:
+    """Attempt n plays ``scenarios[n - 1]`` (the last one again when they run out)."""
+
+    def __init__(
+        self, tmp: Path, channel: FakeChannel, clock: FakeClock, scenarios: list[Scenario]
+    ) -> None:
+        self.tmp = tmp
+        self.channel = channel
+        self.clock = clock
+        self.scenarios = scenarios
+        self.trees: list[FakeTree] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.lost: set[str] = set()
+
+    @property
+    def multi_node(self) -> bool:
+        return False
+
+    def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
+        return LaunchPlan(("torchrun",), dict(rank_env), self.tmp, self.tmp / "logs", 1, WORLD)
+
+    def tree(self, plan: LaunchPlan) -> FakeTree:
+        tree = FakeTree(plan)
+        scenario = self.scenarios[min(len(self.trees), len(self.scenarios) - 1)]
+        self.trees.append(tree)
+        self.tasks.append(asyncio.ensure_future(scenario(tree, self.channel, self.clock)))
+        return tree
+
+    def warm_up(self, plan: LaunchPlan) -> None:
+        return None
+
+    def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None:
+        self.lost.update(nodes)
+        return None
+
+
+class FakeNotifier:
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+
+    def status(self, text: str) -> None:
+        self.statuses.append(text)
+
+    def stopping(self, status: str = "") -> None:
+        self.statuses.append(status)
+
+
+def job_config(tmp: Path, extra: str = "") -> JobConfig:
+    """A job.toml in ``tmp`` with short backoffs (the clock is virtual anyway)."""
+    (tmp / "runs").mkdir(exist_ok=True)
+    (tmp / "ckpt").mkdir(exist_ok=True)
+    text = (
+        '[job]\nname = "core"\ncommand = ["python", "train.py"]\n'
+        'run_dir = "runs"\ncheckpoint_dir = "ckpt"\n'
+        '[restart]\nmax_restarts = 3\nbackoff = "1s"\n' + extra
+    )
+    (tmp / "job.toml").write_text(text)
+    return load_config(tmp / "job.toml")

@@ -1,0 +1,259 @@
+"""The stateful core (Supervisor + Attempt) driven by fakes in virtual time: races and errors in
+milliseconds. The process tests prove the same wiring with real torchrun."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.loops import LoopFailedError
+from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.record import history
+from supervisor.record.events import EventLog
+from supervisor.rules.failures import StopReason
+from supervisor.rules.policy import JobHistory
+from supervisor.rules.states import ExitCode, JobState
+from supervisor.supervisor import Supervisor
+from tests.unit.core_fakes import (
+    FakeChannel,
+    FakeClock,
+    FakeLaunches,
+    FakeNotifier,
+    FakeTree,
+    Scenario,
+    job_config,
+)
+from tests.unit.test_layout import make_checkpoint
+from worker_sdk import layout
+from worker_sdk import protocol as p
+
+REAL_TIME_LIMIT_S = 2.0  # every test here runs in virtual time
+
+
+class Rig:
+    """A Supervisor wired to fakes, and what the fakes saw."""
+
+    def __init__(self, tmp: Path, scenarios: list[Scenario], extra: str = "") -> None:
+        self.cfg = job_config(tmp, extra)
+        self.clock = FakeClock()
+        self.channel = FakeChannel()
+        self.launches = FakeLaunches(tmp, self.channel, self.clock, scenarios)
+        self.events = EventLog(self.cfg.job.run_dir, self.cfg.job.name, console=None)
+        self.requeued: list[StopReason] = []
+        self.sup: Supervisor | None = None
+
+    async def requeue(self, reason: StopReason) -> bool:
+        self.requeued.append(reason)
+        return True
+
+    def build(self) -> Supervisor:
+        self.sup = Supervisor(
+            self.cfg,
+            events=self.events,
+            channel=self.channel,
+            tracker=CommitTracker(self.cfg.job.checkpoint_dir),
+            commits=None,
+            launches=self.launches,
+            history=JobHistory(),
+            attempts_before=0,
+            last_failure=None,
+            secret_file=self.cfg.job.run_dir / "secret",
+            requeue=self.requeue,
+            notifier=FakeNotifier(),
+            clock=self.clock,
+            jitter=lambda: 0.0,
+        )
+        return self.sup
+
+    def run(self, body: Callable[[Supervisor], Coroutine[Any, Any, ExitCode]] | None = None) -> Any:
+        async def main() -> Any:
+            sup = self.build()
+            try:
+                return await (sup.run() if body is None else body(sup))
+            finally:
+                for task in self.launches.tasks:
+                    task.cancel()
+                await asyncio.gather(*self.launches.tasks, return_exceptions=True)
+
+        t0 = time.monotonic()
+        try:
+            return asyncio.run(main())
+        finally:
+            self.events.close()
+            assert time.monotonic() - t0 < REAL_TIME_LIMIT_S
+
+    def history(self) -> list[dict[str, Any]]:
+        events, _ = history.read_events(self.events.path)
+        return events
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.history() if e["event"] == name]
+
+
+async def train(ch: FakeChannel, clock: FakeClock, steps: range) -> None:
+    """Both ranks say hello, then finish ``steps`` at 0.1 s a step."""
+    ch.hello_all(resume_step=steps.start)
+    for step in steps:
+        await clock.sleep(0.1)
+        ch.steps(step)
+    await clock.sleep(0.1)
+
+
+async def succeeds(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    await train(ch, clock, range(0, 5))
+    tree.all_succeed()
+
+
+async def rank1_killed(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    await train(ch, clock, range(0, 3))
+    tree.rank_killed(1)
+
+
+async def falls_silent(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    await train(ch, clock, range(0, 4))
+    await asyncio.Event().wait()  # the ranks live on without another step
+
+
+def test_crash_then_success(tmp_path: Path) -> None:
+    """A killed rank is a crash naming it; one charged restart later the job succeeds (exit 0),
+    and both attempts' trees are torn down."""
+    rig = Rig(tmp_path, [rank1_killed, succeeds])
+    assert rig.run() == ExitCode.OK
+    (failure,) = rig.named("failure_detected")
+    assert (failure["kind"], failure["ranks"], failure["signals"]) == ("crash", [1], ["SIGKILL"])
+    assert failure["last_step"] == 2
+    (restart,) = rig.named("restart_scheduled")
+    assert restart["charged"] is True
+    assert rig.named("job_succeeded")
+    assert [t.torn_down for t in rig.launches.trees] == [True, True]
+
+
+def test_hang_found_in_virtual_time(tmp_path: Path) -> None:
+    """Ranks that stop finishing steps are a hang after the automatic 5 s timeout; stacks are
+    collected before the teardown, and the next attempt runs."""
+    rig = Rig(tmp_path, [falls_silent, succeeds])
+    assert rig.run() == ExitCode.OK
+    (failure,) = rig.named("failure_detected")
+    assert failure["kind"] == "hang"
+    assert failure["hang_timeout_s"] == 5.0
+    assert 5.0 <= failure["detect_s"] <= 5.2
+    tree = rig.launches.trees[0]
+    assert tree.stacks_collected and tree.torn_down
+
+
+def test_a_loop_raising_ends_the_run_and_tears_down(tmp_path: Path) -> None:
+    """An exception in the receive loop does not leave the attempt waiting: run() raises
+    LoopFailedError naming the loop, after the attempt's tree was torn down."""
+
+    async def poisoned(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        ch.fail_with = RuntimeError("bug in a handler")
+        ch.hello_all()
+        await asyncio.Event().wait()
+
+    rig = Rig(tmp_path, [poisoned])
+    with pytest.raises(LoopFailedError, match="receive loop raised") as info:
+        rig.run()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert rig.launches.trees[0].torn_down
+
+
+def test_teardown_finishes_even_when_cancelled(tmp_path: Path) -> None:
+    """Cancelling the supervisor while an attempt's tree is being torn down waits for the
+    teardown to finish before the cancellation takes effect (no orphaned ranks)."""
+    gate: dict[str, asyncio.Event] = {}
+
+    async def killed_slow_teardown(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        gate["teardown"] = tree.teardown_gate = asyncio.Event()
+        await rank1_killed(tree, ch, clock)
+
+    rig = Rig(tmp_path, [killed_slow_teardown])
+
+    async def body(sup: Supervisor) -> ExitCode:
+        task = asyncio.ensure_future(sup.run())
+        while sup.current is None or sup.current.state is not JobState.TEARING_DOWN:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not task.done() and not rig.launches.trees[0].torn_down
+        gate["teardown"].set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert rig.launches.trees[0].torn_down
+        return ExitCode.OK
+
+    rig.run(body)
+
+
+def test_stop_racing_a_crash_stops(tmp_path: Path) -> None:
+    """A stop requested in the instant a rank dies wins: exit 75, nothing charged, no restart."""
+    rig = Rig(tmp_path, [])
+
+    async def crash_and_stop(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(0, 3))
+        tree.rank_killed(1)
+        assert rig.sup is not None
+        rig.sup.request_stop(StopReason.STOPPED, "test")
+
+    rig.launches.scenarios.append(crash_and_stop)
+    assert rig.run() == ExitCode.TEMPFAIL
+    assert not rig.named("restart_scheduled")
+    (stopped,) = rig.named("job_stopped")
+    assert (stopped["reason"], stopped["requeued"]) == ("stopped", False)
+
+
+def test_rank_dying_during_a_preemption_stop(tmp_path: Path) -> None:
+    """A rank that dies while the preemption's save round runs ends the stop without a
+    checkpoint: exit 75, requeued, and the history says the previous checkpoint stays."""
+    rig = Rig(tmp_path, [])
+
+    async def preempted_then_dies(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(0, 3))
+        assert rig.sup is not None
+        rig.sup.request_stop(StopReason.PREEMPTED, "signal SIGTERM")
+        await clock.sleep(0.3)
+        tree.rank_killed(0)
+
+    rig.launches.scenarios.append(preempted_then_dies)
+    assert rig.run() == ExitCode.TEMPFAIL
+    assert any(kind is p.Kind.SYNC_REQUEST for _, kind, _, _ in rig.channel.sent)
+    (stopped,) = rig.named("job_stopped")
+    assert stopped["reason"] == "preempted" and stopped["step"] is None
+    assert "previous one" in stopped["note"]
+    assert rig.requeued == [StopReason.PREEMPTED]
+
+
+def test_commit_arriving_after_the_exit_counts(tmp_path: Path) -> None:
+    """A commit announced just after a rank died (inside the settle window) is recorded, so the
+    next attempt resumes after it and the attempt counts as progress."""
+    rig = Rig(tmp_path, [])
+
+    async def killed_then_commit(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(0, 3))
+        tree.rank_killed(1)
+        path = make_checkpoint(rig.cfg.job.checkpoint_dir, 2)
+        ch.put(0, p.Kind.CKPT_COMMITTED, step=2, value=0.1, payload={"path": str(path)})
+
+    rig.launches.scenarios += [killed_then_commit, succeeds]
+    assert rig.run() == ExitCode.OK
+    (commit,) = rig.named("checkpoint_committed")
+    assert commit["step"] == 2
+    second = [e for e in rig.named("attempt_started") if e["attempt"] == 2]
+    assert second[0]["resume_step"] == 3
+    assert second[0]["checkpoint"].endswith(layout.committed_name(2))
+
+
+def test_gives_up_when_no_attempt_progresses(tmp_path: Path) -> None:
+    """Ranks that crash at the same step every time: exit 3 after max_no_progress restarts,
+    named deterministic."""
+    rig = Rig(tmp_path, [rank1_killed])
+    assert rig.run() == ExitCode.GAVE_UP
+    (gave_up,) = rig.named("job_gave_up")
+    assert "no progress" in gave_up["reason"]
+    assert "deterministic" in gave_up["reason"]
+    assert len(rig.named("attempt_started")) == 2
