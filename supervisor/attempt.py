@@ -24,6 +24,7 @@ from supervisor.process.launcher import LaunchPlan
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.rules import hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
@@ -122,7 +123,7 @@ class Attempt:
         self.clock = clock
         self.liveness = liveness or Liveness(clock)
         self.world_size = plan.nnodes * plan.nproc_per_node
-        self.diag_dir = cfg.job.run_dir / "diagnostics" / f"attempt-{number}"
+        self.diag_dir = rundir.diagnostics_dir(cfg.job.run_dir, number)
         self.sync: SaveRound | None = None
         self.stop_reason: StopReason | None = None
         self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
 from supervisor.process.launcher import find_torchrun
-from supervisor.record import history
+from supervisor.record import history, rundir
 from supervisor.service import control
 
 EXIT_OK = 0
@@ -100,7 +100,7 @@ def _fmt(seconds: float | None) -> str:
 def cmd_stop(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     try:
-        info = json.loads((cfg.job.run_dir / control.DAEMON_FILE).read_text())
+        info = json.loads((cfg.job.run_dir / rundir.DAEMON_FILE).read_text())
     except (OSError, ValueError):
         print(f"rvsup: no rvsup daemon is running for {cfg.job.run_dir}", file=sys.stderr)
         return EXIT_ERROR

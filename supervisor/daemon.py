@@ -30,7 +30,7 @@ from supervisor.process import launcher, proctree
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
-from supervisor.record import history
+from supervisor.record import history, rundir
 from supervisor.record.events import EventLog
 from supervisor.rules.failures import StopReason
 from supervisor.rules.policy import JobHistory
@@ -49,8 +49,6 @@ STOP_SIGNALS: dict[signal.Signals, StopReason] = {
     signal.SIGUSR1: StopReason.TIMELIMIT,
     signal.SIGINT: StopReason.STOPPED,
 }
-SECRET_FILE = "secret"
-LOCK_FILE = "lock"
 
 
 class AlreadyRunningError(RuntimeError):
@@ -81,7 +79,7 @@ async def _house(
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_lock_run_dir(run_dir))
         proctree.become_subreaper()
-        secret_file = run_dir / SECRET_FILE
+        secret_file = run_dir / rundir.SECRET_FILE
         secret = p.new_secret()
         p.write_secret(str(secret_file), secret)
         alloc = await asyncio.to_thread(slurm.detect)
@@ -179,7 +177,7 @@ async def _house(
 @contextlib.contextmanager
 def _lock_run_dir(run_dir: Path) -> Any:
     """Hold an exclusive lock on ``<run_dir>/lock`` for the daemon's lifetime."""
-    f = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115
+    f = open(run_dir / rundir.LOCK_FILE, "a+")  # noqa: SIM115
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

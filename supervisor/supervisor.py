@@ -27,6 +27,7 @@ from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.rules.failures import Failure, FailureKind, StopReason, classify
 from supervisor.rules.policy import GiveUp, JobHistory, Requeue, Restart, RestartPolicy, decide
@@ -181,7 +182,7 @@ class Supervisor:
             attempt=n,
             endpoint=self.channel.endpoint,
             secret_file=self.secret_file,
-            diagnostics_dir=cfg.job.run_dir / "diagnostics" / f"attempt-{n}",
+            diagnostics_dir=rundir.diagnostics_dir(cfg.job.run_dir, n),
             last_failure=self._last_failure,
             oom_count=self.job_history.oom_count,
             restarts_used=self.job_history.restarts_used,

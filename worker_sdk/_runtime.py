@@ -122,7 +122,7 @@ class Runtime:
         if diag is None:
             return
         diag.mkdir(parents=True, exist_ok=True)
-        self._dump_file = open(diag / f"rank-{self.rank:05d}.stacks", "a")  # noqa: SIM115
+        self._dump_file = open(diag / p.stacks_file(self.rank), "a")  # noqa: SIM115
         faulthandler.register(
             self.settings.dump_signal, file=self._dump_file, all_threads=True, chain=False
         )
@@ -218,7 +218,9 @@ class Runtime:
         if not self.stop_after_save:
             return
         if self.channel is not None:
-            self.channel.send(p.Kind.EXITING, step=step, payload={"reason": p.ExitingReason.STOP.value})
+            self.channel.send(
+                p.Kind.EXITING, step=step, payload={"reason": p.ExitingReason.STOP.value}
+            )
         self.shutdown()
         # SystemExit rather than os._exit: the script's finally blocks and atexit handlers run
         # (destroy_process_group included); the checkpoint is already committed
@@ -250,7 +252,9 @@ class Runtime:
     def leaving(self) -> None:
         """At interpreter exit: tell the supervisor that the silence to come is the end."""
         if self.channel is not None and not self.channel.closed:
-            self.channel.send(p.Kind.EXITING, step=self.last_step, payload={"reason": p.ExitingReason.END.value})
+            self.channel.send(
+                p.Kind.EXITING, step=self.last_step, payload={"reason": p.ExitingReason.END.value}
+            )
         self.shutdown()
 
     def shutdown(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 from collections.abc import Mapping
@@ -95,6 +94,6 @@ def resolve(
         keep_last=keep,
         heartbeat_interval_s=_float(e, p.ENV_HEARTBEAT_INTERVAL, 1.0),
         diagnostics_dir=Path(diag) if diag else None,
-        dump_signal=_int(e, p.ENV_DUMP_SIGNAL, int(signal.SIGUSR2)),
+        dump_signal=_int(e, p.ENV_DUMP_SIGNAL, int(p.DUMP_SIGNAL)),
         host=socket.gethostname(),
     )

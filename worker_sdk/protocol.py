@@ -23,9 +23,20 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+# ---------------------------------------------------------------- stack dumps
+DUMP_SIGNAL: Final = signal.SIGUSR2
+"""The signal on which a rank writes every thread's stack (faulthandler, armed by resume())."""
+
+
+def stacks_file(rank: int) -> str:
+    """``rank-00001.stacks``: where rank ``rank`` writes its stacks in the diagnostics folder."""
+    return f"rank-{rank:05d}.stacks"
+
 
 # ---------------------------------------------------------------- environment variables
 ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to

@@ -1,8 +1,8 @@
 """Evidence collected before a hung group is killed: the Python stacks of every rank.
 
-The SDK arms faulthandler on SIGUSR2 in ``resume()``, writing every thread's stack to
-``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler is C code, so it
-answers even while the rank blocks in a collective or holds the GIL in a loop.
+The SDK arms faulthandler on ``protocol.DUMP_SIGNAL`` (SIGUSR2) in ``resume()``, writing every
+thread's stack to ``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler
+is C code, so it answers even while the rank blocks in a collective or holds the GIL in a loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from supervisor.process import proctree
+from worker_sdk import protocol as p
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
 
@@ -27,11 +28,11 @@ async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | Non
     again) short, the files are polled and the wait ends as soon as every rank has written.
     Returns the directory, or None when nothing was written.
     """
-    files = {pid: directory / f"rank-{rank:05d}.stacks" for pid, rank in ranks.items()}
+    files = {pid: directory / p.stacks_file(rank) for pid, rank in ranks.items()}
     before = {pid: _size(path) for pid, path in files.items()}
     for pid in ranks:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGUSR2)
+            os.kill(pid, p.DUMP_SIGNAL)
             if proctree.is_stopped(pid):
                 os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
     deadline = time.monotonic() + DUMP_WAIT_S

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-DAEMON_FILE = "daemon.json"
+from supervisor.record import rundir
+
 _MAX_REQUEST = 4096
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -64,7 +65,7 @@ class ControlServer:
 
 
 def write_daemon_file(run_dir: Path, *, pid: int, control: Path, endpoint: str) -> None:
-    path = run_dir / DAEMON_FILE
+    path = run_dir / rundir.DAEMON_FILE
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -74,7 +75,7 @@ def write_daemon_file(run_dir: Path, *, pid: int, control: Path, endpoint: str) 
 
 def remove_daemon_file(run_dir: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
-        (run_dir / DAEMON_FILE).unlink()
+        (run_dir / rundir.DAEMON_FILE).unlink()
 
 
 class NotRunningError(RuntimeError):
@@ -84,7 +85,7 @@ class NotRunningError(RuntimeError):
 def request(run_dir: Path, op: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
     """Send one request to the job's daemon and return its answer."""
     try:
-        info = json.loads((run_dir / DAEMON_FILE).read_text())
+        info = json.loads((run_dir / rundir.DAEMON_FILE).read_text())
     except (OSError, ValueError):
         raise NotRunningError(f"no rvsup daemon is running for {run_dir}") from None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -100,7 +101,7 @@ def request(run_dir: Path, op: str, *, timeout_s: float = 10.0) -> dict[str, Any
                 data += chunk
         except (FileNotFoundError, ConnectionRefusedError):
             raise NotRunningError(
-                f"no rvsup daemon is running for {run_dir} (stale {DAEMON_FILE})"
+                f"no rvsup daemon is running for {run_dir} (stale {rundir.DAEMON_FILE})"
             ) from None
     answer = json.loads(data)
     if not isinstance(answer, dict):

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from supervisor.record.rundir import DAEMON_FILE
 from supervisor.service.control import (
-    DAEMON_FILE,
     ControlServer,
     NotRunningError,
     remove_daemon_file,
