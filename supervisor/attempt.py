@@ -16,11 +16,11 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.process.launcher import LaunchPlan
+from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
@@ -31,7 +31,7 @@ from supervisor.rules.failures import Observation, RankExit, RankReport, StopRea
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 
-__all__ = ["SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome", "ProcessTree"]
+__all__ = ["SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
@@ -66,29 +66,6 @@ class AttemptResult:
     last_step: int | None
     stop_step: int | None  # the checkpoint committed by a stop, if any
     noticed_at: float | None  # wall-clock time of the first sign of the failure (for the history)
-
-
-class ProcessTree(Protocol):
-    """What an attempt does to its processes (:class:`supervisor.process.tree.AttemptTree`)."""
-
-    @property
-    def host(self) -> str: ...
-    @property
-    def launcher_rc(self) -> int | None: ...
-    def start(
-        self, on_launcher_exit: Callable[[int], None], on_rank_exit: Callable[[RankExit], None]
-    ) -> None: ...
-    def watch_rank(self, pid: int, rank: int, host: str) -> None: ...
-    def record(self, ended: RankExit) -> bool: ...
-    @property
-    def exits(self) -> tuple[RankExit, ...]: ...
-    def any_left_cleanly(self) -> bool: ...
-    def scan(self) -> None: ...
-    async def collect_stacks(self, directory: Path) -> str | None: ...
-    async def lost_nodes(self) -> tuple[str, ...]: ...
-    def host_oom_kills(self) -> int: ...
-    def stderr_tail(self) -> str: ...
-    async def teardown(self) -> None: ...
 
 
 class Attempt:

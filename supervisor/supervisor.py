@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor.attempt import Attempt, AttemptResult, Outcome, ProcessTree
+from supervisor.attempt import Attempt, AttemptResult, Outcome
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan
+from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record import rundir

@@ -4,7 +4,7 @@
 launcher, watch it and every local rank through pidfds, find ranks that have not said hello yet,
 collect stacks before a hung attempt is killed, ask Slurm which nodes are lost, and tear the tree
 down (SIGTERM, monotonic deadline, SIGKILL, reap). The attempt talks to it through the
-:class:`~supervisor.attempt.ProcessTree` protocol, so that its unit tests use a fake.
+:class:`ProcessTree` protocol, so that its unit tests use a fake.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -24,9 +25,32 @@ from supervisor.ranks.exits import ExitLedger
 from supervisor.rules.failures import RankExit
 from supervisor.slurm import commands as slurm
 
-__all__ = ["AttemptTree", "Spawn"]
+__all__ = ["AttemptTree", "ProcessTree", "Spawn"]
 
 Spawn = Callable[[LaunchPlan], "subprocess.Popen[bytes]"]
+
+
+class ProcessTree(Protocol):
+    """What an attempt does to its processes: :class:`AttemptTree`, or a fake in unit tests."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def launcher_rc(self) -> int | None: ...
+    def start(
+        self, on_launcher_exit: Callable[[int], None], on_rank_exit: Callable[[RankExit], None]
+    ) -> None: ...
+    def watch_rank(self, pid: int, rank: int, host: str) -> None: ...
+    def record(self, ended: RankExit) -> bool: ...
+    @property
+    def exits(self) -> tuple[RankExit, ...]: ...
+    def any_left_cleanly(self) -> bool: ...
+    def scan(self) -> None: ...
+    async def collect_stacks(self, directory: Path) -> str | None: ...
+    async def lost_nodes(self) -> tuple[str, ...]: ...
+    def host_oom_kills(self) -> int: ...
+    def stderr_tail(self) -> str: ...
+    async def teardown(self) -> None: ...
 
 
 class AttemptTree:
