@@ -26,6 +26,7 @@ from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
+from supervisor.record.schema import CheckpointCommitted, CheckpointSkipped
 from supervisor.rules import hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
@@ -195,10 +196,12 @@ class Attempt:
             path = Path(str(msg.payload.get("path", "")))
             self._on_commit(path, seconds=msg.value, source="sdk")
         elif kind is p.Kind.CKPT_SKIPPED:
-            self.events.checkpoint_skipped(
-                path=str(msg.payload.get("path")),
-                reason=str(msg.payload.get("reason")),
-                rank=msg.rank,
+            self.events.log(
+                CheckpointSkipped(
+                    path=str(msg.payload.get("path")),
+                    reason=str(msg.payload.get("reason")),
+                    rank=msg.rank,
+                )
             )
         elif kind is p.Kind.FAILURE:
             self._reports.append(
@@ -243,12 +246,14 @@ class Attempt:
             return
         self.ranks.commit_seen(commit.step)
         self._last_commit_t = self.clock.monotonic()
-        self.events.checkpoint_committed(
-            step=commit.step,
-            path=str(commit.path),
-            seconds=commit.seconds,
-            nbytes=commit.nbytes,
-            source=commit.source,
+        self.events.log(
+            CheckpointCommitted(
+                step=commit.step,
+                path=str(commit.path),
+                seconds=commit.seconds,
+                bytes=commit.nbytes,
+                source=commit.source,
+            )
         )
         if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
             self.sync = None

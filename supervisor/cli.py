@@ -19,6 +19,7 @@ from pathlib import Path
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
 from supervisor.process.launcher import find_torchrun
 from supervisor.record import history, rundir
+from supervisor.record.schema import JobStopped
 from supervisor.service import control
 
 EXIT_OK = 0
@@ -122,11 +123,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print(f"rvsup: daemon {pid} is still running", file=sys.stderr)
             return EXIT_ERROR
         time.sleep(0.1)
-    events, _ = history.read_events(cfg.job.run_dir / "events.jsonl")
-    stopped = [e for e in events if e.get("event") == "job_stopped"]
+    past = history.read(cfg.job.run_dir / rundir.EVENTS_FILE)
+    stopped = [e for e in past.events if isinstance(e, JobStopped)]
     if stopped:
         last = stopped[-1]
-        print(f"{cfg.job.name}: stopped; checkpoint step {last.get('step')} {last.get('note', '')}")
+        print(f"{cfg.job.name}: stopped; checkpoint step {last.step} {last.note}")
     return EXIT_OK
 
 
@@ -145,23 +146,27 @@ def _alive(pid: int) -> bool:
 
 
 def _history_rows(cfg: JobConfig) -> list[history.AttemptRow]:
-    events, _ = history.read_events(cfg.job.run_dir / "events.jsonl")
-    return history.attempts(events)
+    return history.attempt_rows(history.read(cfg.job.run_dir / rundir.EVENTS_FILE).entries)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
-    path = cfg.job.run_dir / "events.jsonl"
-    events, skipped = history.read_events(path)
-    rows = history.attempts(events)
+    path = cfg.job.run_dir / rundir.EVENTS_FILE
+    past = history.read(path)
+    rows = history.attempt_rows(past.entries)
     if args.json:
         print(json.dumps(history.rows_to_json(rows), indent=2))
     elif not rows:
         print(f"{cfg.job.name}: no attempts recorded in {path}")
     else:
         print(history.render_table(rows))
-    if skipped:
-        print(f"rvsup: skipped {skipped} unreadable line(s) of {path}", file=sys.stderr)
+    if past.skipped:
+        print(f"rvsup: skipped {past.skipped} unreadable line(s) of {path}", file=sys.stderr)
+    if past.unknown:
+        print(
+            f"rvsup: skipped {past.unknown} line(s) of events this version does not know",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

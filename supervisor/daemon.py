@@ -32,14 +32,15 @@ from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
 from supervisor.record import history, rundir
 from supervisor.record.events import EventLog
+from supervisor.record.schema import JobStarted, SupervisorError
+from supervisor.rules.budget import budget_of
 from supervisor.rules.failures import StopReason
-from supervisor.rules.policy import JobHistory
 from supervisor.rules.states import ExitCode
 from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
 from supervisor.service.sdnotify import Notifier
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
-from supervisor.supervisor import Supervisor
+from supervisor.supervisor import SlurmIds, Supervisor
 from worker_sdk import protocol as p
 
 __all__ = ["STOP_SIGNALS", "AlreadyRunningError", "run_daemon"]
@@ -61,12 +62,8 @@ async def run_daemon(cfg: JobConfig, *, console: IO[str] | None = sys.stderr) ->
         try:
             return await run_beside(sup.run(), loops)
         except Exception as exc:  # a bug: record it, the tree is already torn down
-            events.emit(
-                "supervisor_error",
-                level="error",
-                error=repr(exc),
-                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-            )
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            events.log(SupervisorError(error=repr(exc), traceback=trace))
             return ExitCode.ERROR
 
 
@@ -97,13 +94,9 @@ async def _house(
         stack.callback(notifier.close)
         watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
         stack.callback(watch.close)
-        past, _ = history.read_events(events.path)
-        budget = history.budget_state(past)
+        budget = budget_of(history.read(events.path).events)
         liveness = Liveness()
-        slurm_ids = {
-            "slurm_job_id": alloc.job_id if alloc else None,
-            "restart_count": alloc.restart_count if alloc else None,
-        }
+        slurm_ids = SlurmIds(alloc.job_id, alloc.restart_count) if alloc else SlurmIds()
 
         async def requeue(reason: StopReason) -> bool:
             if alloc is None:
@@ -117,13 +110,7 @@ async def _house(
             tracker=CommitTracker(cfg.job.checkpoint_dir),
             commits=watch.queue,
             launches=launches,
-            history=JobHistory(
-                restarts_used=budget.restarts_used,
-                no_progress_streak=budget.no_progress_streak,
-                oom_count=budget.oom_count,
-            ),
-            attempts_before=budget.attempts,
-            last_failure=budget.last_failure,
+            budget=budget,
             secret_file=secret_file,
             requeue=requeue,
             notifier=notifier,
@@ -148,12 +135,16 @@ async def _house(
         for sig, reason in STOP_SIGNALS.items():
             loop.add_signal_handler(sig, sup.request_stop, reason, f"signal {sig.name}")
             stack.callback(loop.remove_signal_handler, sig)
-        events.job_started(
-            config=str(cfg.path),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            restarts_used=budget.restarts_used,
-            **slurm_ids,
+        events.on_log = sup.fold  # every event logged from now on moves the budget
+        events.log(
+            JobStarted(
+                config=str(cfg.path),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                slurm_job_id=slurm_ids.job_id,
+                restart_count=slurm_ids.restart_count,
+                restarts_used=budget.restarts_used,
+            )
         )
         notifier.ready("supervising")
         loops: dict[str, Coroutine[Any, Any, None]] = {}

@@ -17,6 +17,7 @@ import datetime
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,15 +31,35 @@ from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
+from supervisor.record.schema import (
+    AttemptStarted,
+    Event,
+    FailureDetected,
+    JobGaveUp,
+    JobStopped,
+    JobSucceeded,
+    RestartScheduled,
+    StopRequested,
+)
+from supervisor.rules import budget as budgets
+from supervisor.rules.budget import Budget
 from supervisor.rules.failures import Failure, FailureKind, StopReason, classify
-from supervisor.rules.policy import GiveUp, JobHistory, Requeue, Restart, RestartPolicy, decide
+from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 from supervisor.rules.states import ExitCode, JobState, check_transition, exit_code
 
-__all__ = ["LaunchSource", "StatusSink", "Supervisor"]
+__all__ = ["LaunchSource", "SlurmIds", "StatusSink", "Supervisor", "iso_utc"]
 
 _NO_STOP_CHECKPOINT = (
     "no checkpoint was committed by the stop; the job resumes from the previous one"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmIds:
+    """The allocation the daemon runs in, as the history records it."""
+
+    job_id: str | None = None
+    restart_count: int | None = None
 
 
 class LaunchSource(Protocol):
@@ -71,13 +92,11 @@ class Supervisor:
         tracker: CommitTracker,
         commits: asyncio.Queue[Path] | None,
         launches: LaunchSource,
-        history: JobHistory,
-        attempts_before: int,
-        last_failure: str | None,
+        budget: Budget,
         secret_file: Path,
         requeue: Callable[[StopReason], Awaitable[bool]],
         notifier: StatusSink,
-        slurm_ids: Mapping[str, Any] | None = None,
+        slurm_ids: SlurmIds | None = None,
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
         jitter: Callable[[], float] = random.random,
@@ -88,13 +107,12 @@ class Supervisor:
         self.tracker = tracker
         self.commits = commits
         self.launches = launches
-        self.job_history = history
-        self.attempt_no = attempts_before
-        self._last_failure = last_failure
+        self.budget = budget
+        self.attempt_no = budget.attempts
         self.secret_file = secret_file
         self._requeue = requeue
         self.notifier = notifier
-        self.slurm_ids = {"slurm_job_id": None, "restart_count": None, **(slurm_ids or {})}
+        self.slurm_ids = slurm_ids or SlurmIds()
         self.clock = clock
         self.liveness = liveness or Liveness(clock)
         self._jitter = jitter
@@ -113,6 +131,10 @@ class Supervisor:
         self._stop_wakeup = asyncio.Event()
 
     # ------------------------------------------------------------------ state
+    def fold(self, event: Event) -> None:
+        """Fold an event just logged into the budget (the same rule that read the history)."""
+        self.budget = budgets.fold(self.budget, event)
+
     def transition(self, new: JobState) -> None:
         """The only way the job's state changes."""
         if new is self.state:
@@ -135,7 +157,7 @@ class Supervisor:
             result = await self._run_attempt()
             if result.outcome is Outcome.SUCCEEDED:
                 self.transition(JobState.SUCCEEDED)
-                self.events.job_succeeded(last_step=result.last_step)
+                self.events.log(JobSucceeded(last_step=result.last_step))
                 return exit_code(self.state)
             failure = classify(result.observation)
             if result.outcome is Outcome.STOPPED:
@@ -146,30 +168,23 @@ class Supervisor:
             nodes = None
             if failure.kind is FailureKind.NODE_FAILURE:
                 nodes = self.launches.lose(failure.nodes)
-            decision = decide(
-                self.job_history,
-                failure,
-                self.policy,
-                progressed=result.progressed,
-                jitter=self._jitter(),
-                nodes=nodes,
-            )
-            self.job_history = self.job_history.after(failure, decision, result.progressed)
-            self._last_failure = str(failure.kind)
+            decision = decide(self.budget, failure, self.policy, jitter=self._jitter(), nodes=nodes)
             if isinstance(decision, GiveUp):
                 self.transition(JobState.GAVE_UP)
-                self.events.job_gave_up(reason=decision.reason)
+                self.events.log(JobGaveUp(reason=decision.reason))
                 return exit_code(self.state)
             if isinstance(decision, Requeue):
                 return await self._stopped(StopReason(decision.reason), None, failure.detail)
             assert isinstance(decision, Restart)
             self.transition(JobState.BACKOFF)
-            self.events.restart_scheduled(
-                backoff_s=decision.after_s,
-                restarts_left=decision.restarts_left,
-                charged=decision.charged,
-                deterministic=decision.deterministic,
-                note=decision.note,
+            self.events.log(
+                RestartScheduled(
+                    backoff_s=decision.after_s,
+                    restarts_left=decision.restarts_left,
+                    charged=decision.charged,
+                    deterministic=decision.deterministic,
+                    note=decision.note,
+                )
             )
             await first_done(self._stop_wakeup.wait(), self.clock.sleep(decision.after_s))
 
@@ -184,20 +199,23 @@ class Supervisor:
             endpoint=self.channel.endpoint,
             secret_file=self.secret_file,
             diagnostics_dir=rundir.diagnostics_dir(cfg.job.run_dir, n),
-            last_failure=self._last_failure,
-            oom_count=self.job_history.oom_count,
-            restarts_used=self.job_history.restarts_used,
+            last_failure=self.budget.last_failure,
+            oom_count=self.budget.oom_count,
+            restarts_used=self.budget.restarts_used,
         )
         plan = self.launches.plan(n, rank_env)
         self.events.attempt = n
         newest = self.tracker.newest_step
-        self.events.attempt_started(
-            resume_step=0 if newest is None else newest + 1,
-            checkpoint=None if newest is None else str(self.tracker.path_of(newest)),
-            launcher=plan.argv,
-            nnodes=plan.nnodes,
-            nproc_per_node=plan.nproc_per_node,
-            **self.slurm_ids,
+        self.events.log(
+            AttemptStarted(
+                resume_step=0 if newest is None else newest + 1,
+                checkpoint=None if newest is None else str(self.tracker.path_of(newest)),
+                launcher=plan.argv,
+                nnodes=plan.nnodes,
+                nproc_per_node=plan.nproc_per_node,
+                slurm_job_id=self.slurm_ids.job_id,
+                restart_count=self.slurm_ids.restart_count,
+            )
         )
         self.current = Attempt(
             cfg,
@@ -219,18 +237,20 @@ class Supervisor:
             self.current = None
 
     def _record_failure(self, failure: Failure, result: AttemptResult) -> None:
-        self.events.failure_detected(
-            kind=str(failure.kind),
-            ranks=failure.ranks,
-            exit_codes=failure.exit_codes,
-            signals=failure.signals,
-            last_step=failure.last_step,
-            detail=failure.detail,
-            diagnostics=result.diagnostics,
-            detect_s=result.detect_s,
-            hang_timeout_s=result.observation.hang_timeout_s,
-            noticed_at=iso_utc(result.noticed_at),
-            nodes=list(failure.nodes),
+        self.events.log(
+            FailureDetected(
+                kind=str(failure.kind),
+                ranks=failure.ranks,
+                exit_codes=failure.exit_codes,
+                signals=failure.signals,
+                last_step=failure.last_step,
+                detail=failure.detail,
+                diagnostics=result.diagnostics,
+                detect_s=result.detect_s,
+                hang_timeout_s=result.observation.hang_timeout_s,
+                noticed_at=iso_utc(result.noticed_at),
+                nodes=failure.nodes,
+            )
         )
 
     # ------------------------------------------------------------------ stopping
@@ -244,7 +264,7 @@ class Supervisor:
             return
         self.stop_reason = reason
         self.notifier.stopping(f"stopping: {reason}")
-        self.events.stop_requested(reason=str(reason), source=source)
+        self.events.log(StopRequested(reason=reason, source=source))
         self._stop_wakeup.set()
         if self.current is not None:
             self.current.request_stop(reason)
@@ -255,7 +275,7 @@ class Supervisor:
         requeued = False
         if reason in (StopReason.PREEMPTED, StopReason.TIMELIMIT):
             requeued = await self._requeue(reason)
-        self.events.job_stopped(reason=str(reason), requeued=requeued, step=step, note=note)
+        self.events.log(JobStopped(reason=reason, requeued=requeued, step=step, note=note))
         return exit_code(self.state)
 
     # ------------------------------------------------------------------ rvsup status
@@ -268,7 +288,7 @@ class Supervisor:
             "pid": os.getpid(),
             "state": self.state.name.lower(),
             "attempt": self.attempt_no,
-            "restarts_used": self.job_history.restarts_used,
+            "restarts_used": self.budget.restarts_used,
             "max_restarts": self.policy.max_restarts,
             "newest_checkpoint_step": self.tracker.newest_step,
             "hang_timeout_s": None if cur is None else cur.hang_timeout_s,

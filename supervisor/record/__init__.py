@@ -1,1 +1,2 @@
-"""The job's history: written as JSON lines (:mod:`.events`), read back as rows (:mod:`.history`)."""
+"""The job's history: its events defined once (:mod:`.schema`), written as JSON lines
+(:mod:`.events`), read back as rows (:mod:`.history`)."""

@@ -1,10 +1,11 @@
 """The job's history: structlog events, one JSON object per line in ``<run_dir>/events.jsonl``.
 
-Every line carries ``timestamp`` (ISO-8601 UTC), ``event``, ``level``, ``job`` and ``attempt``.
-The event names and their fields are a public contract (README.md, "History events"); each has a
-typed method here so the supervisor cannot misspell one. The file is opened for appending, so a
-requeued allocation or a second ``rvsup start`` continues the same history; each line is flushed
-and fsynced before the method returns, so a crash of the daemon loses nothing already reported.
+Every line carries ``timestamp`` (ISO-8601 UTC), ``event``, ``level``, ``job`` and ``attempt``,
+then the fields of one :mod:`supervisor.record.schema` event: :meth:`EventLog.log` takes nothing
+else, so an event name, field or level cannot be misspelt. The file is opened for appending, so
+a requeued allocation or a second ``rvsup start`` continues the same history; each line is
+flushed and fsynced before :meth:`~EventLog.log` returns, so a crash of the daemon loses nothing
+already reported.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-EVENTS_FILE = "events.jsonl"
+from supervisor.record import schema
+from supervisor.record.rundir import EVENTS_FILE
+from supervisor.record.schema import Event
+
+__all__ = ["EventLog"]
 
 
 class _DurableWriter:
@@ -57,10 +62,23 @@ def _short(value: Any) -> str:
 
 
 class EventLog:
-    """Appends the job's events; ``attempt`` is stamped on every line."""
+    """Appends the job's events; ``attempt`` is stamped on every line.
 
-    def __init__(self, run_dir: Path, job: str, *, console: IO[str] | None = sys.stderr) -> None:
+    :attr:`on_log`, if set, is called with each event once its line is on disk: the supervisor
+    folds it into its budget there, so that no event logged, by whichever part, is missed.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        job: str,
+        *,
+        console: IO[str] | None = sys.stderr,
+        on_log: Callable[[Event], None] | None = None,
+    ) -> None:
         self.path = run_dir / EVENTS_FILE
+        self.on_log = on_log
+        """Called with each event after its line is written (may be set after construction)."""
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self.attempt = 0
         self._logger = structlog.wrap_logger(
@@ -76,104 +94,13 @@ class EventLog:
         )
         self.job = job
 
-    def emit(self, event: str, *, level: str = "info", **fields: Any) -> None:
-        """Write one event line (``fields`` must be JSON-serialisable)."""
-        log = getattr(self._logger, level)
-        log(event, job=self.job, attempt=self.attempt, **fields)
+    def log(self, event: Event) -> None:
+        """Append one event (with this log's ``job`` and current ``attempt``), flushed and
+        fsynced, then hand it to ``on_log``."""
+        write = getattr(self._logger, event.LEVEL)
+        write(event.NAME, job=self.job, attempt=self.attempt, **schema.to_json(event))
+        if self.on_log is not None:
+            self.on_log(event)
 
     def close(self) -> None:
         self._file.close()
-
-    # ------------------------------------------------------------------ the documented events
-    def job_started(self, **fields: Any) -> None:
-        """A ``rvsup start`` began (fields: config, host, pid, slurm_job_id, restart_count)."""
-        self.emit("job_started", **fields)
-
-    def attempt_started(
-        self, *, resume_step: int, checkpoint: str | None, launcher: Sequence[str], **fields: Any
-    ) -> None:
-        self.emit(
-            "attempt_started",
-            resume_step=resume_step,
-            checkpoint=checkpoint,
-            launcher=list(launcher),
-            **fields,
-        )
-
-    def checkpoint_committed(
-        self, *, step: int, path: str, seconds: float | None, nbytes: int, source: str
-    ) -> None:
-        self.emit(
-            "checkpoint_committed",
-            step=step,
-            path=path,
-            seconds=None if seconds is None else round(seconds, 4),
-            bytes=nbytes,
-            source=source,
-        )
-
-    def checkpoint_skipped(self, *, path: str, reason: str, rank: int | None) -> None:
-        self.emit("checkpoint_skipped", level="warning", path=path, reason=reason, rank=rank)
-
-    def failure_detected(
-        self,
-        *,
-        kind: str,
-        ranks: Sequence[int],
-        exit_codes: Sequence[int],
-        signals: Sequence[str],
-        last_step: int | None,
-        detail: str,
-        diagnostics: str | None,
-        detect_s: float | None,
-        **fields: Any,
-    ) -> None:
-        self.emit(
-            "failure_detected",
-            level="error",
-            kind=kind,
-            ranks=list(ranks),
-            exit_codes=list(exit_codes),
-            signals=list(signals),
-            last_step=last_step,
-            detail=detail,
-            diagnostics=diagnostics,
-            detect_s=None if detect_s is None else round(detect_s, 4),
-            **fields,
-        )
-
-    def restart_scheduled(
-        self,
-        *,
-        backoff_s: float,
-        restarts_left: int,
-        charged: bool,
-        deterministic: bool,
-        note: str,
-    ) -> None:
-        self.emit(
-            "restart_scheduled",
-            level="warning",
-            backoff_s=round(backoff_s, 3),
-            restarts_left=restarts_left,
-            charged=charged,
-            deterministic=deterministic,
-            note=note,
-        )
-
-    def job_succeeded(self, *, last_step: int | None) -> None:
-        self.emit("job_succeeded", last_step=last_step)
-
-    def job_gave_up(self, *, reason: str) -> None:
-        self.emit("job_gave_up", level="error", reason=reason)
-
-    def job_stopped(self, *, reason: str, requeued: bool, step: int | None, note: str = "") -> None:
-        self.emit(
-            "job_stopped", level="warning", reason=reason, requeued=requeued, step=step, note=note
-        )
-
-    def stop_requested(self, *, reason: str, source: str) -> None:
-        self.emit("stop_requested", reason=reason, source=source)
-
-    def messages_dropped(self, *, counts: dict[str, int]) -> None:
-        self.emit("messages_dropped", level="warning", counts=counts)

@@ -1,43 +1,53 @@
 """Reading the job's history back: ``events.jsonl`` -> one row per attempt.
 
-The supervisor appends one JSON object per line to ``<run_dir>/events.jsonl`` (see
-``supervisor.events``); every line has ``timestamp``, ``event``, ``level``, ``job`` and
-``attempt`` (1-based; 0 for job-level events before an attempt). A requeued allocation
-appends to the same file and continues the attempt numbers.
+The supervisor appends one JSON object per line to ``<run_dir>/events.jsonl``
+(:mod:`.events`); every line has ``timestamp``, ``event``, ``level``, ``job`` and ``attempt``
+(1-based; 0 for job-level events before an attempt) and the fields of one :mod:`.schema` event.
+A requeued allocation appends to the same file and continues the attempt numbers.
 
-- :func:`read_events` parses the file, skipping what is not a JSON object.
-- :func:`attempts` folds the events into :class:`AttemptRow` s; unknown events and
-  missing or malformed fields are tolerated (the field is simply unknown).
+- :func:`read` reads the file into schema entries, counting the lines it skipped.
+- :func:`attempt_rows` folds the entries into :class:`AttemptRow` s.
 - :func:`render_table` / :func:`rows_to_json` present them (``rvsup history [--json]``).
-- :func:`budget_state` is what a new ``rvsup start`` needs to continue the restart budget.
+- The restart budget is :func:`supervisor.rules.budget.budget_of` over ``read(path).events``.
 
-Everything except :func:`read_events` is pure.
+Everything except reading the file is pure.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
-from supervisor.rules.policy import next_no_progress_streak
+from supervisor.record import schema
+from supervisor.record.schema import (
+    AttemptStarted,
+    CheckpointCommitted,
+    Entry,
+    Event,
+    FailureDetected,
+    JobGaveUp,
+    JobStarted,
+    JobStopped,
+    JobSucceeded,
+    RestartScheduled,
+)
 
 __all__ = [
     "AttemptRow",
-    "BudgetState",
+    "History",
+    "attempt_rows",
     "attempts",
-    "budget_state",
     "format_timestamp",
     "parse_timestamp",
-    "read_events",
+    "read",
     "render_table",
     "rows_to_json",
 ]
 
-_ENDING_EVENTS: Final = frozenset({"job_succeeded", "job_gave_up", "job_stopped"})
 _STOP_KINDS: Final = frozenset({"preempted", "timelimit", "stopped"})
 _NOTHING_LOST: Final = frozenset({"succeeded", "running", "unknown"})
 
@@ -76,30 +86,44 @@ class AttemptRow:
     """Slurm's restart count of the allocation the attempt ran in."""
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetState:
-    """Where the job's restart budget stands, as recorded in the history."""
-
-    attempts: int
-    """The highest attempt number seen (0 if none)."""
-    restarts_used: int
-    """``restart_scheduled`` events with ``charged`` true."""
-    no_progress_streak: int
-    """Charged attempts in a row, most recent last, that committed no new checkpoint."""
-    oom_count: int
-    last_failure: str | None
-    """The kind of the last ``failure_detected``."""
-
-
 # ---------------------------------------------------------------- reading
 
 
-def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The events of ``path`` and the number of lines skipped because they are not JSON objects.
+@dataclass(frozen=True, slots=True)
+class History:
+    """``events.jsonl`` read back: its events, and what was skipped."""
+
+    entries: tuple[Entry, ...]
+    unreadable: int
+    """Lines that are not JSON objects (a torn last line, a write in progress, is not counted)."""
+    invalid: int
+    """Lines of a known event without a valid value for a required field, or without a name."""
+    unknown: int
+    """Lines of events this version does not know (a newer rvsup wrote them)."""
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """The events alone, in order (what :func:`supervisor.rules.budget.budget_of` folds)."""
+        return tuple(entry.event for entry in self.entries)
+
+    @property
+    def skipped(self) -> int:
+        """Lines that could not be read: unreadable or invalid (unknown events are not)."""
+        return self.unreadable + self.invalid
+
+
+def read(path: Path) -> History:
+    """The history in ``path``; a missing file is an empty history."""
+    objects, unreadable = _read_objects(path)
+    parsed = schema.parse_all(objects)
+    return History(parsed.entries, unreadable, parsed.invalid, parsed.unknown)
+
+
+def _read_objects(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects of ``path``, and the number of lines that are not JSON objects.
 
     Blank lines are ignored. A last line without a newline that does not parse is a write
-    in progress (or torn by a crash): it is skipped without being counted. A missing file is an
-    empty history.
+    in progress (or torn by a crash): it is skipped without being counted.
     """
     try:
         data = path.read_bytes()
@@ -107,7 +131,7 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
         return [], 0
     lines = data.split(b"\n")
     torn_tail = not data.endswith(b"\n")
-    events: list[dict[str, Any]] = []
+    objects: list[dict[str, Any]] = []
     skipped = 0
     for index, raw in enumerate(lines):
         if not raw.strip():
@@ -117,10 +141,10 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
         except ValueError:  # includes UnicodeDecodeError
             value = None
         if isinstance(value, dict):
-            events.append(value)
+            objects.append(value)
         elif not (torn_tail and index == len(lines) - 1):
             skipped += 1
-    return events, skipped
+    return objects, skipped
 
 
 def parse_timestamp(value: object) -> datetime | None:
@@ -169,23 +193,22 @@ class _Attempt:
     """A later ``job_started`` was logged, so this attempt is not running any more."""
 
 
-def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
-    """One row per attempt, in attempt order; events without a valid timestamp are ignored."""
+def attempt_rows(entries: Iterable[Entry]) -> list[AttemptRow]:
+    """One row per attempt, in attempt order; entries without a valid timestamp are ignored."""
     found: dict[int, _Attempt] = {}
     slurm_job_id: str | None = None
     restart_count: int | None = None
-    for event in events:
-        at = parse_timestamp(event.get("timestamp"))
+    for entry in entries:
+        at = parse_timestamp(entry.timestamp)
         if at is None:
             continue
-        name = event.get("event")
-        if name == "job_started":
-            slurm_job_id = _opt_str(event.get("slurm_job_id"))
-            restart_count = _opt_int(event.get("restart_count"))
+        event = entry.event
+        if isinstance(event, JobStarted):
+            slurm_job_id, restart_count = event.slurm_job_id, event.restart_count
             for earlier in found.values():
                 earlier.superseded = True
             continue
-        number = _opt_int(event.get("attempt"))
+        number = entry.attempt
         if number is None or number < 1:
             continue
         acc = found.get(number)
@@ -193,7 +216,7 @@ def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
             acc = found[number] = _Attempt(
                 number, first_seen=at, slurm_job_id=slurm_job_id, restart_count=restart_count
             )
-        _fold(acc, str(name), event, at)
+        _fold(acc, event, at)
     ordered = [found[n] for n in sorted(found)]
     rows = [_row(acc, is_last=i == len(ordered) - 1) for i, acc in enumerate(ordered)]
     return [
@@ -202,35 +225,40 @@ def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
     ]
 
 
-def _fold(acc: _Attempt, name: str, event: Mapping[str, Any], at: datetime) -> None:
+def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
+    """The rows of a history given as JSON objects (``attempt_rows`` of their parsed entries)."""
+    return attempt_rows(schema.parse_all(events).entries)
+
+
+def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
     """Apply one event of the attempt to its accumulator."""
-    if name == "attempt_started":
+    if isinstance(event, AttemptStarted):
         acc.started = at
-        acc.resume_step = _opt_int(event.get("resume_step"))
-        acc.slurm_job_id = _opt_str(event.get("slurm_job_id")) or acc.slurm_job_id
-    elif name == "checkpoint_committed":
-        step = _opt_int(event.get("step"))
-        if step is not None and (acc.checkpoint_step is None or step >= acc.checkpoint_step):
-            acc.checkpoint_step, acc.checkpoint_at = step, at
-        _add_step(acc, step)
-    elif name == "failure_detected":
-        acc.failure_kind = _opt_str(event.get("kind"))
-        acc.failure_detail = _opt_str(event.get("detail"))
-        _add_step(acc, event.get("last_step"))
+        acc.resume_step = event.resume_step
+        acc.slurm_job_id = event.slurm_job_id or acc.slurm_job_id
+    elif isinstance(event, CheckpointCommitted):
+        if acc.checkpoint_step is None or event.step >= acc.checkpoint_step:
+            acc.checkpoint_step, acc.checkpoint_at = event.step, at
+        _add_step(acc, event.step)
+    elif isinstance(event, FailureDetected):
+        acc.failure_kind = event.kind or None
+        acc.failure_detail = event.detail or None
+        _add_step(acc, event.last_step)
         acc.failed_at = at
-    elif name == "restart_scheduled":
-        acc.backoff_s = _opt_float(event.get("backoff_s")) or 0.0
-    elif name in _ENDING_EVENTS:
-        acc.ending = name
-        acc.ending_reason = _opt_str(event.get("reason"))
-        _add_step(acc, event.get("last_step" if name == "job_succeeded" else "step"))
-        acc.ended_at = at
+    elif isinstance(event, RestartScheduled):
+        acc.backoff_s = event.backoff_s
+    elif isinstance(event, JobSucceeded):
+        acc.ending, acc.ending_reason, acc.ended_at = event.NAME, None, at
+        _add_step(acc, event.last_step)
+    elif isinstance(event, (JobGaveUp, JobStopped)):
+        acc.ending, acc.ending_reason, acc.ended_at = event.NAME, event.reason or None, at
+        _add_step(acc, event.step if isinstance(event, JobStopped) else None)
 
 
 def _row(acc: _Attempt, *, is_last: bool) -> AttemptRow:
     outcome = _outcome(acc, is_last=is_last)
     detail = acc.failure_detail
-    if acc.ending == "job_gave_up" and acc.ending_reason:
+    if acc.ending == JobGaveUp.NAME and acc.ending_reason:
         detail = f"{detail}; gave up: {acc.ending_reason}" if detail else acc.ending_reason
     started = acc.started or acc.first_seen
     ended = _end_of(acc)
@@ -264,11 +292,11 @@ def _end_of(acc: _Attempt) -> datetime | None:
 
 
 def _outcome(acc: _Attempt, *, is_last: bool) -> str:
-    if acc.ending == "job_succeeded":
+    if acc.ending == JobSucceeded.NAME:
         return "succeeded"
-    if acc.ending == "job_gave_up":
+    if acc.ending == JobGaveUp.NAME:
         return f"gave up: {acc.failure_kind}" if acc.failure_kind else "gave up"
-    if acc.ending == "job_stopped":
+    if acc.ending == JobStopped.NAME:
         if acc.failure_kind:
             return acc.failure_kind
         return acc.ending_reason if acc.ending_reason in _STOP_KINDS else "stopped"
@@ -347,52 +375,6 @@ def rows_to_json(rows: Sequence[AttemptRow]) -> list[dict[str, Any]]:
     return out
 
 
-# ---------------------------------------------------------------- the restart budget
-
-
-def budget_state(events: Sequence[Mapping[str, Any]]) -> BudgetState:
-    """How far the job's budget is spent, so that a new ``rvsup start`` continues the count.
-
-    An attempt progressed if it committed a checkpoint newer than any committed (or resumed
-    from) before it; the no-progress streak is folded with the same rule as
-    :meth:`supervisor.policy.JobHistory.after`.
-    """
-    highest = restarts_used = oom_count = 0
-    last_failure: str | None = None
-    newest: int | None = None
-    charged: dict[int, bool] = {}
-    progressed: dict[int, bool] = {}
-    for event in events:
-        number = _opt_int(event.get("attempt"))
-        if number is None:
-            continue
-        highest = max(highest, number)
-        name = event.get("event")
-        if name == "failure_detected":
-            last_failure = _opt_str(event.get("kind"))
-            oom_count += int(last_failure == "oom")
-        elif name == "restart_scheduled" and event.get("charged") is True:
-            restarts_used += 1
-            charged[number] = True
-        elif name == "attempt_started":
-            resume = _opt_int(event.get("resume_step"))
-            if resume is not None and resume > 0:
-                newest = max(newest if newest is not None else -1, resume - 1)
-            charged.setdefault(number, False)
-        elif name == "checkpoint_committed":
-            step = _opt_int(event.get("step"))
-            if step is not None and (newest is None or step > newest):
-                newest = step
-                progressed[number] = True
-    streak = 0
-    for number in sorted(set(charged) | set(progressed)):
-        if number >= 1:
-            streak = next_no_progress_streak(
-                streak, charged=charged.get(number, False), progressed=progressed.get(number, False)
-            )
-    return BudgetState(highest, restarts_used, streak, oom_count, last_failure)
-
-
 # ---------------------------------------------------------------- small helpers
 
 
@@ -404,31 +386,6 @@ def _opt_text(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _opt_int(value: object) -> int | None:
-    """An int, or a string of one (Slurm's values come from the environment), else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _opt_float(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _opt_str(value: object) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else str(value)
-
-
-def _add_step(acc: _Attempt, value: object) -> None:
-    step = _opt_int(value)
+def _add_step(acc: _Attempt, step: int | None) -> None:
     if step is not None and step >= 0:
         acc.steps.append(step)

@@ -1,9 +1,9 @@
 """Restart policy: what to do after an attempt ended, as one pure function.
 
-:func:`decide` takes the job's history *before* the attempt that just ended, the
-classified :class:`~supervisor.failures.Failure`, the configured :class:`RestartPolicy`,
-whether the attempt committed a new checkpoint, and a random number drawn by the caller
-(so that the function stays pure), and returns a :data:`Decision`:
+:func:`decide` takes the job's :class:`~supervisor.rules.budget.Budget` (folded from the history
+up to the attempt that just ended: :mod:`supervisor.rules.budget`), the classified
+:class:`~supervisor.rules.failures.Failure`, the configured :class:`RestartPolicy` and a random
+number drawn by the caller (so that the function stays pure), and returns a :data:`Decision`:
 
 - ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
   budget, even when the budget is spent.
@@ -11,13 +11,15 @@ whether the attempt committed a new checkpoint, and a random number drawn by the
   -> :class:`GiveUp`; so is ``node_failure`` when the allocation has fewer nodes left than the
   job runs on (``nodes``: left, needed; the world size cannot shrink under a checkpoint).
 - Anything else is a charged restart, unless the budget is spent
-  (``restarts_used >= max_restarts``) or the attempt made no progress and would be the
-  ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns this check
-  off); then :class:`GiveUp`.
+  (``restarts_used >= max_restarts``) or the attempt made no progress (``budget.progressed``)
+  and would be the ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns
+  this check off); then :class:`GiveUp`.
+- A crash or OOM with the signature (kind, ranks, last step) of the last *charged* failure is
+  called deterministic in the note or reason; that failure may lie before a requeue or a
+  restart of rvsup (the budget carries it over).
 
 The delay before a restart grows exponentially with the restarts already charged and is
-capped; see :func:`backoff_s`. :meth:`JobHistory.after` folds one more attempt into the
-history with the same rules, so the supervisor and the tests share them.
+capped; see :func:`backoff_s`.
 """
 
 from __future__ import annotations
@@ -26,20 +28,18 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+from supervisor.rules.budget import Budget
 from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
 
 __all__ = [
     "Decision",
     "GiveUp",
-    "JobHistory",
-    "PastAttempt",
     "Requeue",
     "Restart",
     "RestartPolicy",
     "backoff_s",
     "decide",
     "deterministic_text",
-    "next_no_progress_streak",
     "nodes_for_restart",
 ]
 
@@ -112,59 +112,6 @@ class Requeue:
 Decision: TypeAlias = Restart | GiveUp | Requeue
 
 
-@dataclass(frozen=True, slots=True)
-class PastAttempt:
-    """One finished attempt of this job, as the history records it."""
-
-    failure: Failure | None
-    """What ended it; None if it succeeded (or nothing was classified)."""
-    charged: bool
-    """It used one restart from the budget."""
-    progressed: bool
-    """A checkpoint newer than any before it was committed during the attempt."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobHistory:
-    """What :func:`decide` needs to know about the attempts before the one that just ended."""
-
-    attempts: tuple[PastAttempt, ...] = ()
-    restarts_used: int = 0
-    no_progress_streak: int = 0
-    """Charged attempts in a row, most recent last, that committed no new checkpoint."""
-    oom_count: int = 0
-
-    def after(
-        self, failure: Failure | None, decision: Decision | None, progressed: bool
-    ) -> JobHistory:
-        """This history with one more finished attempt folded in (``decision`` None: no
-        decision was taken, e.g. the attempt succeeded)."""
-        charged = isinstance(decision, Restart) and decision.charged
-        is_oom = failure is not None and failure.kind == FailureKind.OOM
-        return JobHistory(
-            attempts=(*self.attempts, PastAttempt(failure, charged, progressed)),
-            restarts_used=self.restarts_used + int(charged),
-            no_progress_streak=next_no_progress_streak(
-                self.no_progress_streak, charged=charged, progressed=progressed
-            ),
-            oom_count=self.oom_count + int(is_oom),
-        )
-
-    def last_charged_failure(self) -> Failure | None:
-        """The failure of the most recent charged attempt, if any."""
-        for past in reversed(self.attempts):
-            if past.charged:
-                return past.failure
-        return None
-
-
-def next_no_progress_streak(streak: int, *, charged: bool, progressed: bool) -> int:
-    """The streak after one more attempt: reset by progress, grown by a charged attempt."""
-    if progressed:
-        return 0
-    return streak + 1 if charged else streak
-
-
 def backoff_s(n: int, policy: RestartPolicy, jitter: float) -> float:
     """The delay before a restart when ``n`` charged restarts were already used.
 
@@ -190,22 +137,24 @@ def deterministic_text(f: Failure) -> str:
 
 
 def decide(
-    history: JobHistory,
+    budget: Budget,
     failure: Failure,
     policy: RestartPolicy,
     *,
-    progressed: bool,
     jitter: float,
     nodes: tuple[int, int] | None = None,
 ) -> Decision:
-    """What to do after the attempt that ended with ``failure`` (module docstring: rules)."""
+    """What to do after the attempt that ended with ``failure`` (module docstring: rules).
+
+    ``budget`` is folded up to the end of that attempt (its ``failure_detected`` included or
+    not; its restart not yet).
+    """
+    progressed = budget.progressed
     if failure.kind in _NEVER_CHARGED:
         return Requeue(str(failure.kind))
-    previous = history.last_charged_failure()
     deterministic = (
         failure.kind in _DETERMINISTIC_KINDS
-        and previous is not None
-        and deterministic_signature(previous) == deterministic_signature(failure)
+        and budget.charged_failure == deterministic_signature(failure)
     )
     suffix = f" ({deterministic_text(failure)})" if deterministic else ""
     if failure.kind == FailureKind.OOM and policy.on_oom == "fail":
@@ -218,18 +167,18 @@ def decide(
             f"node failure: the job runs on {needed} {_plural(needed, 'node')}, "
             f"{left} left in this allocation"
         )
-    if history.restarts_used >= policy.max_restarts:
-        used = f"{history.restarts_used} of {policy.max_restarts}"
+    if budget.restarts_used >= policy.max_restarts:
+        used = f"{budget.restarts_used} of {policy.max_restarts}"
         noun = _plural(policy.max_restarts, "restart")
         return GiveUp(f"restart budget spent: {used} {noun} used{suffix}")
-    streak = history.no_progress_streak + 1
+    streak = budget.no_progress_streak + 1
     if not progressed and policy.max_no_progress > 0 and streak >= policy.max_no_progress:
         return GiveUp(
             f"no progress: {streak} {_plural(streak, 'restart')} in a row without a new checkpoint"
             f"{suffix}"
         )
-    delay = backoff_s(history.restarts_used, policy, jitter)
-    number = history.restarts_used + 1
+    delay = backoff_s(budget.restarts_used, policy, jitter)
+    number = budget.restarts_used + 1
     note = f"restart {number} of {policy.max_restarts} in {delay:.1f}s after {failure.kind}"
     if deterministic:
         note += f"; {deterministic_text(failure)}"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from supervisor.loops import SYSTEM_CLOCK, Clock
 from supervisor.record.events import EventLog
+from supervisor.record.schema import RequeueFailed, TimeLeftUnknown
 from supervisor.rules.failures import StopReason
 from supervisor.slurm import commands as slurm
 
@@ -33,7 +34,7 @@ async def watch_time_limit(
         try:
             left = await asyncio.to_thread(slurm.time_left_s, job_id)
         except slurm.SlurmError as exc:
-            events.emit("time_left_unknown", level="warning", error=str(exc))
+            events.log(TimeLeftUnknown(error=str(exc)))
             left = None
         if left is not None and left <= margin_s:
             request_stop(StopReason.TIMELIMIT, f"{left:.0f}s left of the time limit")
@@ -57,5 +58,5 @@ async def requeue(job_id: str, *, mode: str, events: EventLog) -> bool:
     try:
         return await asyncio.to_thread(attempt)
     except slurm.SlurmError as exc:
-        events.emit("requeue_failed", level="error", job_id=job_id, error=str(exc))
+        events.log(RequeueFailed(job_id=job_id, error=str(exc)))
         return False

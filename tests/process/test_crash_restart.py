@@ -162,3 +162,30 @@ def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     evs = events(tmp_path / "run")
     assert not named(evs, "restart_scheduled") and named(evs, "job_succeeded")
+
+
+def test_deterministic_failure_is_recognised_across_starts(tmp_path: Path) -> None:
+    """A rank failing at the same step before and after a requeue (a second `rvsup start`) is
+    named deterministic: the last charged failure is folded from the history, not kept in memory."""
+    job = write_job(
+        tmp_path,
+        total=8,
+        env={"FAULT": "raise:1:3:1,raise:1:3:2"},
+        restart='max_restarts = 5\nbackoff = "4s"\nbackoff_max = "4s"\nmax_no_progress = 10',
+    )
+    with running(job) as proc:
+        wait_for(
+            lambda: named(events(tmp_path / "run"), "restart_scheduled"),
+            timeout=90,
+            what="a restart",
+        )
+        os.kill(proc.pid, signal.SIGTERM)  # stop during the backoff, as a requeue would
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    first = named(events(tmp_path / "run"), "restart_scheduled")
+    assert [r["deterministic"] for r in first] == [False]
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert [r["deterministic"] for r in named(evs, "restart_scheduled")] == [False, True]
+    assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]

@@ -26,6 +26,7 @@ _PURE_IMPORTS = frozenset(
         "types",
         "typing",
         "sortedcontainers",
+        "supervisor.record.schema",  # the history's event dataclasses (pure: test_schema.py)
         "worker_sdk.protocol",  # exit codes and names shared with the SDK
     }
 )

@@ -4,6 +4,7 @@ milliseconds. The process tests prove the same wiring with real torchrun."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -13,10 +14,9 @@ import pytest
 
 from supervisor.loops import LoopFailedError
 from supervisor.ranks.checkpoints import CommitTracker
-from supervisor.record import history
 from supervisor.record.events import EventLog
+from supervisor.rules.budget import Budget
 from supervisor.rules.failures import StopReason
-from supervisor.rules.policy import JobHistory
 from supervisor.rules.states import ExitCode, JobState
 from supervisor.supervisor import Supervisor
 from tests.unit.core_fakes import (
@@ -59,15 +59,14 @@ class Rig:
             tracker=CommitTracker(self.cfg.job.checkpoint_dir),
             commits=None,
             launches=self.launches,
-            history=JobHistory(),
-            attempts_before=0,
-            last_failure=None,
+            budget=Budget(),
             secret_file=self.cfg.job.run_dir / "secret",
             requeue=self.requeue,
             notifier=FakeNotifier(),
             clock=self.clock,
             jitter=lambda: 0.0,
         )
+        self.events.on_log = self.sup.fold
         return self.sup
 
     def run(self, body: Callable[[Supervisor], Coroutine[Any, Any, ExitCode]] | None = None) -> Any:
@@ -88,8 +87,8 @@ class Rig:
             assert time.monotonic() - t0 < REAL_TIME_LIMIT_S
 
     def history(self) -> list[dict[str, Any]]:
-        events, _ = history.read_events(self.events.path)
-        return events
+        lines = self.events.path.read_text().splitlines()
+        return [json.loads(line) for line in lines]
 
     def named(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.history() if e["event"] == name]

@@ -1,17 +1,28 @@
-"""The history writer: one JSON object per line, appended, with the documented event fields."""
+"""The history writer: one JSON object per line, appended, fsynced, schema events only."""
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from supervisor.record.events import EVENTS_FILE, EventLog
+from supervisor.record.events import EventLog
+from supervisor.record.rundir import EVENTS_FILE
+from supervisor.record.schema import (
+    Event,
+    FailureDetected,
+    JobStarted,
+    JobSucceeded,
+    StopRequested,
+    TimeLeftUnknown,
+    to_json,
+)
+from tests.unit.test_schema import SAMPLES
 
 COMMON = {"timestamp", "event", "level", "job", "attempt"}
 
@@ -34,18 +45,24 @@ def log(tmp_path: Path) -> Iterator[EventLog]:
     events.close()
 
 
+def started(pid: int) -> JobStarted:
+    return JobStarted(
+        config="job.toml", host="h", pid=pid, slurm_job_id=None, restart_count=None, restarts_used=0
+    )
+
+
 def test_line_has_common_fields(tmp_path: Path, log: EventLog) -> None:
     """A line carries an ISO-8601 UTC timestamp ending in Z, event, level, job and attempt."""
     before = datetime.now(timezone.utc)
     log.attempt = 3
-    log.emit("something", answer=42)
+    log.log(JobSucceeded(last_step=42))
     (line,) = _lines(tmp_path)
-    assert set(line) == COMMON | {"answer"}
-    assert line["event"] == "something"
+    assert set(line) == COMMON | {"last_step"}
+    assert line["event"] == "job_succeeded"
     assert line["level"] == "info"
     assert line["job"] == "toy"
     assert line["attempt"] == 3
-    assert line["answer"] == 42
+    assert line["last_step"] == 42
     stamp = line["timestamp"]
     assert isinstance(stamp, str) and stamp.endswith("Z") and "T" in stamp
     parsed = datetime.fromisoformat(stamp[:-1] + "+00:00")
@@ -53,34 +70,30 @@ def test_line_has_common_fields(tmp_path: Path, log: EventLog) -> None:
 
 
 def test_line_is_on_disk_before_close(tmp_path: Path, log: EventLog) -> None:
-    """Each line is written through when emit returns, not at close."""
-    log.emit("first")
-    assert [e["event"] for e in _lines(tmp_path)] == ["first"]
-    log.emit("second", level="warning")
+    """Each line is written through when log() returns, not at close."""
+    log.log(StopRequested(reason="stopped", source="rvsup stop"))
+    assert [e["event"] for e in _lines(tmp_path)] == ["stop_requested"]
+    log.log(TimeLeftUnknown(error="squeue"))
     assert [(e["event"], e["level"]) for e in _lines(tmp_path)] == [
-        ("first", "info"),
-        ("second", "warning"),
+        ("stop_requested", "info"),
+        ("time_left_unknown", "warning"),
     ]
 
 
-def test_path_and_non_json_values(tmp_path: Path, log: EventLog) -> None:
-    """The file is <run_dir>/events.jsonl; values JSON cannot hold are written as text."""
+def test_path(tmp_path: Path, log: EventLog) -> None:
+    """The file is <run_dir>/events.jsonl."""
     assert log.path == tmp_path / "events.jsonl"
-    log.emit("odd", where=tmp_path / "x", nothing=None)
-    (line,) = _lines(tmp_path)
-    assert line["where"] == str(tmp_path / "x")
-    assert line["nothing"] is None
 
 
 def test_appends_across_instances(tmp_path: Path) -> None:
     """A second EventLog on the same run_dir continues the file instead of replacing it."""
     first = EventLog(tmp_path, "toy", console=None)
-    first.job_started(config="job.toml", host="h", pid=1, slurm_job_id=None, restart_count=0)
+    first.log(started(1))
     first.attempt = 1
-    first.job_succeeded(last_step=9)
+    first.log(JobSucceeded(last_step=9))
     first.close()
     second = EventLog(tmp_path, "toy", console=None)
-    second.job_started(config="job.toml", host="h", pid=2, slurm_job_id=None, restart_count=0)
+    second.log(started(2))
     second.close()
     lines = _lines(tmp_path)
     assert [(e["event"], e["attempt"]) for e in lines] == [
@@ -96,210 +109,63 @@ def test_console_tee_format(tmp_path: Path) -> None:
     console = io.StringIO()
     events = EventLog(tmp_path, "toy", console=console)
     events.attempt = 2
-    events.emit(
-        "demo",
-        text="plain words",
-        number=5,
-        zero=0,
-        flag=False,
-        items=[1, 2],
-        none=None,
-        empty="",
-        no_items=[],
-        no_map={},
-        long="x" * 200,
+    events.log(
+        FailureDetected(
+            kind="crash",
+            ranks=(1, 2),
+            exit_codes=(),
+            signals=(),
+            last_step=0,
+            detail="plain words",
+            diagnostics=None,
+            detect_s=None,
+            hang_timeout_s=None,
+            noticed_at="x" * 200,
+            nodes=(),
+        )
     )
     events.close()
     (line,) = console.getvalue().splitlines()
     expected = (
-        "rvsup[toy] demo attempt=2 text=plain words number=5 zero=0 flag=false items=[1, 2] "
-        f"long={'x' * 157}..."
+        "rvsup[toy] failure_detected attempt=2 kind=crash ranks=[1, 2] last_step=0 "
+        f"detail=plain words noticed_at={'x' * 157}..."
     )
     assert line == expected
     (stored,) = _lines(tmp_path)
-    assert stored["long"] == "x" * 200  # only the console copy is shortened
+    assert stored["noticed_at"] == "x" * 200  # only the console copy is shortened
 
 
 def test_no_console_prints_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log: EventLog
 ) -> None:
     """console=None writes the file only."""
-    log.emit("quiet")
+    log.log(TimeLeftUnknown(error="quiet"))
     assert capsys.readouterr() == ("", "")
     assert len(_lines(tmp_path)) == 1
 
 
-Call = Callable[[EventLog], None]
-
-# (method call, event name, level, the exact documented field names, spot-checked values)
-TYPED: list[tuple[str, Call, str, str, set[str], dict[str, Any]]] = [
-    (
-        "job_started",
-        lambda e: e.job_started(
-            config="/j.toml", host="n1", pid=7, slurm_job_id="12", restart_count=1, restarts_used=2
-        ),
-        "job_started",
-        "info",
-        {"config", "host", "pid", "slurm_job_id", "restart_count", "restarts_used"},
-        {"pid": 7, "slurm_job_id": "12"},
-    ),
-    (
-        "attempt_started",
-        lambda e: e.attempt_started(
-            resume_step=11,
-            checkpoint="/c/step-10",
-            launcher=("torchrun", "--nnodes=1"),
-            nnodes=1,
-            nproc_per_node=2,
-            slurm_job_id=None,
-            restart_count=0,
-        ),
-        "attempt_started",
-        "info",
-        {
-            "resume_step",
-            "checkpoint",
-            "launcher",
-            "nnodes",
-            "nproc_per_node",
-            "slurm_job_id",
-            "restart_count",
-        },
-        {"resume_step": 11, "launcher": ["torchrun", "--nnodes=1"], "checkpoint": "/c/step-10"},
-    ),
-    (
-        "checkpoint_committed",
-        lambda e: e.checkpoint_committed(
-            step=10, path="/c/step-10", seconds=1.234567, nbytes=4096, source="sdk"
-        ),
-        "checkpoint_committed",
-        "info",
-        {"step", "path", "seconds", "bytes", "source"},
-        {"bytes": 4096, "seconds": 1.2346, "source": "sdk"},
-    ),
-    (
-        "checkpoint_committed, unknown duration",
-        lambda e: e.checkpoint_committed(
-            step=10, path="/c", seconds=None, nbytes=0, source="watchdog"
-        ),
-        "checkpoint_committed",
-        "info",
-        {"step", "path", "seconds", "bytes", "source"},
-        {"seconds": None, "source": "watchdog"},
-    ),
-    (
-        "checkpoint_skipped",
-        lambda e: e.checkpoint_skipped(path="/c/step-20", reason="torn", rank=1),
-        "checkpoint_skipped",
-        "warning",
-        {"path", "reason", "rank"},
-        {"reason": "torn", "rank": 1},
-    ),
-    (
-        "failure_detected",
-        lambda e: e.failure_detected(
-            kind="crash",
-            ranks=(1,),
-            exit_codes=(-9,),
-            signals=("SIGKILL",),
-            last_step=15,
-            detail="rank 1 killed",
-            diagnostics=None,
-            detect_s=0.0123456,
-            hang_timeout_s=None,
-            noticed_at="2026-01-01T00:00:00Z",
-            nodes=["n1"],
-        ),
-        "failure_detected",
-        "error",
-        {
-            "kind",
-            "ranks",
-            "exit_codes",
-            "signals",
-            "last_step",
-            "detail",
-            "diagnostics",
-            "detect_s",
-            "hang_timeout_s",
-            "noticed_at",
-            "nodes",
-        },
-        {"ranks": [1], "exit_codes": [-9], "signals": ["SIGKILL"], "detect_s": 0.0123},
-    ),
-    (
-        "restart_scheduled",
-        lambda e: e.restart_scheduled(
-            backoff_s=1.23456, restarts_left=2, charged=True, deterministic=False, note="n"
-        ),
-        "restart_scheduled",
-        "warning",
-        {"backoff_s", "restarts_left", "charged", "deterministic", "note"},
-        {"backoff_s": 1.235, "charged": True, "deterministic": False},
-    ),
-    (
-        "stop_requested",
-        lambda e: e.stop_requested(reason="stopped", source="rvsup stop"),
-        "stop_requested",
-        "info",
-        {"reason", "source"},
-        {"reason": "stopped", "source": "rvsup stop"},
-    ),
-    (
-        "job_succeeded",
-        lambda e: e.job_succeeded(last_step=59),
-        "job_succeeded",
-        "info",
-        {"last_step"},
-        {"last_step": 59},
-    ),
-    (
-        "job_gave_up",
-        lambda e: e.job_gave_up(reason="budget spent"),
-        "job_gave_up",
-        "error",
-        {"reason"},
-        {"reason": "budget spent"},
-    ),
-    (
-        "job_stopped",
-        lambda e: e.job_stopped(reason="preempted", requeued=True, step=40),
-        "job_stopped",
-        "warning",
-        {"reason", "requeued", "step", "note"},
-        {"requeued": True, "step": 40, "note": ""},
-    ),
-    (
-        "messages_dropped",
-        lambda e: e.messages_dropped(counts={"replayed": 2}),
-        "messages_dropped",
-        "warning",
-        {"counts"},
-        {"counts": {"replayed": 2}},
-    ),
-]
+def test_on_log_sees_each_event_once_it_is_on_disk(tmp_path: Path) -> None:
+    """on_log is called with every event logged, in order, after its line is in the file."""
+    seen: list[tuple[Event, int]] = []
+    log = EventLog(
+        tmp_path,
+        "toy",
+        console=None,
+        on_log=lambda event: seen.append((event, len(_lines(tmp_path)))),
+    )
+    log.log(started(1))
+    log.log(JobSucceeded(last_step=3))
+    log.on_log = None  # it may be set, or cleared, after construction
+    log.log(TimeLeftUnknown(error="x"))
+    log.close()
+    assert seen == [(started(1), 1), (JobSucceeded(last_step=3), 2)]
 
 
-@pytest.mark.parametrize(
-    ("call", "event", "level", "keys", "values"),
-    [pytest.param(*row[1:], id=row[0]) for row in TYPED],
-)
-def test_typed_event_fields(
-    tmp_path: Path,
-    log: EventLog,
-    call: Call,
-    event: str,
-    level: str,
-    keys: set[str],
-    values: dict[str, Any],
-) -> None:
-    """Each typed method writes its event name, level and exactly the documented field names."""
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.NAME)
+def test_log_writes_the_schema_fields(tmp_path: Path, log: EventLog, event: Event) -> None:
+    """log() writes the event's name and level and exactly its fields, lists as JSON lists."""
     log.attempt = 4
-    call(log)
+    log.log(event)
     (line,) = _lines(tmp_path)
-    assert line["event"] == event
-    assert line["level"] == level
-    assert line["attempt"] == 4
-    assert set(line) == COMMON | keys
-    for key, value in values.items():
-        assert line[key] == value, key
+    assert (line["event"], line["level"], line["attempt"]) == (event.NAME, event.LEVEL, 4)
+    assert {k: v for k, v in line.items() if k not in COMMON} == to_json(event)

@@ -1,4 +1,4 @@
-"""events.jsonl -> attempt rows: outcomes, steps/seconds lost, table, JSON, torn lines, budget."""
+"""events.jsonl -> attempt rows: outcomes, steps/seconds lost, table, JSON, torn lines."""
 
 from __future__ import annotations
 
@@ -13,14 +13,26 @@ import pytest
 
 from supervisor.record.history import (
     AttemptRow,
-    BudgetState,
-    attempts,
-    budget_state,
+    attempt_rows,
     format_timestamp,
     parse_timestamp,
-    read_events,
+    read,
     render_table,
     rows_to_json,
+)
+from supervisor.record.schema import (
+    AttemptStarted,
+    CheckpointCommitted,
+    Event,
+    FailureDetected,
+    JobGaveUp,
+    JobStarted,
+    JobStopped,
+    JobSucceeded,
+    RestartScheduled,
+    StopRequested,
+    parse_all,
+    to_json,
 )
 
 T0 = datetime(2026, 11, 22, 19, 0, 0, tzinfo=timezone.utc)
@@ -30,58 +42,93 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def ev(t: float, event: str, attempt: int, /, **fields: Any) -> dict[str, Any]:
-    """One event line as the supervisor writes it, ``t`` seconds after T0."""
+def ev(t: float, attempt: int, event: Event) -> dict[str, Any]:
+    """One line as the supervisor writes it, ``t`` seconds after T0."""
     return {
         "timestamp": format_timestamp(at(t)),
-        "event": event,
-        "level": "info",
+        "event": event.NAME,
+        "level": event.LEVEL,
         "job": "gpt-small",
         "attempt": attempt,
-        **fields,
+        **to_json(event),
     }
+
+
+def job_started(slurm_job_id: str | None = None, restart_count: int | None = None) -> JobStarted:
+    return JobStarted(
+        config="job.toml",
+        host="n1",
+        pid=1,
+        slurm_job_id=slurm_job_id,
+        restart_count=restart_count,
+        restarts_used=0,
+    )
+
+
+def attempt_started(resume: int, slurm_job_id: str | None = None) -> AttemptStarted:
+    return AttemptStarted(
+        resume_step=resume,
+        checkpoint=None if resume == 0 else f"ckpt/{resume - 1}",
+        launcher=("torchrun",),
+        nnodes=1,
+        nproc_per_node=2,
+        slurm_job_id=slurm_job_id,
+        restart_count=None,
+    )
+
+
+def committed(step: int) -> CheckpointCommitted:
+    return CheckpointCommitted(step=step, path=f"ckpt/{step}", seconds=0.5, bytes=10, source="sdk")
+
+
+def failed(
+    kind: str, last_step: int | None, detail: str = "", ranks: tuple[int, ...] = ()
+) -> Event:
+    return FailureDetected(
+        kind=kind,
+        ranks=ranks,
+        exit_codes=(),
+        signals=(),
+        last_step=last_step,
+        detail=detail,
+        diagnostics=None,
+        detect_s=0.2,
+        hang_timeout_s=None,
+        noticed_at=None,
+        nodes=(),
+    )
+
+
+def restart(backoff_s: float, charged: bool = True) -> RestartScheduled:
+    return RestartScheduled(
+        backoff_s=backoff_s, restarts_left=4, charged=charged, deterministic=False, note=""
+    )
+
+
+def stopped(reason: str, step: int | None) -> JobStopped:
+    return JobStopped(reason=reason, requeued=True, step=step, note="")
 
 
 # Attempt 1 crashes at step 120 (checkpoint 99), attempt 2 is preempted and saves at 160,
 # a requeued allocation runs attempt 3 to the end.
 STREAM = [
-    ev(0, "job_started", 0, config="job.toml", slurm_job_id="4242", restart_count=0, host="n1"),
-    ev(1, "attempt_started", 1, resume_step=0, checkpoint=None, launcher=["torchrun"], nnodes=1),
-    ev(20, "checkpoint_committed", 1, step=49, path="ckpt/49", seconds=0.5, bytes=10),
-    ev(40, "checkpoint_committed", 1, step=99, path="ckpt/99", seconds=0.5, bytes=10),
-    ev(
-        50,
-        "failure_detected",
-        1,
-        kind="crash",
-        ranks=[1],
-        exit_codes=[],
-        signals=["SIGKILL"],
-        last_step=120,
-        detail="rank 1 killed by SIGKILL at step 120",
-        diagnostics=None,
-        detect_s=0.2,
-    ),
-    ev(51, "restart_scheduled", 1, backoff_s=2.5, restarts_left=4, charged=True),
-    ev(54, "attempt_started", 2, resume_step=100, checkpoint="ckpt/99", launcher=["torchrun"]),
-    ev(70, "checkpoint_committed", 2, step=149, path="ckpt/149", seconds=0.5, bytes=10),
-    ev(80, "stop_requested", 2, reason="preempted", source="SIGTERM"),
-    ev(
-        81,
-        "failure_detected",
-        2,
-        kind="preempted",
-        ranks=[],
-        last_step=160,
-        detail="stopped on preemption at step 160",
-    ),
-    ev(82, "checkpoint_committed", 2, step=160, path="ckpt/160", seconds=0.5, bytes=10),
-    ev(83, "job_stopped", 2, reason="preempted", requeued=True, step=160),
-    ev(200, "job_started", 0, slurm_job_id="4242", restart_count="1"),
-    ev(201, "attempt_started", 3, resume_step=161, checkpoint="ckpt/160", slurm_job_id=4242),
-    ev(203, "rank_started", 3, rank=0),
-    ev(250, "checkpoint_committed", 3, step=199, path="ckpt/199", seconds=0.5, bytes=10),
-    ev(260, "job_succeeded", 3, last_step=199),
+    ev(0, 0, job_started("4242", 0)),
+    ev(1, 1, attempt_started(0)),
+    ev(20, 1, committed(49)),
+    ev(40, 1, committed(99)),
+    ev(50, 1, failed("crash", 120, "rank 1 killed by SIGKILL at step 120", ranks=(1,))),
+    ev(51, 1, restart(2.5)),
+    ev(54, 2, attempt_started(100)),
+    ev(70, 2, committed(149)),
+    ev(80, 2, StopRequested(reason="preempted", source="SIGTERM")),
+    ev(81, 2, failed("preempted", 160, "stopped on preemption at step 160")),
+    ev(82, 2, committed(160)),
+    ev(83, 2, stopped("preempted", 160)),
+    {**ev(200, 0, job_started("4242")), "restart_count": "1"},  # Slurm's value, as text
+    {**ev(201, 3, attempt_started(161)), "slurm_job_id": 4242},  # a number where text belongs
+    {**ev(203, 3, JobSucceeded(last_step=None)), "event": "rank_started"},  # a newer rvsup's
+    ev(250, 3, committed(199)),
+    ev(260, 3, JobSucceeded(last_step=199)),
 ]
 
 EXPECTED_ROWS = [
@@ -147,47 +194,63 @@ def write_lines(path: Path, events: list[dict[str, Any]], tail: bytes = b"") -> 
     path.write_bytes(b"".join(json.dumps(e).encode() + b"\n" for e in events) + tail)
 
 
+def rows(lines: list[dict[str, Any]]) -> list[AttemptRow]:
+    return attempt_rows(parse_all(lines).entries)
+
+
 def test_three_attempts() -> None:
     """Crash, preemption and success become three rows with the right losses."""
-    assert attempts(STREAM) == EXPECTED_ROWS
+    assert rows(STREAM) == EXPECTED_ROWS
 
 
 def test_rows_from_the_file(tmp_path: Path) -> None:
     """The same rows come back through events.jsonl on disk."""
     path = tmp_path / "events.jsonl"
     write_lines(path, STREAM)
-    events, skipped = read_events(path)
-    assert skipped == 0
-    assert attempts(events) == EXPECTED_ROWS
+    history = read(path)
+    assert (history.skipped, history.unknown) == (0, 1)
+    assert attempt_rows(history.entries) == EXPECTED_ROWS
 
 
 @pytest.mark.parametrize(
-    ("tail", "n_events", "skipped"),
+    ("tail", "n_entries", "unreadable", "invalid"),
     [
-        pytest.param(b"", 17, 0, id="clean"),
-        pytest.param(b'{"timestamp": "2026-11-22T19:0', 17, 0, id="torn-last-line-not-counted"),
-        pytest.param(b'{"timestamp": "2026-11-22T19:0\n', 17, 1, id="bad-complete-line-counted"),
-        pytest.param(b"\n\n", 17, 0, id="blank-lines-ignored"),
-        pytest.param(b"[1, 2]\n\xff\xfe\n", 17, 2, id="non-object-and-bad-utf8"),
-        pytest.param(b'{"event": "job_succeeded"}', 18, 0, id="unterminated-but-whole"),
+        pytest.param(b"", 16, 0, 0, id="clean"),
+        pytest.param(b'{"timestamp": "2026-11-22T19:0', 16, 0, 0, id="torn-last-line-not-counted"),
+        pytest.param(b'{"timestamp": "2026-11-22T19:0\n', 16, 1, 0, id="bad-complete-line-counted"),
+        pytest.param(b"\n\n", 16, 0, 0, id="blank-lines-ignored"),
+        pytest.param(b"[1, 2]\n\xff\xfe\n", 16, 2, 0, id="non-object-and-bad-utf8"),
+        pytest.param(b'{"event": "job_succeeded"}', 17, 0, 0, id="unterminated-but-whole"),
+        pytest.param(b'{"event": "checkpoint_committed"}\n', 16, 0, 1, id="no-step-is-invalid"),
     ],
 )
-def test_read_events(tmp_path: Path, tail: bytes, n_events: int, skipped: int) -> None:
-    """Unparseable lines are skipped and counted, except a torn last line (a write in progress)."""
+def test_read(tmp_path: Path, tail: bytes, n_entries: int, unreadable: int, invalid: int) -> None:
+    """read() counts non-objects (not a torn last line), invalid and unknown events apart."""
     path = tmp_path / "events.jsonl"
     write_lines(path, STREAM, tail)
-    events, n_skipped = read_events(path)
-    assert (len(events), n_skipped) == (n_events, skipped)
-    assert events[: len(STREAM)] == STREAM
+    history = read(path)
+    assert (len(history.entries), history.unreadable, history.invalid) == (
+        n_entries,
+        unreadable,
+        invalid,
+    )
+    assert (history.unknown, history.skipped) == (1, unreadable + invalid)
+    assert history.events[:16] == tuple(e.event for e in parse_all(STREAM).entries)
+
+
+def test_read_a_missing_file(tmp_path: Path) -> None:
+    """A run directory without events.jsonl is an empty history."""
+    history = read(tmp_path / "events.jsonl")
+    assert (history.entries, history.skipped, history.unknown) == ((), 0, 0)
 
 
 def test_torn_last_line_leaves_rows_intact(tmp_path: Path) -> None:
     """A history whose last line was torn by a crash still gives the full attempt table."""
     path = tmp_path / "events.jsonl"
     write_lines(path, STREAM, b'{"timestamp": "2026-11-22T19:10:00Z", "event": "job_st')
-    events, skipped = read_events(path)
-    assert skipped == 0
-    assert attempts(events) == EXPECTED_ROWS
+    history = read(path)
+    assert history.skipped == 0
+    assert attempt_rows(history.entries) == EXPECTED_ROWS
 
 
 def test_render_table(local_tz: None) -> None:
@@ -215,8 +278,7 @@ def test_render_table(local_tz: None) -> None:
 
 def test_render_table_shows_unknowns_as_dashes(local_tz: None) -> None:
     """A running attempt has no end, loss or detail yet: dashes, not 'None'."""
-    rows = attempts([ev(0, "attempt_started", 1)])
-    line = render_table(rows).splitlines()[1]
+    line = render_table(rows([ev(0, 1, attempt_started(0))])).splitlines()[1]
     assert "None" not in line
     assert line.split()[:4] == ["1", "2026-11-23", "00:30:00", "-"]
 
@@ -241,77 +303,33 @@ def test_json_round_trip() -> None:
         assert item["steps_lost"] == row.steps_lost
 
 
-def test_budget_state_of_the_stream() -> None:
-    """A new start after the three attempts continues from attempt 3 with one restart used."""
-    assert budget_state(STREAM) == BudgetState(
-        attempts=3, restarts_used=1, no_progress_streak=0, oom_count=0, last_failure="preempted"
-    )
-
-
 def crash_attempt(
-    n: int,
-    t: float,
-    *,
-    kind: str = "crash",
-    commit: int | None = None,
-    resume: int = 0,
-    charged: bool = True,
+    n: int, t: float, *, kind: str = "crash", commit: int | None = None, resume: int = 0
 ) -> list[dict[str, Any]]:
     """One failed attempt: start, maybe a commit, a failure, a restart."""
-    events = [ev(t, "attempt_started", n, resume_step=resume)]
+    lines = [ev(t, n, attempt_started(resume))]
     if commit is not None:
-        events.append(ev(t + 1, "checkpoint_committed", n, step=commit))
-    events.append(ev(t + 2, "failure_detected", n, kind=kind, last_step=commit))
-    events.append(ev(t + 3, "restart_scheduled", n, backoff_s=1.0, charged=charged))
-    return events
-
-
-@pytest.mark.parametrize(
-    ("events", "expected"),
-    [
-        pytest.param([], BudgetState(0, 0, 0, 0, None), id="empty"),
-        pytest.param(
-            crash_attempt(1, 0) + crash_attempt(2, 10),
-            BudgetState(2, 2, 2, 0, "crash"),
-            id="two-without-progress",
-        ),
-        pytest.param(
-            crash_attempt(1, 0, commit=9) + crash_attempt(2, 10, commit=9, resume=10),
-            BudgetState(2, 2, 1, 0, "crash"),
-            id="recommit-of-resumed-step-is-no-progress",
-        ),
-        pytest.param(
-            crash_attempt(1, 0) + crash_attempt(2, 10, kind="oom", commit=5),
-            BudgetState(2, 2, 0, 1, "oom"),
-            id="progress-resets",
-        ),
-        pytest.param(
-            crash_attempt(1, 0) + crash_attempt(2, 10, kind="preempted", charged=False),
-            BudgetState(2, 1, 1, 0, "preempted"),
-            id="uncharged-keeps-streak",
-        ),
-    ],
-)
-def test_budget_state(events: list[dict[str, Any]], expected: BudgetState) -> None:
-    """Restarts, no-progress streak and OOM count are recovered from the events alone."""
-    assert budget_state(events) == expected
+        lines.append(ev(t + 1, n, committed(commit)))
+    lines.append(ev(t + 2, n, failed(kind, commit)))
+    lines.append(ev(t + 3, n, restart(1.0)))
+    return lines
 
 
 def test_gave_up_and_running_outcomes() -> None:
     """A give-up row names the failure kind; a later attempt without an end is running."""
-    events = [
+    lines = [
         *crash_attempt(1, 0, commit=4),
-        ev(5, "attempt_started", 2, resume_step=5),
-        ev(6, "failure_detected", 2, kind="hang", last_step=7, detail="rank 0 hung"),
-        ev(8, "job_gave_up", 2, reason="restart budget spent: 1 of 1 restarts used"),
+        ev(5, 2, attempt_started(5)),
+        ev(6, 2, failed("hang", 7, "rank 0 hung")),
+        ev(8, 2, JobGaveUp(reason="restart budget spent: 1 of 1 restarts used")),
     ]
-    rows = attempts(events)
-    assert [r.outcome for r in rows] == ["crash", "gave up: hang"]
-    assert rows[1].detail == "rank 0 hung; gave up: restart budget spent: 1 of 1 restarts used"
-    assert rows[1].ended == at(6)  # the failure, not the give-up decision, ends the attempt
-    assert rows[1].seconds_lost == 1.0  # no commit in attempt 2: from its start to the failure
-    assert rows[0].steps_lost == 0
-    running = attempts([*events[:-2], ev(7, "checkpoint_committed", 2, step=6)])
+    got = rows(lines)
+    assert [r.outcome for r in got] == ["crash", "gave up: hang"]
+    assert got[1].detail == "rank 0 hung; gave up: restart budget spent: 1 of 1 restarts used"
+    assert got[1].ended == at(6)  # the failure, not the give-up decision, ends the attempt
+    assert got[1].seconds_lost == 1.0  # no commit in attempt 2: from its start to the failure
+    assert got[0].steps_lost == 0
+    running = rows([*lines[:-2], ev(7, 2, committed(6))])
     assert running[1].outcome == "running"
     assert running[1].ended is None
     assert running[1].checkpoint_step == 6
@@ -319,31 +337,33 @@ def test_gave_up_and_running_outcomes() -> None:
 
 def test_attempt_without_end_before_a_new_start_is_unknown() -> None:
     """If the daemon died mid-attempt and a new start followed, that attempt is not 'running'."""
-    events = [
-        ev(0, "attempt_started", 1, resume_step=0),
-        ev(100, "job_started", 0),
-    ]
-    assert [r.outcome for r in attempts(events)] == ["unknown"]
-    events.append(ev(101, "attempt_started", 2, resume_step=0))
-    assert [r.outcome for r in attempts(events)] == ["unknown", "running"]
+    lines = [ev(0, 1, attempt_started(0)), ev(100, 0, job_started())]
+    assert [r.outcome for r in rows(lines)] == ["unknown"]
+    lines.append(ev(101, 2, attempt_started(0)))
+    assert [r.outcome for r in rows(lines)] == ["unknown", "running"]
 
 
 def test_malformed_events_are_tolerated() -> None:
     """Bad timestamps, attempts or field types are ignored instead of crashing the reader."""
-    events: list[dict[str, Any]] = [
-        {"event": "attempt_started", "attempt": 1},
-        ev(0, "attempt_started", 1, resume_step="x"),
-        {**ev(1, "checkpoint_committed", 1, step=3), "timestamp": "yesterday"},
-        {**ev(2, "failure_detected", 1, kind="crash"), "attempt": True},
-        ev(3, "failure_detected", 1, kind="crash", last_step=None, ranks="oops"),
+    lines: list[dict[str, Any]] = [
+        {**ev(0, 1, attempt_started(0)), "timestamp": None},
+        {**ev(0, 1, attempt_started(0)), "resume_step": "x"},  # a required field: skipped
+        {**ev(1, 1, committed(3)), "timestamp": "yesterday"},
+        {**ev(2, 1, failed("crash", None)), "attempt": True},
+        {**ev(3, 1, failed("crash", None)), "ranks": "oops", "detail": 5},
+        {**ev(4, 1, restart(1.0)), "backoff_s": None},  # a required field: skipped
     ]
-    (row,) = attempts(events)
-    assert (row.started, row.resume_step, row.checkpoint_step, row.outcome) == (
-        at(0),
+    parsed = parse_all(lines)
+    assert (len(parsed.entries), parsed.invalid) == (4, 2)
+    (row,) = attempt_rows(parsed.entries)
+    assert (row.started, row.resume_step, row.checkpoint_step, row.outcome, row.detail) == (
+        at(3),
         None,
         None,
         "crash",
+        "5",
     )
+    assert row.seconds_lost == 0.0  # no backoff known
 
 
 @pytest.mark.parametrize(
@@ -363,7 +383,7 @@ def test_parse_timestamp(text: object, expected: datetime | None) -> None:
 
 def test_stop_during_backoff_keeps_the_failure() -> None:
     """A stop logged while waiting to restart leaves the attempt a crash that ended at detection."""
-    events = [*crash_attempt(1, 0, commit=4), ev(30, "job_stopped", 1, reason="stopped", step=None)]
-    (row,) = attempts(events)
+    lines = [*crash_attempt(1, 0, commit=4), ev(30, 1, stopped("stopped", None))]
+    (row,) = rows(lines)
     assert (row.outcome, row.ended, row.last_step) == ("crash", at(2), 4)
     assert row.seconds_lost == 2.0  # 1 s from the commit to the failure, plus the 1 s backoff

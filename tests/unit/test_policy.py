@@ -1,25 +1,26 @@
-"""decide(), backoff_s(), JobHistory.after(): budget, progress, OOM/node rules, determinism."""
+"""decide() over the Budget, backoff_s(): budget, progress, OOM/node rules, determinism."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
-from supervisor.rules.failures import Failure, FailureKind
+from supervisor.record.schema import Event, JobStarted, JobStopped, RestartScheduled
+from supervisor.rules.budget import Budget, budget_of, fold
+from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
 from supervisor.rules.policy import (
     Decision,
     GiveUp,
-    JobHistory,
-    PastAttempt,
     Requeue,
     Restart,
     RestartPolicy,
     backoff_s,
     decide,
-    next_no_progress_streak,
     nodes_for_restart,
 )
+from tests.unit.test_budget import attempt as attempt_started
+from tests.unit.test_budget import commit, failure_event
 
 K = FailureKind
 POLICY = RestartPolicy(max_restarts=5, backoff_s=5.0, backoff_max_s=300.0, max_no_progress=2)
@@ -43,12 +44,11 @@ def policy(**changes: object) -> RestartPolicy:
 
 
 CRASH_30 = failure(K.CRASH)
-CHARGED_CRASH_30 = PastAttempt(CRASH_30, charged=True, progressed=True)
 
 
 @dataclass(frozen=True)
 class Case:
-    history: JobHistory
+    budget: Budget
     failure: Failure
     expected: Decision
     policy: RestartPolicy = POLICY
@@ -63,37 +63,33 @@ def restart(n_used: int, *, max_restarts: int = 5, kind: str = "crash") -> Resta
     return Restart(delay, True, max_restarts - n_used - 1, False, note)
 
 
-SPENT = JobHistory(restarts_used=5, no_progress_streak=1)
+SPENT = Budget(restarts_used=5, no_progress_streak=1)
 CASES = {
     "preempted-uncharged-even-when-spent": Case(SPENT, failure(K.PREEMPTED), Requeue("preempted")),
     "timelimit-requeues": Case(SPENT, failure(K.TIMELIMIT), Requeue("timelimit")),
-    "stopped-requeues": Case(
-        JobHistory(), failure(K.STOPPED), Requeue("stopped"), progressed=False
-    ),
-    "crash-first-restart": Case(JobHistory(), CRASH_30, restart(0)),
-    "hang-restarts": Case(JobHistory(restarts_used=2), failure(K.HANG), restart(2, kind="hang")),
-    "oom-restart": Case(JobHistory(), failure(K.OOM), restart(0, kind="oom")),
+    "stopped-requeues": Case(Budget(), failure(K.STOPPED), Requeue("stopped"), progressed=False),
+    "crash-first-restart": Case(Budget(), CRASH_30, restart(0)),
+    "hang-restarts": Case(Budget(restarts_used=2), failure(K.HANG), restart(2, kind="hang")),
+    "oom-restart": Case(Budget(), failure(K.OOM), restart(0, kind="oom")),
     "oom-fail": Case(
-        JobHistory(),
+        Budget(),
         failure(K.OOM),
         GiveUp('out of memory and restart.on_oom = "fail"'),
         policy=policy(on_oom="fail"),
     ),
-    "oom-fail-ignores-crash": Case(
-        JobHistory(), CRASH_30, restart(0), policy=policy(on_oom="fail")
-    ),
+    "oom-fail-ignores-crash": Case(Budget(), CRASH_30, restart(0), policy=policy(on_oom="fail")),
     "node-failure-restart": Case(
-        JobHistory(), failure(K.NODE_FAILURE), restart(0, kind="node_failure")
+        Budget(), failure(K.NODE_FAILURE), restart(0, kind="node_failure")
     ),
     "node-failure-fail": Case(
-        JobHistory(),
+        Budget(),
         failure(K.NODE_FAILURE),
         GiveUp('node failure and restart.on_node_failure = "fail"'),
         policy=policy(on_node_failure="fail"),
     ),
-    "last-restart-of-budget": Case(JobHistory(restarts_used=4), CRASH_30, restart(4)),
+    "last-restart-of-budget": Case(Budget(restarts_used=4), CRASH_30, restart(4)),
     "budget-spent": Case(
-        JobHistory(restarts_used=5), CRASH_30, GiveUp("restart budget spent: 5 of 5 restarts used")
+        Budget(restarts_used=5), CRASH_30, GiveUp("restart budget spent: 5 of 5 restarts used")
     ),
     "budget-checked-before-progress": Case(
         SPENT,
@@ -102,37 +98,37 @@ CASES = {
         progressed=False,
     ),
     "zero-budget": Case(
-        JobHistory(),
+        Budget(),
         CRASH_30,
         GiveUp("restart budget spent: 0 of 0 restarts used"),
         policy=policy(max_restarts=0),
     ),
-    "no-progress-first-time": Case(JobHistory(), CRASH_30, restart(0), progressed=False),
+    "no-progress-first-time": Case(Budget(), CRASH_30, restart(0), progressed=False),
     "no-progress-second-time": Case(
-        JobHistory(restarts_used=1, no_progress_streak=1),
+        Budget(restarts_used=1, no_progress_streak=1),
         CRASH_30,
         GiveUp("no progress: 2 restarts in a row without a new checkpoint"),
         progressed=False,
     ),
     "streak-but-progressed": Case(
-        JobHistory(restarts_used=1, no_progress_streak=1), CRASH_30, restart(1), progressed=True
+        Budget(restarts_used=1, no_progress_streak=1), CRASH_30, restart(1), progressed=True
     ),
     "no-progress-check-off": Case(
-        JobHistory(restarts_used=1, no_progress_streak=9),
+        Budget(restarts_used=1, no_progress_streak=9),
         CRASH_30,
         restart(1),
         policy=policy(max_no_progress=0),
         progressed=False,
     ),
     "max-no-progress-one": Case(
-        JobHistory(),
+        Budget(),
         CRASH_30,
         GiveUp("no progress: 1 restart in a row without a new checkpoint"),
         policy=policy(max_no_progress=1),
         progressed=False,
     ),
     "jitter-stretches-delay": Case(
-        JobHistory(restarts_used=3),
+        Budget(restarts_used=3),
         CRASH_30,
         Restart(30.0, True, 1, False, "restart 4 of 5 in 30.0s after crash"),
         jitter=0.5,
@@ -142,10 +138,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_decide(case: Case) -> None:
-    """decide() follows the documented rules for each history, failure and policy."""
-    got = decide(
-        case.history, case.failure, case.policy, progressed=case.progressed, jitter=case.jitter
-    )
+    """decide() follows the documented rules for each budget, failure and policy."""
+    budget = replace(case.budget, progressed=case.progressed)
+    got = decide(budget, case.failure, case.policy, jitter=case.jitter)
     assert got == case.expected
 
 
@@ -183,44 +178,34 @@ def test_backoff_rejects_bad_arguments(n: int, jitter: float) -> None:
 # ---------------------------------------------------------------- deterministic failures
 
 
-def hist(*attempts: PastAttempt, restarts_used: int = 1) -> JobHistory:
-    return JobHistory(attempts=attempts, restarts_used=restarts_used)
+def charged(f: Failure) -> tuple[str, tuple[int, ...], int | None]:
+    return deterministic_signature(f)
 
 
 DETERMINISM = {
-    "same-crash-again": (hist(CHARGED_CRASH_30), CRASH_30, True),
-    "same-oom-again": (
-        hist(PastAttempt(failure(K.OOM), True, True)),
-        failure(K.OOM),
-        True,
-    ),
-    "other-step": (hist(CHARGED_CRASH_30), failure(K.CRASH, step=31), False),
-    "other-rank": (hist(CHARGED_CRASH_30), failure(K.CRASH, ranks=(0,)), False),
+    "same-crash-again": (Budget(charged_failure=charged(CRASH_30)), CRASH_30, True),
+    "same-oom-again": (Budget(charged_failure=charged(failure(K.OOM))), failure(K.OOM), True),
+    "other-step": (Budget(charged_failure=charged(CRASH_30)), failure(K.CRASH, step=31), False),
+    "other-rank": (Budget(charged_failure=charged(CRASH_30)), failure(K.CRASH, ranks=(0,)), False),
+    "other-kind": (Budget(charged_failure=charged(CRASH_30)), failure(K.OOM), False),
     "same-hang-is-not-deterministic": (
-        hist(PastAttempt(failure(K.HANG), True, True)),
+        Budget(charged_failure=charged(failure(K.HANG))),
         failure(K.HANG),
         False,
     ),
-    "uncharged-preemption-in-between": (
-        hist(CHARGED_CRASH_30, PastAttempt(failure(K.PREEMPTED), False, True)),
-        CRASH_30,
-        True,
-    ),
-    "only-the-last-charged-counts": (
-        hist(CHARGED_CRASH_30, PastAttempt(failure(K.CRASH, step=80), True, True)),
+    "the-newest-failure-does-not-count-uncharged": (
+        Budget(failure=charged(CRASH_30), charged_failure=None),
         CRASH_30,
         False,
     ),
-    "first-failure": (JobHistory(), CRASH_30, False),
+    "first-failure": (Budget(), CRASH_30, False),
 }
 
 
-@pytest.mark.parametrize(
-    ("history", "now", "expected"), DETERMINISM.values(), ids=list(DETERMINISM)
-)
-def test_deterministic_detection(history: JobHistory, now: Failure, expected: bool) -> None:
-    """A crash/OOM with the previous charged attempt's kind, ranks and step is flagged."""
-    got = decide(history, now, POLICY, progressed=True, jitter=0.0)
+@pytest.mark.parametrize(("budget", "now", "expected"), DETERMINISM.values(), ids=list(DETERMINISM))
+def test_deterministic_detection(budget: Budget, now: Failure, expected: bool) -> None:
+    """A crash/OOM with the last charged failure's kind, ranks and step is flagged."""
+    got = decide(replace(budget, progressed=True), now, POLICY, jitter=0.0)
     assert isinstance(got, Restart)
     assert got.deterministic is expected
     assert ("deterministic:" in got.note) is expected
@@ -228,59 +213,44 @@ def test_deterministic_detection(history: JobHistory, now: Failure, expected: bo
 
 def test_deterministic_note_wording() -> None:
     """The note names the rank and the step the failure repeats at."""
-    got = decide(hist(CHARGED_CRASH_30), CRASH_30, POLICY, progressed=True, jitter=0.0)
+    budget = Budget(charged_failure=charged(CRASH_30), progressed=True)
+    got = decide(budget, CRASH_30, POLICY, jitter=0.0)
     assert isinstance(got, Restart)
     assert got.note.endswith("; deterministic: rank 1 fails at step 30 every time")
 
 
 def test_deterministic_give_up_reason() -> None:
     """When the job gives up on a repeating failure, the reason says it is deterministic."""
-    history = JobHistory(attempts=(CHARGED_CRASH_30,), restarts_used=5)
-    got = decide(history, CRASH_30, POLICY, progressed=True, jitter=0.0)
+    budget = Budget(restarts_used=5, charged_failure=charged(CRASH_30), progressed=True)
+    got = decide(budget, CRASH_30, POLICY, jitter=0.0)
     assert got == GiveUp(
         "restart budget spent: 5 of 5 restarts used "
         "(deterministic: rank 1 fails at step 30 every time)"
     )
 
 
-# ---------------------------------------------------------------- folding attempts in
+# ---------------------------------------------------------------- decide() fed its own history
 
 
-@pytest.mark.parametrize(
-    ("streak", "charged", "progressed", "expected"),
-    [
-        (0, True, False, 1),
-        (3, True, False, 4),
-        (3, True, True, 0),
-        (3, False, False, 3),
-        (3, False, True, 0),
-    ],
-)
-def test_next_no_progress_streak(
-    streak: int, charged: bool, progressed: bool, expected: int
-) -> None:
-    """Progress resets the streak; a charged attempt without progress grows it; others keep it."""
-    assert next_no_progress_streak(streak, charged=charged, progressed=progressed) == expected
+def logged(budget: Budget, *events: Event) -> Budget:
+    for event in events:
+        budget = fold(budget, event)
+    return budget
 
 
-def test_after_folds_one_attempt() -> None:
-    """after() appends the attempt and updates restarts, streak and OOM count together."""
-    oom = failure(K.OOM)
-    charged = Restart(2.5, True, 4, False, "restart 1 of 5")
-    h1 = JobHistory().after(oom, charged, False)
-    assert h1 == JobHistory(
-        attempts=(PastAttempt(oom, True, False),),
-        restarts_used=1,
-        no_progress_streak=1,
-        oom_count=1,
+def attempt_events(f: Failure, *, progressed: bool, step: int) -> list[Event]:
+    """An attempt as logged up to its failure (a new checkpoint at ``step`` if it progressed)."""
+    return [attempt_started(), *([commit(step)] if progressed else []), failure_event(f)]
+
+
+def restart_event(decision: Restart) -> RestartScheduled:
+    return RestartScheduled(
+        backoff_s=decision.after_s,
+        restarts_left=decision.restarts_left,
+        charged=decision.charged,
+        deterministic=decision.deterministic,
+        note=decision.note,
     )
-    preempted = failure(K.PREEMPTED)
-    h2 = h1.after(preempted, Requeue("preempted"), True)
-    assert (h2.restarts_used, h2.no_progress_streak, h2.oom_count) == (1, 0, 1)
-    assert h2.attempts[-1] == PastAttempt(preempted, False, True)
-    h3 = h2.after(CRASH_30, GiveUp("x"), False)
-    assert (h3.restarts_used, h3.no_progress_streak, len(h3.attempts)) == (1, 0, 3)
-    assert h3.last_charged_failure() == oom
 
 
 @pytest.mark.parametrize(
@@ -294,30 +264,56 @@ def test_after_folds_one_attempt() -> None:
 def test_a_crash_loop_ends(
     progress_each_time: bool, max_no_progress: int, attempts_before_giving_up: int, reason: str
 ) -> None:
-    """Feeding decide() its own history: a job that keeps failing gives up at the right attempt."""
+    """decide() fed the budget folded from its own events gives up at the right attempt."""
     rules = policy(max_no_progress=max_no_progress)
-    history = JobHistory()
+    budget = Budget()
     for attempt in range(1, 20):
         crash = failure(K.CRASH, step=attempt * 10)
-        decision = decide(history, crash, rules, progressed=progress_each_time, jitter=0.3)
+        events = attempt_events(crash, progressed=progress_each_time, step=attempt * 10)
+        budget = logged(budget, *events)
+        decision = decide(budget, crash, rules, jitter=0.3)
         if isinstance(decision, GiveUp):
             assert attempt == attempts_before_giving_up
             assert decision.reason.startswith(reason)
             return
-        history = history.after(crash, decision, progress_each_time)
+        assert isinstance(decision, Restart)
+        budget = logged(budget, restart_event(decision))
     pytest.fail("never gave up")
 
 
 def test_preemptions_never_spend_the_budget() -> None:
     """Any number of preemptions leaves every restart of the budget available."""
-    history = JobHistory()
+    budget = Budget()
     for _ in range(50):
         stop = failure(K.PREEMPTED, ranks=())
-        decision = decide(history, stop, POLICY, progressed=False, jitter=0.0)
-        assert decision == Requeue("preempted")
-        history = history.after(stop, decision, False)
-    assert (history.restarts_used, history.no_progress_streak) == (0, 0)
-    assert isinstance(decide(history, CRASH_30, POLICY, progressed=False, jitter=0.0), Restart)
+        budget = logged(budget, *attempt_events(stop, progressed=False, step=0))
+        assert decide(budget, stop, POLICY, jitter=0.0) == Requeue("preempted")
+        budget = logged(budget, JobStopped(reason="preempted", requeued=True, step=None, note=""))
+    assert (budget.restarts_used, budget.no_progress_streak) == (0, 0)
+    assert isinstance(decide(budget, CRASH_30, POLICY, jitter=0.0), Restart)
+
+
+def test_deterministic_across_a_requeue() -> None:
+    """The same crash before and after a requeue (a new rvsup start) is called deterministic."""
+    before = budget_of(attempt_events(CRASH_30, progressed=False, step=0))
+    first = decide(before, CRASH_30, POLICY, jitter=0.0)
+    assert isinstance(first, Restart) and not first.deterministic
+    preempted = failure(K.PREEMPTED, ranks=(), step=31)
+    history = [
+        *attempt_events(CRASH_30, progressed=False, step=0),
+        restart_event(first),
+        *attempt_events(preempted, progressed=False, step=0),
+        JobStopped(reason="preempted", requeued=True, step=None, note=""),
+        JobStarted(config="j", host="h", pid=2, slurm_job_id="9", restart_count=1, restarts_used=1),
+        *attempt_events(CRASH_30, progressed=False, step=0),
+    ]
+    again = decide(budget_of(history), CRASH_30, policy(max_no_progress=0), jitter=0.0)
+    assert isinstance(again, Restart) and again.deterministic
+    again = decide(budget_of(history), CRASH_30, POLICY, jitter=0.0)
+    assert again == GiveUp(
+        "no progress: 2 restarts in a row without a new checkpoint "
+        "(deterministic: rank 1 fails at step 30 every time)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -343,9 +339,8 @@ def test_policy_rejects_nonsense(changes: dict[str, object]) -> None:
 def test_node_failure_without_enough_nodes_gives_up(
     kind: FailureKind, nodes: tuple[int, int] | None, gives_up: bool
 ) -> None:
-    """on_node_failure = "restart" restarts only when the allocation still has as many nodes as
-    the job runs on (a checkpoint's world size cannot shrink); otherwise it gives up, saying so."""
-    got = decide(JobHistory(), failure(kind), POLICY, progressed=True, jitter=0.0, nodes=nodes)
+    """A node failure restarts only with as many nodes left as the job needs, else gives up."""
+    got = decide(Budget(progressed=True), failure(kind), POLICY, jitter=0.0, nodes=nodes)
     assert isinstance(got, GiveUp) == gives_up
     if gives_up:
         assert isinstance(got, GiveUp) and "left in this allocation" in got.reason

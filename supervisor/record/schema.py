@@ -1,0 +1,412 @@
+"""The history's events, defined once: one frozen dataclass per event of ``events.jsonl``.
+
+A class's fields *are* the event's JSON fields (same names, same order); its ``NAME`` and
+``LEVEL`` are the line's ``event`` and ``level``. The writer (``EventLog.log`` in
+:mod:`.events`) accepts nothing else, and the readers (:mod:`.history`,
+:mod:`supervisor.rules.budget`) fold these objects instead of dictionaries. A line is the common
+fields ``timestamp``, ``event``, ``level``, ``job``, ``attempt`` plus :func:`to_json` of the event.
+
+Building an event checks its values against the field types and normalises them (lists to
+tuples, enum members to plain strings, the floats named in ``DIGITS`` rounded as written), so an
+event read back compares equal to the one logged. Reading (:func:`parse`, :func:`parse_all`)
+takes any line any version of rvsup wrote: a missing or malformed field is empty (None, ``""``,
+``False``, ``()``, ``{}``), except a non-optional ``int``/``float``, which is required — without
+it the line is skipped and counted as invalid (the rules: :mod:`.typed_json`); an event name this
+version does not know is skipped and counted as unknown.
+
+Pure: no I/O and no clock (the rules import it).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Literal, TypeAlias
+
+from supervisor.record import typed_json
+
+__all__ = [
+    "EVENTS",
+    "AttemptStarted",
+    "CheckpointCommitted",
+    "CheckpointSkipped",
+    "Entry",
+    "Event",
+    "FailureDetected",
+    "JobGaveUp",
+    "JobStarted",
+    "JobStopped",
+    "JobSucceeded",
+    "Level",
+    "MessagesDropped",
+    "Parsed",
+    "RequeueFailed",
+    "RestartScheduled",
+    "StopRequested",
+    "SupervisorError",
+    "TimeLeftUnknown",
+    "describe",
+    "parse",
+    "parse_all",
+    "parse_entry",
+    "to_json",
+]
+
+Level: TypeAlias = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """The base of every event; not an event itself."""
+
+    NAME: ClassVar[str]
+    """The ``event`` of the line."""
+    LEVEL: ClassVar[Level]
+    """The ``level`` of the line."""
+    DIGITS: ClassVar[Mapping[str, int]] = types.MappingProxyType({})
+    """Float fields rounded when written, to this many decimal places."""
+
+    def __post_init__(self) -> None:
+        """Check every value against its field's type and normalise it (module docstring)."""
+        for name, value in typed_json.normalised(self, self.DIGITS).items():
+            object.__setattr__(self, name, value)
+
+
+# ---------------------------------------------------------------- the events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStarted(Event):
+    """A ``rvsup start`` took the job over: the first start, a requeued allocation, a restart."""
+
+    NAME = "job_started"
+    LEVEL = "info"
+    config: str
+    """The job file the daemon read."""
+    host: str
+    """The host the daemon runs on."""
+    pid: int
+    """The daemon's process id."""
+    slurm_job_id: str | None
+    """``SLURM_JOB_ID``; None outside Slurm."""
+    restart_count: int | None
+    """``SLURM_RESTART_COUNT`` (times Slurm requeued the job); None outside Slurm."""
+    restarts_used: int
+    """Charged restarts the history showed at this start."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptStarted(Event):
+    """An attempt was launched; the line's ``attempt`` numbers it."""
+
+    NAME = "attempt_started"
+    LEVEL = "info"
+    resume_step: int
+    """The first step it runs: the loaded checkpoint's step + 1, or 0."""
+    checkpoint: str | None
+    """The checkpoint it resumes from; None when it starts from scratch."""
+    launcher: tuple[str, ...]
+    """The launcher's command line."""
+    nnodes: int
+    """Nodes it runs on."""
+    nproc_per_node: int
+    """Ranks per node."""
+    slurm_job_id: str | None
+    """``SLURM_JOB_ID``; None outside Slurm."""
+    restart_count: int | None
+    """``SLURM_RESTART_COUNT``; None outside Slurm."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCommitted(Event):
+    """A checkpoint was committed (renamed into place) during the attempt."""
+
+    NAME = "checkpoint_committed"
+    LEVEL = "info"
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 4}
+    step: int
+    """The checkpoint's step."""
+    path: str
+    """Its directory."""
+    seconds: float | None
+    """From the start of the save to the commit; None when not measured."""
+    bytes: int
+    """Its size on disk."""
+    source: str
+    """Who saw the commit first: ``"sdk"`` (a rank's report) or ``"watchdog"`` (the directory)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSkipped(Event):
+    """A torn or corrupt checkpoint was passed over on resume (the previous one was loaded)."""
+
+    NAME = "checkpoint_skipped"
+    LEVEL = "warning"
+    path: str
+    """The checkpoint skipped."""
+    reason: str
+    """What was wrong with it."""
+    rank: int | None
+    """The rank that found out; None if unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureDetected(Event):
+    """The attempt ended without success; ``kind`` says how."""
+
+    NAME = "failure_detected"
+    LEVEL = "error"
+    DIGITS: ClassVar[Mapping[str, int]] = {"detect_s": 4}
+    kind: str
+    """``crash``, ``oom``, ``hang``, ``preempted``, ``timelimit``, ``node_failure``, ``stopped``."""
+    ranks: tuple[int, ...]
+    """The ranks implicated, the first failing (or furthest behind) first; may be empty."""
+    exit_codes: tuple[int, ...]
+    """Exit statuses of the implicated ranks that exited with a code."""
+    signals: tuple[str, ...]
+    """Names of the signals that killed implicated ranks, e.g. ``"SIGKILL"``."""
+    last_step: int | None
+    """The highest step any rank finished; None before the first."""
+    detail: str
+    """One human sentence."""
+    diagnostics: str | None
+    """The directory of the ranks' stacks (hangs); None if none were collected."""
+    detect_s: float | None
+    """From the first sign of the failure to its classification."""
+    hang_timeout_s: float | None
+    """The hang timeout in force; None when not known."""
+    noticed_at: str | None
+    """When the first sign was seen (ISO-8601 UTC)."""
+    nodes: tuple[str, ...]
+    """Nodes found lost (``node_failure``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartScheduled(Event):
+    """The next attempt starts after a backoff."""
+
+    NAME = "restart_scheduled"
+    LEVEL = "warning"
+    DIGITS: ClassVar[Mapping[str, int]] = {"backoff_s": 3}
+    backoff_s: float
+    """The delay before the next attempt."""
+    restarts_left: int
+    """Restarts left in the budget after this one."""
+    charged: bool
+    """The restart uses one from the budget."""
+    deterministic: bool
+    """The previous charged failure had the same kind, ranks and step."""
+    note: str
+    """One human sentence."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRequested(Event):
+    """A stop was asked for: the ranks checkpoint at a common step, then exit."""
+
+    NAME = "stop_requested"
+    LEVEL = "info"
+    reason: str
+    """``preempted``, ``timelimit`` or ``stopped``."""
+    source: str
+    """Who asked: a signal's name, ``rvsup stop``, the time limit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSucceeded(Event):
+    """The training ended: exit 0."""
+
+    NAME = "job_succeeded"
+    LEVEL = "info"
+    last_step: int | None
+    """The last step finished; None if unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobGaveUp(Event):
+    """The job ends without success: exit 3."""
+
+    NAME = "job_gave_up"
+    LEVEL = "error"
+    reason: str
+    """Why: the budget is spent, no progress, a failure configured to end the job."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStopped(Event):
+    """This allocation's run ended on a stop: exit 75, requeued where possible."""
+
+    NAME = "job_stopped"
+    LEVEL = "warning"
+    reason: str
+    """``preempted``, ``timelimit`` or ``stopped``."""
+    requeued: bool
+    """The Slurm job was requeued."""
+    step: int | None
+    """The stop's checkpoint; None when the stop committed none."""
+    note: str
+    """One human sentence, or empty."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessagesDropped(Event):
+    """Malformed or unauthenticated messages were dropped."""
+
+    NAME = "messages_dropped"
+    LEVEL = "warning"
+    counts: Mapping[str, int]
+    """Dropped messages by reason."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequeueFailed(Event):
+    """Asking Slurm to requeue the job failed (the job stops anyway)."""
+
+    NAME = "requeue_failed"
+    LEVEL = "error"
+    job_id: str
+    """The Slurm job."""
+    error: str
+    """What Slurm said."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeLeftUnknown(Event):
+    """Slurm could not say how much time the allocation has left (asked again later)."""
+
+    NAME = "time_left_unknown"
+    LEVEL = "warning"
+    error: str
+    """What Slurm said."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SupervisorError(Event):
+    """A bug in the daemon: it tore the job's processes down and exited 1."""
+
+    NAME = "supervisor_error"
+    LEVEL = "error"
+    error: str
+    """The exception (its ``repr``)."""
+    traceback: str
+    """Its formatted traceback."""
+
+
+_CLASSES: Final = (
+    JobStarted,
+    AttemptStarted,
+    CheckpointCommitted,
+    CheckpointSkipped,
+    FailureDetected,
+    RestartScheduled,
+    StopRequested,
+    JobSucceeded,
+    JobGaveUp,
+    JobStopped,
+    MessagesDropped,
+    RequeueFailed,
+    TimeLeftUnknown,
+    SupervisorError,
+)
+EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
+    {cls.NAME: cls for cls in _CLASSES}
+)
+"""Every event, by name, in the order README lists them."""
+
+
+# ---------------------------------------------------------------- lines
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of ``events.jsonl`` read back: its common fields and its event."""
+
+    timestamp: str | None
+    """As written (ISO-8601 UTC); None if missing or not a string."""
+    attempt: int | None
+    """The attempt it belongs to (0: before the first); None if missing or not a number."""
+    job: str | None
+    """The job's name."""
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """The events of many lines, and how many were skipped."""
+
+    entries: tuple[Entry, ...]
+    invalid: int
+    """Lines without an event name or without a valid value for a required field."""
+    unknown: int
+    """Lines naming an event this version does not know (a newer rvsup wrote them)."""
+
+
+_UNKNOWN: Final = "unknown"  # _parse's answer for an event name it does not know
+
+
+def _parse(obj: Mapping[str, Any]) -> Event | str | None:
+    name = obj.get("event")
+    if not isinstance(name, str):
+        return None
+    cls = EVENTS.get(name)
+    if cls is None:
+        return _UNKNOWN
+    values = typed_json.read_fields(cls, obj)
+    return None if values is None else cls(**values)
+
+
+def parse(obj: Mapping[str, Any]) -> Event | None:
+    """The event of one line, or None: an unknown name, or a required field missing/invalid."""
+    event = _parse(obj)
+    return event if isinstance(event, Event) else None
+
+
+def parse_entry(obj: Mapping[str, Any]) -> Entry | None:
+    """The line with its common fields, or None when :func:`parse` gives None."""
+    event = parse(obj)
+    return None if event is None else _entry(obj, event)
+
+
+def parse_all(objs: Iterable[Mapping[str, Any]]) -> Parsed:
+    """Every line's entry, in order, with the number of invalid and unknown lines skipped."""
+    entries: list[Entry] = []
+    invalid = unknown = 0
+    for obj in objs:
+        event = _parse(obj)
+        if isinstance(event, Event):
+            entries.append(_entry(obj, event))
+        elif event is None:
+            invalid += 1
+        else:
+            unknown += 1
+    return Parsed(tuple(entries), invalid, unknown)
+
+
+def _entry(obj: Mapping[str, Any], event: Event) -> Entry:
+    timestamp, job = obj.get("timestamp"), obj.get("job")
+    attempt = typed_json.read_int(obj.get("attempt"))
+    return Entry(
+        timestamp=timestamp if isinstance(timestamp, str) else None,
+        attempt=attempt if isinstance(attempt, int) else None,
+        job=job if isinstance(job, str) else None,
+        event=event,
+    )
+
+
+# ---------------------------------------------------------------- writing
+
+
+def to_json(event: Event) -> dict[str, object]:
+    """The event's fields as a line holds them, in declaration order (tuples as lists)."""
+    return typed_json.to_json(event)
+
+
+def describe() -> str:
+    """The events as a Markdown table (README's list): name, level, meaning, fields and types."""
+    lines = ["| event | level | what | fields |", "|---|---|---|---|"]
+    for name, cls in EVENTS.items():
+        doc = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
+        specs = ", ".join(f"`{s.name}` ({s.json_type})" for s in typed_json.specs(cls))
+        lines.append(f"| `{name}` | {cls.LEVEL} | {doc} | {specs} |")
+    return "\n".join(lines)

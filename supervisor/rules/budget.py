@@ -1,0 +1,111 @@
+"""The restart budget, as one fold over the history's events.
+
+:func:`fold` is the only place the budget is computed. At start-up the supervisor folds the
+whole ``events.jsonl`` (:func:`budget_of`); during the run it folds every event it logs into the
+same :class:`Budget`. Both see the same events, so a requeued allocation or a new ``rvsup
+start`` continues exactly where the run before it stood.
+
+The rules, event by event (every other event leaves the budget as it is):
+
+- ``attempt_started``: one more attempt, which has not progressed yet; the checkpoint it resumes
+  from (``resume_step - 1``) is known.
+- ``checkpoint_committed`` of a step newer than any known: the attempt progressed, and the
+  no-progress streak is over.
+- ``failure_detected``: the newest failure, by its signature (kind, ranks, last step); an
+  ``oom`` is counted.
+- ``restart_scheduled`` with ``charged``: one restart used; the newest failure becomes the last
+  charged one (what :func:`supervisor.rules.policy.decide` compares a failure with to call it
+  deterministic); the streak grows unless the attempt progressed.
+- ``job_started``: a new daemon; no attempt runs until its ``attempt_started``.
+
+Nothing resets at a ``job_started``: the restarts used, the streak and the last charged failure
+carry over requeues and restarts of rvsup. A preemption, time limit or stop is never charged
+(no ``restart_scheduled`` follows it), so it neither spends the budget nor grows the streak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TypeAlias
+
+from supervisor.record.schema import (
+    AttemptStarted,
+    CheckpointCommitted,
+    Event,
+    FailureDetected,
+    JobStarted,
+    RestartScheduled,
+)
+from supervisor.rules.failures import FailureKind
+
+__all__ = ["Budget", "Signature", "budget_of", "fold", "signature"]
+
+Signature: TypeAlias = tuple[str, tuple[int, ...], int | None]
+"""``(kind, ranks, last_step)``, as :func:`supervisor.rules.failures.deterministic_signature`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Where the job's restart budget stands after the events folded so far."""
+
+    attempts: int = 0
+    """Attempts started: the number of the newest one (the next is ``attempts + 1``)."""
+    restarts_used: int = 0
+    """Charged restarts."""
+    no_progress_streak: int = 0
+    """Charged attempts in a row, most recent last, that committed no new checkpoint."""
+    oom_count: int = 0
+    """Failures of kind ``oom``."""
+    failure: Signature | None = None
+    """The newest failure's signature, charged or not."""
+    charged_failure: Signature | None = None
+    """The signature of the newest failure whose restart was charged."""
+    newest_step: int | None = None
+    """The newest checkpoint step known: committed, or resumed from."""
+    progressed: bool = False
+    """The newest attempt committed a checkpoint newer than any known before it."""
+
+    @property
+    def last_failure(self) -> str | None:
+        """The newest failure's kind (``crash``, ``oom``, ...), None before the first."""
+        return None if self.failure is None else self.failure[0]
+
+
+def signature(event: FailureDetected) -> Signature:
+    """The failure's ``(kind, ranks, last_step)``: equal for two that look like the same bug."""
+    return (event.kind, event.ranks, event.last_step)
+
+
+def fold(budget: Budget, event: Event) -> Budget:
+    """The budget after one more event (module docstring: the rules)."""
+    if isinstance(event, AttemptStarted):
+        newest = budget.newest_step
+        if event.resume_step > 0 and (newest is None or event.resume_step - 1 > newest):
+            newest = event.resume_step - 1
+        return replace(budget, attempts=budget.attempts + 1, progressed=False, newest_step=newest)
+    if isinstance(event, CheckpointCommitted):
+        if budget.newest_step is not None and event.step <= budget.newest_step:
+            return budget
+        return replace(budget, newest_step=event.step, progressed=True, no_progress_streak=0)
+    if isinstance(event, FailureDetected):
+        is_oom = event.kind == FailureKind.OOM
+        return replace(budget, failure=signature(event), oom_count=budget.oom_count + is_oom)
+    if isinstance(event, RestartScheduled) and event.charged:
+        return replace(
+            budget,
+            restarts_used=budget.restarts_used + 1,
+            charged_failure=budget.failure,
+            no_progress_streak=0 if budget.progressed else budget.no_progress_streak + 1,
+        )
+    if isinstance(event, JobStarted):
+        return replace(budget, progressed=False)
+    return budget
+
+
+def budget_of(events: Iterable[Event]) -> Budget:
+    """The budget of a whole history (``Budget()`` for none): :func:`fold` over every event."""
+    budget = Budget()
+    for event in events:
+        budget = fold(budget, event)
+    return budget

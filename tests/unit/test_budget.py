@@ -1,0 +1,292 @@
+"""The budget fold: restarts, no-progress streak, OOMs, the deterministic signature, attempts;
+and that folding during the run equals folding the file at start-up."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.record.events import EventLog
+from supervisor.record.history import read
+from supervisor.record.schema import (
+    AttemptStarted,
+    CheckpointCommitted,
+    Event,
+    FailureDetected,
+    JobGaveUp,
+    JobStarted,
+    JobStopped,
+    JobSucceeded,
+    RestartScheduled,
+    StopRequested,
+)
+from supervisor.rules.budget import Budget, budget_of, fold, signature
+from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
+from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
+
+K = FailureKind
+
+
+def start() -> JobStarted:
+    return JobStarted(
+        config="job.toml", host="n1", pid=1, slurm_job_id=None, restart_count=None, restarts_used=0
+    )
+
+
+def attempt(resume: int = 0) -> AttemptStarted:
+    return AttemptStarted(
+        resume_step=resume,
+        checkpoint=None,
+        launcher=("torchrun",),
+        nnodes=1,
+        nproc_per_node=1,
+        slurm_job_id=None,
+        restart_count=None,
+    )
+
+
+def commit(step: int) -> CheckpointCommitted:
+    return CheckpointCommitted(step=step, path=f"c/{step}", seconds=None, bytes=1, source="sdk")
+
+
+def failure_event(f: Failure) -> FailureDetected:
+    """The failure_detected the supervisor logs for ``f``."""
+    return FailureDetected(
+        kind=str(f.kind),
+        ranks=f.ranks,
+        exit_codes=f.exit_codes,
+        signals=f.signals,
+        last_step=f.last_step,
+        detail=f.detail,
+        diagnostics=None,
+        detect_s=0.01,
+        hang_timeout_s=None,
+        noticed_at=None,
+        nodes=f.nodes,
+    )
+
+
+def failed(kind: str, ranks: tuple[int, ...] = (1,), step: int | None = 30) -> FailureDetected:
+    return failure_event(Failure(K(kind), ranks, (), (), step, f"{kind} at {step}"))
+
+
+def restarted(charged: bool = True) -> RestartScheduled:
+    return RestartScheduled(
+        backoff_s=1.0, restarts_left=3, charged=charged, deterministic=False, note=""
+    )
+
+
+def stopped(reason: str = "preempted") -> JobStopped:
+    return JobStopped(reason=reason, requeued=True, step=None, note="")
+
+
+CRASH_30 = ("crash", (1,), 30)
+
+
+def crash_loop(n: int, *, commits: bool = False) -> list[Event]:
+    """``n`` attempts that each crash the same way and are restarted (charged)."""
+    events: list[Event] = []
+    for i in range(n):
+        events += [attempt(), *([commit(10 * (i + 1))] if commits else []), failed("crash")]
+        events.append(restarted())
+    return events
+
+
+# (events, the Budget fields expected after folding them all)
+FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
+    "nothing-yet": ([], {"attempts": 0, "restarts_used": 0, "failure": None, "progressed": False}),
+    "charged-restarts-without-progress": (
+        crash_loop(2),
+        {"attempts": 2, "restarts_used": 2, "no_progress_streak": 2, "charged_failure": CRASH_30},
+    ),
+    "uncharged-restart-spends-nothing": (
+        [attempt(), failed("crash"), restarted(charged=False)],
+        {"restarts_used": 0, "no_progress_streak": 0, "charged_failure": None},
+    ),
+    "preemption-never-charged": (
+        [
+            *crash_loop(1),
+            attempt(),
+            StopRequested(reason="preempted", source="SIGTERM"),
+            failed("preempted", (), 31),
+            stopped(),
+        ],
+        {
+            "restarts_used": 1,
+            "no_progress_streak": 1,
+            "failure": ("preempted", (), 31),
+            "charged_failure": CRASH_30,
+            "last_failure": "preempted",
+        },
+    ),
+    "progress-resets-the-streak": (
+        [*crash_loop(2), attempt(), commit(5)],
+        {"no_progress_streak": 0, "progressed": True, "newest_step": 5},
+    ),
+    "a-charged-attempt-that-progressed-keeps-it-at-zero": (
+        crash_loop(3, commits=True),
+        {"restarts_used": 3, "no_progress_streak": 0, "progressed": True, "newest_step": 30},
+    ),
+    "an-uncharged-attempt-that-progressed-resets": (
+        [*crash_loop(2), attempt(), failed("preempted", (), 40), commit(40), stopped()],
+        {"no_progress_streak": 0, "restarts_used": 2},
+    ),
+    "resumed-step-recommitted-is-no-progress": (
+        [attempt(resume=10), commit(9), failed("crash"), restarted()],
+        {"progressed": False, "newest_step": 9, "no_progress_streak": 1},
+    ),
+    "older-commit-is-no-progress": (
+        [attempt(), commit(20), *crash_loop(1)[:1], commit(10)],
+        {"progressed": False, "newest_step": 20},
+    ),
+    "a-new-attempt-has-not-progressed": (
+        [attempt(), commit(5), failed("crash"), restarted(), attempt(resume=6)],
+        {"progressed": False, "no_progress_streak": 0, "attempts": 2},
+    ),
+    "oom-count": (
+        [
+            attempt(),
+            failed("oom"),
+            restarted(),
+            attempt(),
+            failed("crash"),
+            restarted(),
+            attempt(),
+            failed("oom", (0,), 7),
+        ],
+        {"oom_count": 2, "last_failure": "oom", "failure": ("oom", (0,), 7)},
+    ),
+    "signature-carried-across-a-new-start": (
+        [*crash_loop(1), attempt(), failed("preempted", (), 35), stopped(), start(), attempt()],
+        {"charged_failure": CRASH_30, "restarts_used": 1, "no_progress_streak": 1},
+    ),
+    "attempts-continue-across-a-new-start": (
+        [*crash_loop(2), attempt(), stopped(), start(), attempt()],
+        {"attempts": 4},
+    ),
+    "the-last-charged-failure-not-the-last-failure": (
+        [*crash_loop(1), attempt(), failed("crash", (0,), 80), JobGaveUp(reason="spent")],
+        {"charged_failure": CRASH_30, "failure": ("crash", (0,), 80)},
+    ),
+    "a-new-start-ends-the-attempt": (
+        [attempt(), commit(3), start()],
+        {"progressed": False, "newest_step": 3, "attempts": 1},
+    ),
+    "success-changes-nothing": (
+        [attempt(), JobSucceeded(last_step=9)],
+        {"attempts": 1, "restarts_used": 0, "failure": None},
+    ),
+}
+
+
+@pytest.mark.parametrize(("events", "expected"), FOLDS.values(), ids=list(FOLDS))
+def test_fold(events: list[Event], expected: dict[str, Any]) -> None:
+    """Folding each sequence of events gives the documented budget."""
+    budget = budget_of(events)
+    assert {name: getattr(budget, name) for name in expected} == expected
+
+
+def test_fold_is_one_event_at_a_time() -> None:
+    """budget_of() is fold() one event at a time; an ignored event returns the same budget."""
+    events = [*crash_loop(2), attempt(), commit(4)]
+    budget = Budget()
+    for event in events:
+        budget = fold(budget, event)
+    assert budget == budget_of(events)
+    assert fold(budget, StopRequested(reason="stopped", source="x")) is budget
+
+
+def test_signature_matches_the_rules() -> None:
+    """A failure_detected's signature equals deterministic_signature() of its failure."""
+    f = Failure(K.OOM, (3, 0), (137,), ("SIGKILL",), None, "oom", ("n1",))
+    assert signature(failure_event(f)) == deterministic_signature(f)
+
+
+# ---------------------------------------------------------------- during the run == at start-up
+
+POLICY = RestartPolicy(max_restarts=6, backoff_s=0.0, backoff_max_s=0.0, max_no_progress=3)
+KINDS = (K.CRASH, K.CRASH, K.OOM, K.HANG, K.PREEMPTED, K.TIMELIMIT, K.STOPPED)
+
+
+class Daemon:
+    """A stand-in for the supervisor: every event it logs is folded into its budget."""
+
+    def __init__(self, run_dir: Path, rng: random.Random) -> None:
+        self.rng = rng
+        self.budget = budget_of(read(run_dir / "events.jsonl").events)  # start-up: the file
+        self.log = EventLog(run_dir, "toy", console=None, on_log=self._fold)
+
+    def _fold(self, event: Event) -> None:
+        self.budget = fold(self.budget, event)  # the run: each event as it is logged
+
+    def emit(self, event: Event) -> None:
+        self.log.log(event)
+
+    def run(self) -> str:
+        """Attempts until the job ends or this daemon stops: ``"ended"`` / ``"stopped"``."""
+        try:
+            self.emit(start())
+            while True:
+                self.log.attempt = self.budget.attempts + 1
+                newest = self.budget.newest_step
+                self.emit(attempt(resume=0 if newest is None else newest + 1))
+                assert self.budget.attempts == self.log.attempt
+                outcome = self._one_attempt(0 if newest is None else newest + 1)
+                if outcome is not None:
+                    return outcome
+        finally:
+            self.log.close()
+
+    def _one_attempt(self, step: int) -> str | None:
+        for _ in range(self.rng.randint(0, 2)):
+            step += self.rng.choice((0, 5))
+            self.emit(commit(step))
+        if self.rng.random() < 0.05:
+            self.emit(JobSucceeded(last_step=step))
+            return "ended"
+        if self.rng.random() < 0.05:
+            return "stopped"  # the daemon was killed mid-attempt: no end logged
+        kind = self.rng.choice(KINDS)
+        f = Failure(kind, (self.rng.randint(0, 1),), (), (), step + self.rng.randint(0, 1), "d")
+        self.emit(failure_event(f))
+        decision = decide(self.budget, f, POLICY, jitter=self.rng.random())
+        if isinstance(decision, Restart):
+            self.emit(
+                RestartScheduled(
+                    backoff_s=decision.after_s,
+                    restarts_left=decision.restarts_left,
+                    charged=decision.charged,
+                    deterministic=decision.deterministic,
+                    note=decision.note,
+                )
+            )
+            return None
+        if isinstance(decision, GiveUp):
+            self.emit(JobGaveUp(reason=decision.reason))
+            return "ended"
+        assert isinstance(decision, Requeue)
+        self.emit(JobStopped(reason=decision.reason, requeued=True, step=None, note=""))
+        return "stopped"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_folding_during_the_run_equals_folding_the_file(tmp_path: Path, seed: int) -> None:
+    """Across daemons (requeues, a kill), the budget folded from the file equals the one run live."""
+    rng = random.Random(seed)
+    live: Budget | None = None
+    for _ in range(6):
+        daemon = Daemon(tmp_path, rng)
+        if live is not None:
+            assert daemon.budget == live
+        outcome = daemon.run()
+        live = daemon.budget
+        if outcome == "ended":
+            break
+    assert live is not None
+    history = read(tmp_path / "events.jsonl")
+    assert budget_of(history.events) == live
+    numbers = [e.attempt for e in history.entries if isinstance(e.event, AttemptStarted)]
+    assert numbers == list(range(1, live.attempts + 1))
