@@ -38,6 +38,7 @@ from supervisor.record.schema import (
     JobGaveUp,
     JobStopped,
     JobSucceeded,
+    MessagesDropped,
     RestartScheduled,
     StopRequested,
 )
@@ -231,10 +232,13 @@ class Supervisor:
             clock=self.clock,
             liveness=self.liveness,
         )
+        dropped_before = dict(self.channel.dropped)
         try:
             return await self.current.run()
         finally:
             self.current = None
+            if dict(self.channel.dropped) != dropped_before:
+                self.events.log(MessagesDropped(counts=dict(self.channel.dropped)))
 
     def _record_failure(self, failure: Failure, result: AttemptResult) -> None:
         self.events.log(

@@ -256,3 +256,17 @@ def test_gives_up_when_no_attempt_progresses(tmp_path: Path) -> None:
     assert "no progress" in gave_up["reason"]
     assert "deterministic" in gave_up["reason"]
     assert len(rig.named("attempt_started")) == 2
+
+
+def test_dropped_messages_are_recorded_per_attempt(tmp_path: Path) -> None:
+    """Messages the channel dropped during an attempt show in the history as messages_dropped,
+    with the counts by reason; an attempt that dropped nothing adds no such line."""
+
+    async def spoofed(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        ch.dropped["bad mac"] += 3
+        await succeeds(tree, ch, clock)
+
+    rig = Rig(tmp_path, [rank1_killed, spoofed])
+    assert rig.run() == ExitCode.OK
+    (dropped,) = rig.named("messages_dropped")
+    assert (dropped["attempt"], dropped["counts"]) == (2, {"bad mac": 3})
