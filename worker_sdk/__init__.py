@@ -49,6 +49,18 @@ def resume(
     ``torch.distributed.init_process_group`` when the job is distributed. ``start_step`` is 0 on a
     fresh start; ``extra`` is the saved one, or the given one on a fresh start. The keyword
     arguments apply only when the script runs without rvsup (job.toml wins under rvsup).
+
+    Any parallelism, nothing to configure: plain modules and DDP are saved once (replicated);
+    FSDP1, FSDP2 (``fully_shard``) and other DTensor models, with their optimizers, are saved by
+    every rank, each its own shards (torch.distributed.checkpoint). Objects rvsup cannot save
+    correctly (ZeroRedundancyOptimizer, DeepSpeed engines, anything without
+    ``state_dict``/``load_state_dict``) raise TypeError/ValueError naming the object.
+
+    A checkpoint written by N ranks resumes on M ranks: sharded state is resharded, replicated
+    state loads as it is. Per rank: rank r < N gets rank r's RNG states and ``extra`` back; a
+    new rank r >= N gets the ``extra`` given here and its RNGs (Python, NumPy, torch CPU and
+    CUDA) seeded from the step and its rank (``worker_sdk._rng.derived_seed(step, r)``); the
+    parts of ranks >= M are not used.
     """
     global _runtime
     if _runtime is not None:
@@ -57,6 +69,9 @@ def resume(
     from ._settings import resolve
     from .checkpoint import Checkpointer, LoadResult
 
+    # the first import of the submodule worker_sdk._runtime bound this global to the module:
+    # unbind it, or a resume() that raises below would look like one that succeeded
+    _runtime = None
     settings = resolve(
         checkpoint_dir=checkpoint_dir, every_steps=every_steps, every_s=every, keep_last=keep_last
     )

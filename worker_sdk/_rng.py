@@ -6,6 +6,7 @@ holding it loads with ``torch.load(..., weights_only=True)``.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -64,6 +65,24 @@ def restore(state: Mapping[str, Any]) -> None:
     if saved_cuda and torch.cuda.is_available():
         for index, cuda_state in enumerate(saved_cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(_byte_tensor(cuda_state), index)
+
+
+def derived_seed(step: int, rank: int) -> int:
+    """The seed of a rank that has no saved RNG states (a resume on more ranks than saved).
+
+    The first 8 bytes of SHA-256 of ``"rvsup-rng:<step>:<rank>"`` as a little-endian integer,
+    top bit cleared: the same for every run, different for every (step, rank).
+    """
+    digest = hashlib.sha256(f"rvsup-rng:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's (if importable), torch's CPU and every CUDA RNG from ``seed``."""
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # CUDA devices too
 
 
 def _byte_tensor(value: Any) -> torch.Tensor:

@@ -112,7 +112,15 @@ class Runtime:
                     p.Kind.CKPT_SKIPPED, payload={"path": str(path), "reason": reason}
                 )
             loaded_from = str(loaded.path) if loaded.path else None
-            self.channel.send(p.Kind.LOADED, step=start, payload={"path": loaded_from})
+            self.channel.send(
+                p.Kind.LOADED,
+                step=start,
+                payload={
+                    "path": loaded_from,
+                    "world_size": loaded.saved_world_size,
+                    "resharded_from": loaded.resharded_from,
+                },
+            )
         self._arm_stack_dumps()
         self.t_last = time.monotonic()
         return start

@@ -1,21 +1,45 @@
-"""Atomic, multi-rank checkpoints: save, find the newest complete one, load it.
+"""Atomic, multi-rank checkpoints of any parallelism: save, find the newest complete one, load.
 
-Save (correct under ``kill -9`` of any rank at any instant):
+What goes where (``_parallel`` decides, from the objects given to ``resume()``):
 
-1. every rank writes its part into ``.tmp-step-<step>-<attempt>/`` (rank 0 also writes the
-   replicated ``shared.pt``), each file fsynced and renamed into place, the directory fsynced;
-2. the ranks agree that every part is durable (a collective when torch.distributed is up);
-3. rank 0 writes ``MANIFEST.json``, fsyncs it, renames the directory to ``step-<step>``,
-   fsyncs the checkpoint directory and prunes old checkpoints.
+- replicated state (plain modules, DDP, LR schedulers, user objects) is written once, by rank 0,
+  with torch.save into ``shared.pt``;
+- sharded state (FSDP1, FSDP2 and other DTensor modules, with the optimizers over their
+  parameters) is written by every rank, each its own shards, through torch.distributed.checkpoint
+  (``get_state_dict``/``set_state_dict``) into ``dcp/``;
+- per-rank values (RNG states, ``extra``) go into each rank's own ``rank-<rank>.pt``: no key is
+  ever saved by several ranks holding different values.
+
+Save (correct under ``kill -9`` of any rank at any instant), in steps that an asynchronous save
+can split between the training thread and a writer:
+
+1. capture: references to the state (for sharded groups ``get_state_dict``, every rank);
+2. stage: a copy the training loop can no longer change (today's saves are synchronous: the
+   state cannot change while they run, and nothing is copied);
+3. write, into ``.tmp-step-<step>-<attempt>/``: rank 0 ``shared.pt``, every rank its rank file,
+   each fsynced and renamed into place. When some state is sharded, the ranks agree that this
+   much worked, then DCP writes ``dcp/`` (each rank its own files, fsynced), and each rank takes
+   the CRC-32 of its files and fsyncs ``dcp/``. The temporary directory is fsynced;
+4. commit: the ranks agree that every part is durable (one all-gather, which carries the CRCs
+   too); rank 0 writes ``MANIFEST.json`` (every file with its size, the CRCs, the objects),
+   fsyncs it, renames the directory to ``step-<step>``, fsyncs the checkpoint directory and
+   prunes old checkpoints.
 
 Until the rename nothing is committed; the rename is atomic. Load takes the newest valid
-checkpoint that every rank can read, checks that all ranks chose the same one, and skips
-(reporting why) any that turns out to be unreadable.
+checkpoint that every rank can read (sizes checked by every rank, the CRCs of ``dcp/`` split
+between the ranks), checks that all ranks chose the same one, and skips (reporting why) any
+that turns out to be unreadable.
+
+Another world size: a checkpoint of N ranks loads on M. Sharded state is resharded by DCP,
+replicated state loads anywhere. Per-rank values follow one rule: rank r < N gets rank r's RNG
+states and ``extra`` back; a rank r >= N (a new one) gets the ``extra`` given to ``resume()``
+and RNGs seeded from (step, r) (:func:`worker_sdk._rng.derived_seed`); ranks >= M are dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -25,29 +49,32 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, Protocol
+from typing import IO, Any, Final
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from . import _rng, layout
+from . import _dcp, _parallel, _rng, layout
 from ._collectives import all_gather_ints, broadcast_ints
-from .layout import MANIFEST, MARKER, SHARED, CheckpointInfo, committed_name, rank_file, temp_name
+from ._parallel import Stateful, StatePlan, unwrap
+from .layout import (
+    DCP_DIR,
+    MANIFEST,
+    MARKER,
+    SHARED,
+    STATE_DCP,
+    STATE_SHARED,
+    CheckpointInfo,
+    committed_name,
+    rank_file,
+    temp_name,
+)
 
 __all__ = ["Checkpointer", "LoadResult", "SaveResult", "Stateful", "unwrap"]
 
-_PAYLOAD_FORMAT: Final = 1
+_PAYLOAD_FORMAT: Final = 1  # of shared.pt and the rank files (their layout is unchanged)
 _PART_WAIT_S: Final = 600.0  # without a process group: how long rank 0 waits for the parts
 _READ_CHUNK: Final = 4 << 20
-
-
-class Stateful(Protocol):
-    """Anything checkpointable: modules, optimizers, LR schedulers, user objects."""
-
-    def state_dict(self) -> Mapping[str, Any]: ...
-
-    def load_state_dict(self, state_dict: Any, /) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +96,9 @@ class LoadResult:
     path: Path | None
     extra: Any
     skipped: tuple[tuple[Path, str], ...]  # checkpoints passed over, with the reason
+    saved_world_size: int | None = None  # ranks that wrote the loaded checkpoint
+    resharded_from: int | None = None  # saved_world_size, when it is not this job's
+    own_part: bool = True  # this rank got its own RNG states and extra (False: a new rank)
 
 
 class _UnloadableError(Exception):
@@ -79,17 +109,24 @@ class _RefusedError(Exception):
     """This checkpoint must not (or cannot usefully) be loaded, and no older one either."""
 
 
-def unwrap(obj: Any) -> Any:
-    """The module inside DDP/DataParallel wrappers and ``torch.compile``; others unchanged."""
-    while True:
-        if isinstance(obj, (DistributedDataParallel, DataParallel)):
-            obj = obj.module
-            continue
-        inner = getattr(obj, "_orig_mod", None)
-        if isinstance(obj, torch.nn.Module) and isinstance(inner, torch.nn.Module):
-            obj = inner
-            continue
-        return obj
+@dataclass(slots=True)
+class _Snapshot:
+    """One rank's view of a checkpoint being written (see the module docstring's steps)."""
+
+    plan: StatePlan
+    where: tuple[str, ...]  # per object: STATE_SHARED or STATE_DCP
+    shared: dict[str, Any] | None  # shared.pt's payload (rank 0), else None
+    part: dict[str, Any]  # this rank's rank file
+    sharded: dict[str, Any] | None  # the DCP state dict; None when nothing is sharded
+
+
+@dataclass(slots=True)
+class _Read:
+    """What the local checks of a load produced; applied once every rank's checks passed."""
+
+    where: tuple[str, ...]
+    states: dict[int, Any]  # replicated objects' states, by object index
+    part: Mapping[str, Any] | None  # None: a rank the checkpoint did not have
 
 
 class Checkpointer:
@@ -107,39 +144,63 @@ class Checkpointer:
         self.attempt_tag = attempt_tag
         self.keep_last = keep_last
         self._unloadable: set[Path] = set()  # committed but failed to load: replace on re-save
+        self._plans: tuple[tuple[int, ...], StatePlan] | None = None
+
+    def plan(self, objects: Sequence[Stateful]) -> StatePlan:
+        """How ``objects`` are saved (cached); raises TypeError/ValueError for what cannot be."""
+        key = tuple(id(o) for o in objects)
+        if self._plans is None or self._plans[0] != key:
+            self._plans = (key, _parallel.plan(objects))
+        return self._plans[1]
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, objects: Sequence[Stateful], extra: Any) -> SaveResult:
         """Checkpoint finished step ``step``; rank 0 commits it once every part is durable."""
         began = time.monotonic()
+        plan = self.plan(objects)
         final = self.directory / committed_name(step)
         tmp = self.directory / temp_name(step, self.attempt_tag)
+        sharded = bool(plan.sharded)  # the same on every rank: the same script made the objects
+        if sharded and self.world_size > 1 and not self._group_active():
+            raise RuntimeError("sharded (FSDP/DTensor) state needs torch.distributed initialised")
         error: Exception | None = None
+        snap: _Snapshot | None = None
+        sums: list[int] = []
         try:
+            snap = self._stage(self._capture(plan, objects, extra))
             self._prepare_directory()
             tmp.mkdir(mode=0o755, exist_ok=True)
-            if self.rank == 0:
-                _write_durable(tmp / SHARED, _shared_payload(objects))
-            part: dict[str, Any] = {
-                "format": _PAYLOAD_FORMAT,
-                "rank": self.rank,
-                "rng": _rng.capture(),
-                "extra": extra,
-            }
-            _write_durable(tmp / rank_file(self.rank), part)
-            layout.fsync_dir(tmp)
+            self._write_local(snap, tmp)
         except Exception as e:
             error = e
-        failed = self._agree_parts_written(step, error is None)
+        if sharded:
+            # DCP's writes are collectives: enter them only if every rank got this far
+            failed = self._agree_ready(error is None)
+            if not failed:
+                try:
+                    assert snap is not None
+                    assert snap.sharded is not None
+                    sums = _dcp.write(snap.sharded, tmp / DCP_DIR, self.rank)
+                    layout.fsync_dir(tmp)
+                except Exception as e:
+                    error = e
+            elif error is None:
+                error = RuntimeError(
+                    f"rank(s) {failed} could not write step {step}; it is not committed"
+                )
+        failed, tables = self._agree_parts_written(
+            step, error is None, sums if sharded else [], 1 + _dcp.THREADS if sharded else 0
+        )
         if error is not None:
             raise error
         if failed:
             raise RuntimeError(f"rank(s) {failed} could not write step {step}; it is not committed")
         committed, nbytes = False, 0
         if self.rank == 0:
+            assert snap is not None
             commit_error: Exception | None = None
             try:
-                nbytes = self._commit(step, tmp, final).nbytes
+                nbytes = self._commit(step, tmp, final, snap, tables).nbytes
                 committed = True
             except Exception as e:
                 commit_error = e
@@ -152,6 +213,41 @@ class Checkpointer:
                 raise RuntimeError(f"rank 0 could not commit step {step} (see its error)")
         return SaveResult(step, final, time.monotonic() - began, nbytes, committed)
 
+    def _capture(self, plan: StatePlan, objects: Sequence[Stateful], extra: Any) -> _Snapshot:
+        """Step 1: references to everything a checkpoint holds, nothing written yet."""
+        where = []
+        for i, obj in enumerate(objects):
+            # an optimizer that has not stepped yet has no state to shard: saved as it is
+            # (DCP's get_state_dict would invent zero moments for it, in place)
+            empty = isinstance(obj, torch.optim.Optimizer) and not obj.state
+            where.append(STATE_DCP if i in plan.sharded and not empty else STATE_SHARED)
+        shared = None
+        if self.rank == 0:
+            table = {
+                str(i): {"class": plan.classes[i], "state": unwrap(obj).state_dict()}
+                for i, obj in enumerate(objects)
+                if where[i] == STATE_SHARED
+            }
+            shared = {"format": _PAYLOAD_FORMAT, "objects": table}
+        part = {"format": _PAYLOAD_FORMAT, "rank": self.rank, "rng": _rng.capture(), "extra": extra}
+        sharded_state = None
+        if plan.sharded:
+            sharded_state = _dcp.capture(_dcp_groups(plan, tuple(where)))
+        return _Snapshot(plan, tuple(where), shared, part, sharded_state)
+
+    def _stage(self, snap: _Snapshot) -> _Snapshot:
+        """Step 2: the copy an asynchronous save hands to its writer. Saves are synchronous
+        today (training waits until the commit), so the state cannot change and nothing is
+        copied."""
+        return snap
+
+    def _write_local(self, snap: _Snapshot, tmp: Path) -> None:
+        """Step 3, the files that are not DCP's: shared.pt (rank 0), this rank's part."""
+        if snap.shared is not None:
+            _write_durable(tmp / SHARED, snap.shared)
+        _write_durable(tmp / rank_file(self.rank), snap.part)
+        layout.fsync_dir(tmp)
+
     def _prepare_directory(self) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.rank == 0:
@@ -160,11 +256,23 @@ class Checkpointer:
                     os.open(self.directory / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 )
 
-    def _agree_parts_written(self, step: int, ok: bool) -> list[int]:
-        """Wait until every rank's part of ``step`` is durable; return the ranks that failed."""
+    def _agree_ready(self, ok: bool) -> list[int]:
+        """The ranks that failed before the sharded write (which every rank must enter)."""
+        if not self._group_active():
+            return [] if ok else [self.rank]
+        return [r for r, (flag,) in enumerate(all_gather_ints([1 if ok else 0])) if not flag]
+
+    def _agree_parts_written(
+        self, step: int, ok: bool, sums: Sequence[int], width: int
+    ) -> tuple[list[int], list[list[int]]]:
+        """Wait until every rank's part of ``step`` is durable: the ranks that failed, and each
+        rank's ``sums`` (``width`` numbers: the CRCs of its DCP files)."""
+        mine = [*sums, *[-1] * (width - len(sums))] if ok else [-1] * width
         if self._group_active():
-            flags = all_gather_ints([1 if ok else 0])
-            return [r for r, (flag,) in enumerate(flags) if not flag]
+            gathered = all_gather_ints([1 if ok else 0, *mine])
+            return [r for r, row in enumerate(gathered) if not row[0]], [
+                row[1:] for row in gathered
+            ]
         if self.world_size > 1 and self.rank == 0 and ok:
             tmp = self.directory / temp_name(step, self.attempt_tag)
             deadline = time.monotonic() + _PART_WAIT_S
@@ -172,13 +280,21 @@ class Checkpointer:
                 r for r in range(self.world_size) if not (tmp / rank_file(r)).exists()
             ]:
                 if time.monotonic() > deadline:
-                    return missing
+                    return missing, []
                 time.sleep(0.05)
-        return []
+        return ([] if ok else [self.rank]), [mine]
 
-    def _commit(self, step: int, tmp: Path, final: Path) -> CheckpointInfo:
+    def _commit(
+        self, step: int, tmp: Path, final: Path, snap: _Snapshot, tables: Sequence[Sequence[int]]
+    ) -> CheckpointInfo:
+        names = [SHARED, *(rank_file(r) for r in range(self.world_size))]
+        checksums: dict[str, int] = {}
+        if snap.sharded is not None:
+            for r, sums in enumerate(tables):
+                checksums.update(_dcp.names(r, sums))
+            names += sorted(checksums)
         files: dict[str, int] = {}
-        for name in [SHARED, *(rank_file(r) for r in range(self.world_size))]:
+        for name in names:
             try:
                 files[name] = os.stat(tmp / name).st_size
             except FileNotFoundError:
@@ -190,6 +306,11 @@ class Checkpointer:
             "world_size": self.world_size,
             "created": created,
             "files": files,
+            "checksums": checksums,
+            "objects": [
+                {"class": cls, "state": where}
+                for cls, where in zip(snap.plan.classes, snap.where, strict=True)
+            ],
         }
         _write_bytes_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         layout.fsync_dir(tmp)
@@ -219,23 +340,17 @@ class Checkpointer:
     # ------------------------------------------------------------------ load
     def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
         """Restore the newest checkpoint every rank can read; fresh start if there is none."""
+        plan = self.plan(objects)
         valid, scan_skipped = layout.scan(self.directory)
         skipped = list(scan_skipped)
         for info in [*valid, None]:
             self._agree_on_choice(info)
             if info is None:
                 return LoadResult(None, None, extra, tuple(skipped))
-            if info.world_size != self.world_size:
-                raise RuntimeError(
-                    f"checkpoint {info.path} was written by {info.world_size} ranks, this job has "
-                    f"{self.world_size}; resharding is not supported (run with the old world size, "
-                    "or start from a fresh checkpoint_dir)"
-                )
             status, reason = 0, ""
-            states: list[Any] = []
-            part: Mapping[str, Any] = {}
+            read: _Read | None = None
             try:
-                states, part = self._read(info, objects)
+                read = self._read(info, plan, objects)
             except _UnloadableError as e:
                 status, reason = 1, str(e)
             except _RefusedError as e:
@@ -253,10 +368,18 @@ class Checkpointer:
                 skipped.append((info.path, reason or f"unreadable on rank(s) {failed}"))
                 self._unloadable.add(info.path)
                 continue
-            for obj, state in zip(objects, states, strict=True):
-                unwrap(obj).load_state_dict(state)
-            _rng.restore(part["rng"])
-            return LoadResult(info.step, info.path, part["extra"], tuple(skipped))
+            assert read is not None
+            self._apply(info, plan, objects, read)
+            own = read.part is not None
+            return LoadResult(
+                info.step,
+                info.path,
+                read.part["extra"] if read.part is not None else extra,
+                tuple(skipped),
+                saved_world_size=info.world_size,
+                resharded_from=info.world_size if info.world_size != self.world_size else None,
+                own_part=own,
+            )
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _agree_on_choice(self, info: CheckpointInfo | None) -> None:
@@ -278,35 +401,107 @@ class Checkpointer:
             return [status]
         return [s for (s,) in all_gather_ints([status])]
 
-    def _read(
-        self, info: CheckpointInfo, objects: Sequence[Stateful]
-    ) -> tuple[list[Any], Mapping[str, Any]]:
+    def _read(self, info: CheckpointInfo, plan: StatePlan, objects: Sequence[Stateful]) -> _Read:
+        """This rank's checks and reads of ``info``, before any rank changes any object."""
         shared = self._load_file(info, SHARED)
-        part = self._load_file(info, rank_file(self.rank))
         entries = shared.get("objects") if isinstance(shared, dict) else None
         if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
             raise _UnloadableError(f"{SHARED} does not hold the expected objects table")
-        if not isinstance(part, dict) or part.get("rank") != self.rank or "extra" not in part:
-            raise _UnloadableError(f"{rank_file(self.rank)} is not this rank's part")
-        if not isinstance(part.get("rng"), dict):
-            raise _UnloadableError(f"{rank_file(self.rank)} holds no RNG states")
-        if len(entries) != len(objects):
+        part = None
+        if self.rank < info.world_size:
+            name = rank_file(self.rank)
+            part = self._load_file(info, name)
+            if not isinstance(part, dict) or part.get("rank") != self.rank or "extra" not in part:
+                raise _UnloadableError(f"{name} is not this rank's part")
+            if not isinstance(part.get("rng"), dict):
+                raise _UnloadableError(f"{name} holds no RNG states")
+        if info.format == 1:
+            where, classes = self._format1_objects(info, plan, objects, entries)
+        else:
+            where, classes = tuple(w for _, w in info.objects), [c for c, _ in info.objects]
+        if len(where) != len(objects):
             raise _RefusedError(
-                f"{info.path} holds {len(entries)} objects, {len(objects)} were given to restore"
+                f"{info.path} holds {len(where)} objects, {len(objects)} were given to restore"
             )
-        states = []
+        states: dict[int, Any] = {}
         for i, obj in enumerate(objects):
-            entry = entries.get(str(i))
-            if entry is None or "state" not in entry:
-                raise _UnloadableError(f"{SHARED} has no state for object {i}")
-            expected = type(unwrap(obj)).__qualname__
-            if entry.get("class") != expected:
+            expected = plan.classes[i] if info.format >= 2 else type(unwrap(obj)).__qualname__
+            if classes[i] != expected:
                 raise _RefusedError(
-                    f"{info.path}: object {i} was a {entry.get('class')}, now a {expected}; "
+                    f"{info.path}: object {i} was a {classes[i]}, now a {expected}; "
                     "pass the objects to restore in the order they were saved"
                 )
-            states.append(entry["state"])
-        return states, part
+            if where[i] == STATE_SHARED:
+                entry = entries.get(str(i))
+                if entry is None or "state" not in entry:
+                    raise _UnloadableError(f"{SHARED} has no state for object {i}")
+                if i in plan.sharded and not _is_empty_optimizer_state(entry["state"]):
+                    raise _RefusedError(
+                        f"{info.path}: object {i} ({classes[i]}) was saved replicated and is "
+                        f"sharded now ({plan.kinds[i]}); rvsup does not convert a replicated "
+                        "checkpoint to a sharded model"
+                    )
+                states[i] = entry["state"]
+            elif plan.group_of(i) is None:
+                raise _RefusedError(
+                    f"{info.path}: object {i} ({classes[i]}) was saved with the sharded state "
+                    "of a model, and no model given to resume() owns its parameters now"
+                )
+        if STATE_DCP in where:
+            self._check_sharded(info)
+        return _Read(tuple(where), states, part)
+
+    def _format1_objects(
+        self,
+        info: CheckpointInfo,
+        plan: StatePlan,
+        objects: Sequence[Stateful],
+        entries: Mapping[str, Any],
+    ) -> tuple[tuple[str, ...], list[str]]:
+        if plan.sharded:
+            first = min(plan.sharded)
+            raise _RefusedError(
+                f"{info.path} was written by an earlier rvsup, which saved only rank 0's shards "
+                f"of sharded state; object {first} ({plan.classes[first]}) is sharded "
+                f"({plan.kinds[first]}), so it cannot be restored correctly from it. Start from "
+                "a fresh checkpoint_dir"
+            )
+        classes = [str(entries.get(str(i), {}).get("class")) for i in range(len(entries))]
+        return tuple(STATE_SHARED for _ in entries), classes
+
+    def _check_sharded(self, info: CheckpointInfo) -> None:
+        """DCP unpickles: only from trusted files; and this rank's share of the CRCs."""
+        dcp_dir = info.path / DCP_DIR
+        paths = [self.directory, info.path, dcp_dir, *(info.path / n for n, _ in info.checksums)]
+        untrusted = _untrusted_paths(paths)
+        if untrusted is not None:
+            raise _RefusedError(
+                f"{dcp_dir} is not loaded: torch.distributed.checkpoint unpickles its files, "
+                f"and {untrusted}"
+            )
+        try:
+            _dcp.verify(info.path, info.checksums, self.rank, self.world_size)
+        except ValueError as e:
+            raise _UnloadableError(str(e)) from None
+
+    def _apply(
+        self, info: CheckpointInfo, plan: StatePlan, objects: Sequence[Stateful], read: _Read
+    ) -> None:
+        """Put the checked state into the objects (collective when some of it is sharded)."""
+        groups = _dcp_groups(plan, read.where)
+        if groups:
+            try:
+                _dcp.load(groups, info.path / DCP_DIR)
+            except Exception as e:
+                raise RuntimeError(
+                    f"cannot restore the sharded state of {info.path}: {type(e).__name__}: {e}"
+                ) from e
+        for i, state in read.states.items():
+            unwrap(objects[i]).load_state_dict(state)
+        if read.part is not None:
+            _rng.restore(read.part["rng"])
+        else:
+            _rng.seed_all(_rng.derived_seed(info.step, self.rank))
 
     def _load_file(self, info: CheckpointInfo, name: str) -> Any:
         """torch.load one file of a checkpoint, weights-only unless the files are trusted."""
@@ -349,12 +544,25 @@ class Checkpointer:
         return True
 
 
-def _shared_payload(objects: Sequence[Stateful]) -> dict[str, Any]:
-    table = {
-        str(i): {"class": type(unwrap(obj)).__qualname__, "state": unwrap(obj).state_dict()}
-        for i, obj in enumerate(objects)
-    }
-    return {"format": _PAYLOAD_FORMAT, "objects": table}
+def _dcp_groups(plan: StatePlan, where: Sequence[str]) -> list[_parallel.Group]:
+    """The groups whose module's state is in DCP, each with its optimizers that are too."""
+    return [
+        dataclasses.replace(
+            g,
+            optimizer_indices=tuple(i for i in g.optimizer_indices if where[i] == STATE_DCP),
+            optimizers=tuple(
+                o
+                for i, o in zip(g.optimizer_indices, g.optimizers, strict=True)
+                if where[i] == STATE_DCP
+            ),
+        )
+        for g in plan.groups
+        if where[g.module_index] == STATE_DCP
+    ]
+
+
+def _is_empty_optimizer_state(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("state") == {} and "param_groups" in state
 
 
 def _write_durable(path: Path, payload: Any) -> None:
@@ -400,8 +608,21 @@ def _weights_only_reason(message: str) -> str:
 
 def _untrusted_reason(directories: Sequence[Path], f: IO[bytes]) -> str | None:
     """Why unpickling these files would be unsafe (others own or can write them), or None."""
-    uid = os.geteuid()
     checks = [(str(d), os.stat(d)) for d in directories] + [(f.name, os.fstat(f.fileno()))]
+    return _first_untrusted(checks)
+
+
+def _untrusted_paths(paths: Sequence[Path]) -> str | None:
+    """Like :func:`_untrusted_reason`, for paths (directories and files) not opened yet."""
+    try:
+        checks = [(str(p), os.stat(p)) for p in paths]
+    except OSError as e:
+        return f"{e.filename} cannot be checked: {e.strerror}"
+    return _first_untrusted(checks)
+
+
+def _first_untrusted(checks: Sequence[tuple[str, os.stat_result]]) -> str | None:
+    uid = os.geteuid()
     for label, st in checks:
         if st.st_uid != uid:
             return f"{label} is owned by uid {st.st_uid}, not by this user (uid {uid})"

@@ -8,11 +8,27 @@ Layout::
     <checkpoint_dir>/
       .rvsup                           marker: this directory is managed by rvsup
       step-0000000123/                 committed: 123 is the last finished step
-        MANIFEST.json                  {"format": 1, "step": 123, "world_size": 2,
-                                        "created": <unix time>, "files": {name: bytes}}
-        shared.pt                      replicated state, written by rank 0
-        rank-00000.pt ...              per-rank state (RNG states, ``extra``)
+        MANIFEST.json                  the only proof that the checkpoint is complete (below)
+        shared.pt                      replicated state (plain modules, DDP, schedulers, ...),
+                                       written once, by rank 0
+        rank-00000.pt ...              per-rank state (RNG states, ``extra``), one per rank
+        dcp/                           format 2, when some state is sharded (FSDP1, FSDP2,
+          .metadata                    DTensor): a torch.distributed.checkpoint directory,
+          __0_0.distcp ...             each rank's shards in its own files
       .tmp-step-0000000123-<tag>/      being written (or being removed); never loaded
+
+The manifest (JSON)::
+
+    {"format": 2, "step": 123, "world_size": 2, "created": <unix time>,
+     "files": {name: bytes, ...},            every file of the checkpoint ("dcp/..." included)
+     "checksums": {name: crc32, ...},        format 2: the files inside dcp/ (shared.pt and
+                                             the rank files carry zip CRCs of their own)
+     "objects": [{"class": "Linear", "state": "shared" | "dcp"}, ...]}   format 2
+
+Format 1 (written by earlier releases) has no ``checksums`` and ``objects`` and no ``dcp/``;
+it still loads. A torch.distributed.checkpoint directory alone proves nothing here: DCP
+writes its data files under their final names and its ``.metadata`` last, without fsyncing
+the directory. Only the manifest, written after every rank's files are durable, does.
 
 A directory only ever gets a committed name by an atomic rename once it is complete, and
 it loses that name (renamed to a temporary one) before it is deleted, so a committed name
@@ -35,7 +51,12 @@ TEMP_RE: Final[re.Pattern[str]] = re.compile(r"^\.tmp-step-(\d{10})-(.+)$")
 MARKER: Final = ".rvsup"
 MANIFEST: Final = "MANIFEST.json"
 SHARED: Final = "shared.pt"
-FORMAT: Final = 1
+DCP_DIR: Final = "dcp"
+DCP_METADATA: Final = "dcp/.metadata"
+FORMAT: Final = 2  # what this release writes
+FORMATS: Final = frozenset({1, 2})  # what it loads
+STATE_SHARED: Final = "shared"  # an object's state lives in shared.pt
+STATE_DCP: Final = "dcp"  # an object's state lives in dcp/ (torch.distributed.checkpoint)
 
 _MAX_STEP: Final = 10**10 - 1
 _MAX_MANIFEST_BYTES: Final = 64 * 1024 * 1024
@@ -51,6 +72,10 @@ class CheckpointInfo:
     world_size: int
     nbytes: int  # total size of the files listed in the manifest
     created: float  # unix time, for people
+    format: int = 1
+    # format 2: (class, where its state lives) of each object, in the order given to resume()
+    objects: tuple[tuple[str, str], ...] = ()
+    checksums: tuple[tuple[str, int], ...] = ()  # format 2: CRC-32 of the files in dcp/
 
 
 class CorruptCheckpointError(Exception):
@@ -115,12 +140,25 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def _checked_files(manifest: dict[str, Any], world_size: int) -> dict[str, int]:
+def _good_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def _good_file_name(name: object, fmt: int) -> bool:
+    """A file directly in the checkpoint directory, or (format 2) one inside ``dcp/``."""
+    if not isinstance(name, str) or name == MANIFEST:
+        return False
+    if fmt >= 2 and name.startswith(DCP_DIR + "/"):
+        return _good_name(name[len(DCP_DIR) + 1 :])
+    return _good_name(name)
+
+
+def _checked_files(manifest: dict[str, Any], world_size: int, fmt: int) -> dict[str, int]:
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise CorruptCheckpointError(f"{MANIFEST} has no 'files' object")
     for name, size in files.items():
-        if not name or name in (".", "..") or "/" in name or "\0" in name or name == MANIFEST:
+        if not _good_file_name(name, fmt):
             raise CorruptCheckpointError(f"{MANIFEST} lists a bad file name {name!r}")
         if not _is_int(size) or size < 0:
             raise CorruptCheckpointError(f"{MANIFEST} has a bad size for {name}: {size!r}")
@@ -134,12 +172,46 @@ def _checked_files(manifest: dict[str, Any], world_size: int) -> dict[str, int]:
     return files
 
 
+def _checked_objects(
+    manifest: dict[str, Any], files: dict[str, int]
+) -> tuple[tuple[str, str], ...]:
+    objects = manifest.get("objects")
+    if not isinstance(objects, list):
+        raise CorruptCheckpointError(f"{MANIFEST} has no 'objects' list")
+    out = []
+    for entry in objects:
+        cls = entry.get("class") if isinstance(entry, dict) else None
+        where = entry.get("state") if isinstance(entry, dict) else None
+        if not isinstance(cls, str) or where not in (STATE_SHARED, STATE_DCP):
+            raise CorruptCheckpointError(f"{MANIFEST} has a bad object entry {entry!r}")
+        out.append((cls, str(where)))
+    if any(where == STATE_DCP for _, where in out) and DCP_METADATA not in files:
+        raise CorruptCheckpointError(f"{MANIFEST} does not list {DCP_METADATA}")
+    return tuple(out)
+
+
+def _checked_checksums(
+    manifest: dict[str, Any], files: dict[str, int]
+) -> tuple[tuple[str, int], ...]:
+    sums = manifest.get("checksums")
+    if not isinstance(sums, dict):
+        raise CorruptCheckpointError(f"{MANIFEST} has no 'checksums' object")
+    for name, crc in sums.items():
+        if name not in files or not _is_int(crc) or not 0 <= crc < 2**32:
+            raise CorruptCheckpointError(f"{MANIFEST} has a bad checksum for {name!r}: {crc!r}")
+    unsummed = sorted(n for n in files if n.startswith(DCP_DIR + "/") and n not in sums)
+    if unsummed:
+        raise CorruptCheckpointError(f"{MANIFEST} has no checksum for {unsummed[0]}")
+    return tuple(sorted(sums.items()))
+
+
 def validate(path: Path) -> CheckpointInfo:
     """Check a committed checkpoint directory; raise :class:`CorruptCheckpointError` if bad.
 
     The manifest must parse, have a known format, name the step the directory is named
-    for, list ``shared.pt`` and a rank file for every rank, and every listed file must
-    exist with exactly the listed size. File contents are not read here.
+    for, list ``shared.pt`` and a rank file for every rank (format 2: also its objects, and
+    a checksum for every file in ``dcp/``), and every listed file must exist with exactly
+    the listed size. File contents are not read here.
     """
     path = Path(path)
     m = COMMITTED_RE.match(path.name)
@@ -148,8 +220,9 @@ def validate(path: Path) -> CheckpointInfo:
     if not path.is_dir():
         raise CorruptCheckpointError("not a directory")
     manifest = _read_manifest(path)
-    if manifest.get("format") != FORMAT or not _is_int(manifest.get("format")):
-        raise CorruptCheckpointError(f"unknown format {manifest.get('format')!r}")
+    fmt = manifest.get("format")
+    if not _is_int(fmt) or fmt not in FORMATS:
+        raise CorruptCheckpointError(f"unknown format {fmt!r}")
     step = manifest.get("step")
     if not _is_int(step) or step != int(m.group(1)):
         raise CorruptCheckpointError(f"step {step!r} in {MANIFEST} does not match {path.name}")
@@ -159,7 +232,12 @@ def validate(path: Path) -> CheckpointInfo:
     created = manifest.get("created")
     if isinstance(created, bool) or not isinstance(created, (int, float)):
         raise CorruptCheckpointError(f"bad created time {created!r}")
-    files = _checked_files(manifest, world_size)
+    files = _checked_files(manifest, world_size, fmt)
+    objects: tuple[tuple[str, str], ...] = ()
+    checksums: tuple[tuple[str, int], ...] = ()
+    if fmt >= 2:
+        objects = _checked_objects(manifest, files)
+        checksums = _checked_checksums(manifest, files)
     for name, size in files.items():
         try:
             st = os.stat(path / name)
@@ -171,7 +249,9 @@ def validate(path: Path) -> CheckpointInfo:
             raise CorruptCheckpointError(f"{name} is not a regular file")
         if st.st_size != size:
             raise CorruptCheckpointError(f"{name} is {st.st_size} bytes, {MANIFEST} says {size}")
-    return CheckpointInfo(step, path, world_size, sum(files.values()), float(created))
+    return CheckpointInfo(
+        step, path, world_size, sum(files.values()), float(created), fmt, objects, checksums
+    )
 
 
 def scan(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[Path, str]]]:

@@ -86,7 +86,9 @@ class Kind(enum.IntEnum):
     PHASE = 7  # payload: name, begin (bool)
     EXITING = 8  # step; payload: reason; the rank leaves cleanly after a requested stop
     CKPT_BEGIN = 9  # step: a save started; hang detection allows for it
-    LOADED = 10  # step: resume step; payload: path (or null on a fresh start)
+    # step: resume step; payload: path (or null on a fresh start), world_size (ranks that wrote
+    # it, or null), resharded_from (that number when it differs from this job's, else null)
+    LOADED = 10
     RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step

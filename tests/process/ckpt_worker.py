@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,14 @@ from worker_sdk.checkpoint import Checkpointer
 class FaultyCheckpointer(Checkpointer):
     """A Checkpointer that can stall between writing its part and the agreement."""
 
-    def _agree_parts_written(self, step: int, ok: bool) -> list[int]:
+    def _agree_parts_written(
+        self, step: int, ok: bool, sums: Sequence[int], width: int
+    ) -> tuple[list[int], list[list[int]]]:
         if os.environ.get("CKPT_WORKER_HANG_AT") == str(step):
             Path(os.environ["CKPT_WORKER_HANG_FILE"]).write_text(str(os.getpid()))
             while True:
                 time.sleep(60)
-        return super()._agree_parts_written(step, ok)
+        return super()._agree_parts_written(step, ok, sums, width)
 
 
 def digest(model: nn.Module) -> str:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from worker_sdk import checkpoint, layout
+from worker_sdk import _rng, checkpoint, layout
 from worker_sdk._determinism import reordered_sums_warning
 from worker_sdk.checkpoint import Checkpointer, LoadResult, Stateful, unwrap
 from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
@@ -83,6 +83,26 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
         assert a == b, where
 
 
+def write_format1(directory: Path, step: int, objects: list[Stateful], extra: Any) -> Path:
+    """A format-1 checkpoint (one rank) exactly as the previous release's writer made it:
+    shared.pt with every object's state, rank-00000.pt, a manifest without objects/checksums."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).touch(mode=0o600)
+    path = directory / committed_name(step)
+    path.mkdir()
+    table = {
+        str(i): {"class": type(unwrap(obj)).__qualname__, "state": unwrap(obj).state_dict()}
+        for i, obj in enumerate(objects)
+    }
+    torch.save({"format": 1, "objects": table}, path / SHARED)
+    part = {"format": 1, "rank": 0, "rng": _rng.capture(), "extra": extra}
+    torch.save(part, path / rank_file(0))
+    files = {name: os.path.getsize(path / name) for name in (SHARED, rank_file(0))}
+    manifest = {"format": 1, "step": step, "world_size": 1, "created": 1.0, "files": files}
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return path
+
+
 def draws() -> tuple[list[float], list[float], torch.Tensor]:
     return [random.random() for _ in range(3)], list(np.random.rand(3)), torch.rand(3)
 
@@ -113,6 +133,29 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
     got = draws()
     assert got[:2] == expected_draws[:2]
     assert torch.equal(got[2], expected_draws[2])
+
+
+def test_format1_checkpoint_of_the_previous_release_still_loads(tmp_path: Path) -> None:
+    """A checkpoint in the previous release's format 1 loads bit-exactly (state, extra, RNG),
+    and the next save next to it is format 2."""
+    t = Trainer(seed=1)
+    for _ in range(3):
+        t.step()
+    path = write_format1(tmp_path, 2, t.objects, extra=(torch.arange(3), "x"))
+    expected_draws = draws()
+    assert layout.validate(path).format == 1
+    saved = [obj.state_dict() for obj in t.objects]
+    fresh = Trainer(seed=2)
+    loaded = make(tmp_path).load_latest(fresh.objects, extra=None)
+    assert (loaded.step, loaded.path, loaded.skipped) == (2, path, ())
+    assert_same(loaded.extra, (torch.arange(3), "x"))
+    for before, obj in zip(saved, fresh.objects, strict=True):
+        assert_same(before, obj.state_dict())
+    got = draws()
+    assert got[:2] == expected_draws[:2]
+    assert torch.equal(got[2], expected_draws[2])
+    make(tmp_path).save(3, fresh.objects, extra=None)
+    assert layout.validate(tmp_path / committed_name(3)).format == 2
 
 
 def test_resumed_training_equals_uninterrupted(tmp_path: Path) -> None:
@@ -147,7 +190,13 @@ def test_save_layout_on_disk(tmp_path: Path) -> None:
     path = tmp_path / "c" / committed_name(4)
     assert sorted(os.listdir(path)) == sorted([MANIFEST, SHARED, rank_file(0)])
     manifest = json.loads((path / MANIFEST).read_text())
-    assert (manifest["format"], manifest["step"], manifest["world_size"]) == (1, 4, 1)
+    assert (manifest["format"], manifest["step"], manifest["world_size"]) == (2, 4, 1)
+    assert manifest["objects"] == [
+        {"class": "Sequential", "state": "shared"},
+        {"class": "Adam", "state": "shared"},
+        {"class": "StepLR", "state": "shared"},
+    ]
+    assert manifest["checksums"] == {}
     shared = torch.load(path / SHARED, weights_only=True)
     assert [e["class"] for e in shared["objects"].values()] == ["Sequential", "Adam", "StepLR"]
 
@@ -311,12 +360,36 @@ def test_ranks_without_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert (loaded.step, loaded.extra) == (1, f"r{rank}")
 
 
-def test_world_size_change_is_refused(tmp_path: Path) -> None:
-    """A checkpoint written by another number of ranks is refused, not resharded."""
+def test_world_size_change_follows_the_per_rank_rule(tmp_path: Path) -> None:
+    """A 1-rank checkpoint loads on 2 ranks: replicated state on both, rank 0 its own RNG and
+    extra, the new rank 1 the given extra and RNGs seeded from (step, rank)."""
     t = Trainer(seed=1)
-    make(tmp_path).save(1, t.objects, extra=None)
-    with pytest.raises(RuntimeError, match=r"written by 1 ranks.*resharding is not supported"):
-        make(tmp_path, world_size=2).load_latest(t.objects, None)
+    t.step()
+    make(tmp_path).save(1, t.objects, extra="r0")
+    after_save = draws()
+    results = []
+    for rank in (0, 1):
+        fresh = Trainer(seed=2 + rank)
+        loaded = make(tmp_path, rank=rank, world_size=2).load_latest(fresh.objects, "given")
+        results.append((loaded, draws()))
+        for saved, obj in zip(t.objects, fresh.objects, strict=True):
+            assert_same(saved.state_dict(), obj.state_dict())
+    (r0, draws0), (r1, draws1) = results
+    assert (r0.step, r0.extra, r0.saved_world_size, r0.resharded_from, r0.own_part) == (
+        1,
+        "r0",
+        1,
+        1,
+        True,
+    )
+    assert (r1.step, r1.extra, r1.resharded_from, r1.own_part) == (1, "given", 1, False)
+    assert draws0[:2] == after_save[:2]
+    assert torch.equal(draws0[2], after_save[2])
+    _rng.seed_all(_rng.derived_seed(1, 1))
+    expected1 = draws()
+    assert draws1[:2] == expected1[:2]
+    assert torch.equal(draws1[2], expected1[2])
+    assert _rng.derived_seed(1, 1) not in (_rng.derived_seed(1, 0), _rng.derived_seed(2, 1))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 
 from worker_sdk import layout
 from worker_sdk.layout import (
+    DCP_METADATA,
     MANIFEST,
     MARKER,
     SHARED,
@@ -35,6 +36,29 @@ def make_checkpoint(
     for fname, size in files.items():
         (path / fname).write_bytes(b"x" * size)
     manifest = {"format": 1, "step": step, "world_size": world_size, "created": 1.5, "files": files}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+def make_checkpoint_v2(directory: Path, step: int, world_size: int = 2) -> Path:
+    """A committed format-2 checkpoint: a model and its optimizer sharded in dcp/, a schedule
+    replicated in shared.pt."""
+    path = make_checkpoint(directory, step, world_size)
+    (path / "dcp").mkdir()
+    dcp_files = {DCP_METADATA: 50} | {f"dcp/__{r}_0.distcp": 70 + r for r in range(world_size)}
+    for fname, size in dcp_files.items():
+        (path / fname).write_bytes(b"d" * size)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest |= {
+        "format": 2,
+        "files": manifest["files"] | dcp_files,
+        "checksums": {name: 1000 + size for name, size in dcp_files.items()},
+        "objects": [
+            {"class": "Transformer", "state": "dcp"},
+            {"class": "AdamW", "state": "dcp"},
+            {"class": "LambdaLR", "state": "shared"},
+        ],
+    }
     (path / MANIFEST).write_text(json.dumps(manifest))
     return path
 
@@ -134,7 +158,8 @@ def test_validate_good_checkpoint(tmp_path: Path) -> None:
         (lambda p: (p / MANIFEST).write_text("{not json"), "not valid JSON"),
         (lambda p: (p / MANIFEST).write_bytes(b"\xff\xfe"), "not valid JSON"),
         (lambda p: (p / MANIFEST).write_text("[1, 2]"), "not a JSON object"),
-        (lambda p: rewrite_manifest(p, format=2), "unknown format 2"),
+        (lambda p: rewrite_manifest(p, format=3), "unknown format 3"),
+        (lambda p: rewrite_manifest(p, files={"dcp/x": 1}), "bad file name 'dcp/x'"),
         (lambda p: rewrite_manifest(p, format=True), "unknown format True"),
         (lambda p: rewrite_manifest(p, step=4), "step 4 in MANIFEST.json does not match"),
         (lambda p: rewrite_manifest(p, step="3"), "does not match"),
@@ -166,6 +191,67 @@ def test_validate_rejects_damage(
     with pytest.raises(CorruptCheckpointError, match=reason.replace("(", r"\(")) as caught:
         layout.validate(path)
     assert str(caught.value) == caught.value.reason
+
+
+def test_validate_good_format2_checkpoint(tmp_path: Path) -> None:
+    """A format-2 checkpoint with a dcp/ directory validates; its info carries the objects and
+    the checksums of the files in dcp/."""
+    path = make_checkpoint_v2(tmp_path, 7)
+    info = layout.validate(path)
+    assert (info.step, info.world_size, info.format) == (7, 2, 2)
+    assert info.nbytes == 107 + 10 + 11 + 50 + 70 + 71
+    assert info.objects == (("Transformer", "dcp"), ("AdamW", "dcp"), ("LambdaLR", "shared"))
+    assert info.checksums == (
+        ("dcp/.metadata", 1050),
+        ("dcp/__0_0.distcp", 1070),
+        ("dcp/__1_0.distcp", 1071),
+    )
+
+
+def drop_checksum(name: str) -> Callable[[Path], None]:
+    def change(path: Path) -> None:
+        manifest = json.loads((path / MANIFEST).read_text())
+        del manifest["checksums"][name]
+        (path / MANIFEST).write_text(json.dumps(manifest))
+
+    return change
+
+
+def only_shared_objects(path: Path) -> None:
+    manifest = json.loads((path / MANIFEST).read_text())
+    del manifest["files"][DCP_METADATA]
+    del manifest["checksums"][DCP_METADATA]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: rewrite_manifest(p, checksums=[]), "no 'checksums' object"),
+        (drop_checksum("dcp/__1_0.distcp"), "no checksum for dcp/__1_0.distcp"),
+        (lambda p: rewrite_manifest(p, checksums={"dcp/x": 1}), "bad checksum for 'dcp/x'"),
+        (lambda p: rewrite_manifest(p, checksums={DCP_METADATA: -1}), "bad checksum"),
+        (lambda p: rewrite_manifest(p, checksums={DCP_METADATA: 2**32}), "bad checksum"),
+        (lambda p: rewrite_manifest(p, objects=None), "no 'objects' list"),
+        (lambda p: rewrite_manifest(p, objects=[{"class": "A"}]), "bad object entry"),
+        (lambda p: rewrite_manifest(p, objects=[{"class": 1, "state": "dcp"}]), "bad object"),
+        (only_shared_objects, "does not list dcp/.metadata"),
+        (lambda p: rewrite_manifest(p, files={"dcp/../x": 1}), "bad file name"),
+        (lambda p: rewrite_manifest(p, files={"dcp/a/b": 1}), "bad file name"),
+        (lambda p: rewrite_manifest(p, files={"dcp/": 1}), "bad file name"),
+        (lambda p: (p / "dcp" / "__1_0.distcp").write_bytes(b"d"), "dcp/__1_0.distcp is 1"),
+        (lambda p: (p / DCP_METADATA).unlink(), "missing file dcp/.metadata"),
+    ],
+)
+def test_validate_rejects_damaged_format2(
+    tmp_path: Path, damage: Callable[[Path], object], reason: str
+) -> None:
+    """Each kind of damaged format-2 checkpoint (checksums, objects, dcp/ files) is rejected
+    with a reason naming the problem."""
+    path = make_checkpoint_v2(tmp_path, 3)
+    damage(path)
+    with pytest.raises(CorruptCheckpointError, match=reason.replace("(", r"\(")):
+        layout.validate(path)
 
 
 @pytest.mark.parametrize("name", [".tmp-step-0000000003-a1", "checkpoint-3", "step-3"])

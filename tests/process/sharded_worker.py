@@ -1,0 +1,136 @@
+"""One rank of the sharded-checkpoint process tests, run by torchrun: a small MLP as plain DDP,
+FSDP1 or FSDP2 on a CPU mesh (gloo), Adam and a step LR schedule, the two SDK calls without rvsup.
+
+Environment:
+
+- ``KIND``: ``ddp`` | ``fsdp1`` | ``fsdp2``; ``TOTAL``: steps; ``EVERY``: checkpoint every N steps;
+  ``CKPT``: the checkpoint directory.
+- ``OUT``: where rank 0 writes the full (unsharded) model, optimizer and schedule state, and
+  every rank ``OUT.rank<r>.json`` (its ``extra`` and its next random draw): at the end, or with
+  ``LOAD_ONLY=1`` right after ``resume()`` (nothing is trained).
+- ``FAULT``: ``kill:<rank>:<step>`` (SIGKILL itself at the start of that step) or
+  ``killsave:<rank>:<step>`` (FSDP: SIGKILL itself inside that step's save, once its DCP files
+  are written and before the ranks agree).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+import worker_sdk
+from worker_sdk import _dcp
+
+
+def fault() -> tuple[str, int, int] | None:
+    spec = os.environ.get("FAULT")
+    if not spec:
+        return None
+    kind, rank, step = spec.split(":")
+    return kind, int(rank), int(step)
+
+
+def arm_kill_in_save(step: int) -> None:
+    """SIGKILL this rank inside the save of ``step``, once DCP has written its files (and
+    .metadata) and before the ranks agree: nothing of that step is committed."""
+    real_write = _dcp.write
+
+    def write(state: dict[str, Any], directory: Path, rank: int) -> list[int]:
+        sums = real_write(state, directory, rank)
+        if directory.parent.name.startswith(f".tmp-step-{step:010d}-"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return sums
+
+    _dcp.write = write
+
+
+def build(kind: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The (wrapped) model to train and give to resume(), and its optimizer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Dropout(0.1), nn.Linear(33, 5))
+    wrapped: nn.Module
+    if kind == "fsdp2":
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        wrapped = model
+    elif kind == "fsdp1":
+        wrapped = FullyShardedDataParallel(
+            model, device_id=torch.device("cpu"), use_orig_params=True
+        )
+    else:
+        wrapped = DistributedDataParallel(model)
+    opt = torch.optim.Adam(wrapped.parameters(), lr=1e-2)
+    return wrapped, opt
+
+
+def dump(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, extra: Any) -> None:
+    """Rank 0: the full state to ``out``; every rank: its extra and next draw beside it."""
+    # full tensors on every rank (cpu_offload=True crashes FSDP1 on CPU in torch 2.13)
+    model_sd, optim_sd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    rank = dist.get_rank()
+    if rank == 0:
+        torch.save({"model": model_sd, "optim": optim_sd, "sched": sched.state_dict()}, out)
+    info = {"seen": float(extra["seen"]), "draw": torch.rand(1).item()}
+    Path(f"{out}.rank{rank}.json").write_text(json.dumps(info))
+    dist.barrier()
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kind = os.environ["KIND"]
+    total = int(os.environ.get("TOTAL", "16"))
+    out = Path(os.environ["OUT"])
+    model, opt = build(kind, world)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    f = fault()
+    if f is not None and f[0] == "killsave" and f[1] == rank:
+        arm_kill_in_save(f[2])
+    torch.manual_seed(1000 + rank)
+    extra: dict[str, Any] = {"seen": torch.zeros(1)}
+    start, extra = worker_sdk.resume(
+        model,
+        opt,
+        sched,
+        extra=extra,
+        checkpoint_dir=os.environ["CKPT"],
+        every_steps=int(os.environ.get("EVERY", "4")),
+    )
+    print(f"rank {rank} of {world} resumes at {start}", flush=True)
+    if os.environ.get("LOAD_ONLY") == "1":
+        Path(f"{out}.rank{rank}.start").write_text(str(start))
+        dump(out, model, opt, sched, extra)
+        dist.destroy_process_group()
+        return
+    for step in range(start, total):
+        if f is not None and f[0] == "kill" and f[1] == rank and f[2] == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = torch.randn(8, 16)
+        loss = nn.functional.mse_loss(model(x), x[:, :5])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        extra["seen"] += 1
+        worker_sdk.step(step, extra=extra)
+    dump(out, model, opt, sched, extra)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
