@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
-from supervisor.process.launcher import find_torchrun
+from supervisor.config.torchrun import resolve_torchrun
 from supervisor.record import history, rundir
 from supervisor.record.schema import JobStopped
 from supervisor.service import control
@@ -42,12 +42,21 @@ def _load(path: str) -> JobConfig:
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     sys.stdout.write(render_config(cfg))
+    sys.stdout.write(_torchrun_note(cfg))
     return EXIT_OK
+
+
+def _torchrun_note(cfg: JobConfig) -> str:
+    """A TOML comment: the torchrun this machine would run (``rvsup start`` checks it)."""
+    found = resolve_torchrun(cfg)
+    if found is None:
+        return "\n# launch.torchrun: none found here (rvsup start would refuse)\n"
+    return f"\n# launch.torchrun here: {found.describe()}\n"
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
-    issues = preflight(cfg, torchrun=find_torchrun() or "torchrun")
+    issues = preflight(cfg)
     if issues:
         for issue in issues:
             print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)

@@ -80,7 +80,7 @@ async def _house(
         secret = p.new_secret()
         p.write_secret(str(secret_file), secret)
         alloc = await asyncio.to_thread(slurm.detect)
-        torchrun = launcher.find_torchrun()
+        torchrun = launcher.resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
         launches = Launches(cfg, alloc, torchrun)
         stack.callback(launches.close)

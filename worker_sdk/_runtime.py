@@ -39,7 +39,6 @@ class Runtime:
         "checkpointer",
         "extra_default",
         "hb_due",
-        "in_phase",
         "last_step",
         "max_dt",
         "next_due",
@@ -77,7 +76,6 @@ class Runtime:
         self.t_last = now
         self.max_dt = 0.0
         self.last_step = -1
-        self.in_phase = False
         self.sync_mode = False
         self.stop_after_save = False
         self.periodic_next = _NEVER
@@ -158,8 +156,7 @@ class Runtime:
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
         assert ch is not None
-        flags = p.FLAG_IN_PHASE if self.in_phase else 0
-        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, flags=flags)
+        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt)
         self.max_dt = 0.0
         self.hb_due = now + self.settings.heartbeat_interval_s
         while (msg := ch.receive()) is not None:
@@ -236,7 +233,6 @@ class Runtime:
 
     # ------------------------------------------------------------------ phases and failures
     def phase_changed(self, name: str, begin: bool) -> None:
-        self.in_phase = begin
         if self.channel is not None:
             self.channel.send(
                 p.Kind.PHASE, step=self.last_step, payload={"name": name, "begin": begin}

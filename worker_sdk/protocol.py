@@ -49,7 +49,6 @@ ENV_CKPT_EVERY_STEPS: Final = "RVSUP_CKPT_EVERY_STEPS"  # 0: never by step count
 ENV_CKPT_EVERY_S: Final = "RVSUP_CKPT_EVERY_S"  # standalone only; the supervisor drives time
 ENV_KEEP_LAST: Final = "RVSUP_KEEP_LAST"
 ENV_HEARTBEAT_INTERVAL: Final = "RVSUP_HEARTBEAT_INTERVAL"  # seconds, float
-ENV_SUPERVISOR_PID: Final = "RVSUP_SUPERVISOR_PID"
 ENV_DIAGNOSTICS_DIR: Final = "RVSUP_DIAGNOSTICS_DIR"  # where stack dumps of this attempt go
 ENV_DUMP_SIGNAL: Final = "RVSUP_DUMP_SIGNAL"  # signal number that makes a rank dump stacks
 ENV_LAST_FAILURE: Final = "RVSUP_LAST_FAILURE"  # kind of the failure that ended the last attempt
@@ -59,7 +58,6 @@ ENV_REPORT_EXIT: Final = "RVSUP_REPORT_EXIT"  # "1": the bootstrap reports how t
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
-EXIT_SUPERVISOR_LOST: Final = 87  # the SDK's watchdog saw the supervisor disappear
 EXIT_SYNC_TIMEOUT: Final = 88  # a coordinated save never got the supervisor's answer
 
 # ---------------------------------------------------------------- limits
@@ -70,8 +68,6 @@ MAGIC: Final = b"RV2"  # RV1 was HMAC-SHA256
 # magic, type, flags, rank, attempt, pid, seq, step, value
 HEADER: Final = struct.Struct("<3sBBxxxiIIQqd")
 FLAG_STOP: Final = 1  # SAVE_AT / SYNC_REQUEST: exit after the save
-FLAG_IN_PHASE: Final = 2  # HEARTBEAT: the rank is inside worker_sdk.phase()
-FLAG_SAVING: Final = 4  # HEARTBEAT: the rank is writing a checkpoint
 
 
 class Kind(enum.IntEnum):

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast, get_args
 
 from supervisor.config.durations import format_duration
 from supervisor.config.model import (
@@ -31,8 +31,10 @@ from supervisor.config.model import (
     JobConfig,
     JobSection,
     LaunchSection,
+    RequeueMode,
     RestartSection,
     SlurmSection,
+    Transport,
 )
 from supervisor.config.preflight import CHECKPOINT_MARKER, preflight
 from supervisor.config.values import (
@@ -49,6 +51,7 @@ from supervisor.config.values import (
     path_text,
     unknown_name,
 )
+from supervisor.rules.policy import OnFailure
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -178,7 +181,37 @@ def _read_job(t: _Table, base: Path) -> JobSection:
     return JobSection(name, command or (), workdir, run_dir, checkpoint_dir, FrozenEnv(env))
 
 
-def _read_launch(t: _Table) -> LaunchSection:
+def _read_torchrun(t: _Table, base: Path) -> tuple[str, ...] | None:
+    """``launch.torchrun``: "auto" (None), a path or name, or a command line; its program, when
+    a path, made absolute against ``base`` (job.toml's folder)."""
+    value = t.table.get("torchrun", "auto")
+    if value == "auto":
+        return None
+    if isinstance(value, str):
+        argv: tuple[str, ...] | None = (value,)
+        if not value or "\0" in value:
+            t.report("torchrun", "must be a non-empty path without NUL characters")
+            return None
+    elif isinstance(value, list):
+        argv = t.strings("torchrun")
+        if argv == ():
+            t.report("torchrun", "must not be empty")
+    else:
+        expected = '"auto", a path to torchrun or an array of strings (its command line)'
+        t.report("torchrun", f"expected {expected}, got {describe(value)}")
+        return None
+    if not argv:
+        return None
+    if not argv[0]:
+        t.report("torchrun[0]", "must not be empty")
+        return None
+    program = argv[0]
+    if os.sep in program or program.startswith("~"):
+        program = str(_resolve(base, program))
+    return (program, *argv[1:])
+
+
+def _read_launch(t: _Table, base: Path) -> LaunchSection:
     nproc_per_node = t.read("nproc_per_node", "auto", auto_count)
     nnodes = t.read("nnodes", "auto", auto_count)
     args = t.strings("torchrun_args") or ()
@@ -189,7 +222,10 @@ def _read_launch(t: _Table) -> LaunchSection:
     term_timeout = t.read("term_timeout", "5s", duration())
     stop_timeout = t.read("stop_timeout", "60s", duration(positive=True))
     warm_standby = t.read("warm_standby", True, boolean)
-    return LaunchSection(nproc_per_node, nnodes, args, term_timeout, stop_timeout, warm_standby)
+    torchrun = _read_torchrun(t, base)
+    return LaunchSection(
+        nproc_per_node, nnodes, args, term_timeout, stop_timeout, warm_standby, torchrun
+    )
 
 
 def _read_checkpoint(t: _Table) -> CheckpointSection:
@@ -205,7 +241,7 @@ def _read_heartbeat(t: _Table) -> HeartbeatSection:
     startup_timeout = t.read("startup_timeout", "10m", duration(positive=True))
     hang = t.read("hang_timeout", "auto", duration_or("auto", positive=True))
     hang_max = t.read("hang_timeout_max", "30m", duration(positive=True))
-    transport = t.read("transport", "auto", choice("auto", "ipc", "tcp"))
+    transport = cast(Transport, t.read("transport", "auto", choice(*get_args(Transport))))
     if hang is not None and hang <= interval and t.ok("interval", "hang_timeout"):
         longer = f"must be longer than heartbeat.interval ({format_duration(interval)})"
         t.report("hang_timeout", longer)
@@ -217,8 +253,9 @@ def _read_restart(t: _Table) -> RestartSection:
     backoff = t.read("backoff", "5s", duration())
     backoff_max = t.read("backoff_max", "5m", duration())
     max_no_progress = t.read("max_no_progress", 2, integer(1))
-    on_oom = t.read("on_oom", "restart", choice("restart", "fail"))
-    on_node_failure = t.read("on_node_failure", "restart", choice("restart", "fail"))
+    on_failure = choice(*get_args(OnFailure))
+    on_oom = cast(OnFailure, t.read("on_oom", "restart", on_failure))
+    on_node_failure = cast(OnFailure, t.read("on_node_failure", "restart", on_failure))
     if backoff_max < backoff and t.ok("backoff", "backoff_max"):
         minimum, got = format_duration(backoff), format_duration(backoff_max)
         t.report("backoff_max", f"must be at least restart.backoff ({minimum}), got {got}")
@@ -228,9 +265,9 @@ def _read_restart(t: _Table) -> RestartSection:
 
 
 def _read_slurm(t: _Table) -> SlurmSection:
-    always_never = ("always", "never")
+    requeue = choice(*get_args(RequeueMode), booleans=("always", "never"))
     return SlurmSection(
-        requeue=t.read("requeue", "auto", choice("auto", *always_never, booleans=always_never)),
+        requeue=cast(RequeueMode, t.read("requeue", "auto", requeue)),
         stop_before_end_s=t.read("stop_before_end", "5m", duration()),
     )
 
@@ -251,7 +288,7 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
             tables[section] = value
     absolute = Path(os.path.abspath(path))
     job = _read_job(_Table(issues, "job", tables["job"]), absolute.parent)
-    launch = _read_launch(_Table(issues, "launch", tables["launch"]))
+    launch = _read_launch(_Table(issues, "launch", tables["launch"]), absolute.parent)
     checkpoint = _read_checkpoint(_Table(issues, "checkpoint", tables["checkpoint"]))
     heartbeat = _read_heartbeat(_Table(issues, "heartbeat", tables["heartbeat"]))
     restart = _read_restart(_Table(issues, "restart", tables["restart"]))

@@ -11,6 +11,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypeAlias
+
+from supervisor.rules.policy import OnFailure
+
+Transport: TypeAlias = Literal["auto", "ipc", "tcp"]
+"""How ranks reach the daemon: ``auto`` is IPC on one node, TCP across nodes."""
+RequeueMode: TypeAlias = Literal["auto", "always", "never"]
+"""Whether a stopped allocation is requeued; ``auto``: if Slurm says it can be."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,16 @@ class LaunchSection:
     - ``stop_timeout`` (default ``"60s"``, > 0): deadline for a coordinated checkpoint + stop.
     - ``warm_standby`` (default ``true``): keep a torchrun that has already imported itself
       waiting while an attempt runs, so that a single-node restart does not pay for the import
-      again (seconds); costs that idle process's memory.
+      again (seconds); costs that idle process's memory. It runs on the job's interpreter;
+      there is none when ``torchrun`` names a wrapper whose interpreter rvsup cannot tell.
+    - ``torchrun`` (default ``"auto"``, then None): the torchrun of the job's environment, when
+      rvsup cannot derive it: a path (``"/venv/bin/torchrun"``; relative to job.toml's folder,
+      ``~`` expanded; a bare name is looked up on PATH) or a command line, an array of strings
+      whose first one is such a path or name (``["/venv/bin/python", "-m",
+      "torch.distributed.run"]``). Stored as that command line. ``"auto"``: the ``torchrun``
+      beside ``job.command[0]`` when that is a Python interpreter, else that interpreter with
+      ``-m torch.distributed.run``; when the command is not Python, ``torchrun`` on the PATH of
+      ``[job] env`` or rvsup's (see :mod:`supervisor.config.torchrun`).
     """
 
     nproc_per_node: int | None
@@ -109,6 +126,7 @@ class LaunchSection:
     term_timeout_s: float
     stop_timeout_s: float
     warm_standby: bool = True
+    torchrun: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +160,7 @@ class HeartbeatSection:
     startup_timeout_s: float
     hang_timeout_s: float | None
     hang_timeout_max_s: float
-    transport: str
+    transport: Transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +181,8 @@ class RestartSection:
     backoff_s: float
     backoff_max_s: float
     max_no_progress: int
-    on_oom: str
-    on_node_failure: str
+    on_oom: OnFailure
+    on_node_failure: OnFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +195,7 @@ class SlurmSection:
       long before the time limit.
     """
 
-    requeue: str
+    requeue: RequeueMode
     stop_before_end_s: float
 
 

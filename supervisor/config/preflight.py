@@ -1,4 +1,4 @@
-"""Checks of the machine just before a start: programs on PATH and private run/checkpoint dirs.
+"""Checks of the machine just before a start: torchrun, programs, private run/checkpoint dirs.
 
 :func:`preflight` reports problems as :class:`~supervisor.config_model.ConfigIssue` keyed like
 job.toml (``job.checkpoint_dir``); it creates missing directories but never deletes anything.
@@ -10,10 +10,12 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from supervisor.config.model import ConfigIssue, JobConfig
+from supervisor.config.torchrun import torchrun_issue
 from worker_sdk import layout
 
 #: Marker file that :func:`preflight` puts into a new, empty checkpoint directory.
@@ -69,20 +71,19 @@ def _checkpoint_dir_problem(directory: Path) -> str | None:
     return None
 
 
-def preflight(cfg: JobConfig, *, torchrun: str = "torchrun") -> list[ConfigIssue]:
-    """Check the machine before a start: programs, workdir, run and checkpoint directories.
+def preflight(cfg: JobConfig, *, environ: Mapping[str, str] | None = None) -> list[ConfigIssue]:
+    """Check the machine before a start: torchrun, programs, workdir, run and checkpoint dirs.
 
     Returns the problems found (raises nothing). Creates missing run and checkpoint
     directories (0700) and the checkpoint marker file; never deletes or changes anything else.
+    The torchrun is the job's (:func:`~supervisor.config.torchrun.resolve_torchrun`), looked
+    up with ``environ`` as rvsup's environment (default ``os.environ``).
     """
     issues: list[ConfigIssue] = []
     job = cfg.job
-    if shutil.which(torchrun) is None:
-        issues.append(
-            ConfigIssue(
-                "launch", f"{torchrun} not found on PATH; install torch in this environment"
-            )
-        )
+    torchrun = torchrun_issue(cfg, environ=environ)
+    if torchrun is not None:
+        issues.append(torchrun)
     if not job.workdir.is_dir():
         what = "is not a directory" if job.workdir.exists() else "does not exist"
         issues.append(ConfigIssue("job.workdir", f"{job.workdir} {what}"))

@@ -4,6 +4,10 @@ torchrun is started in a session of its own with the parent-death signal armed (
 supervisor dies), and it runs every rank through ``worker_sdk._bootstrap``, which arms the same
 signal before exec'ing the user's command: killing the supervisor with SIGKILL takes the whole tree
 with it. torchrun never restarts anything itself (``--max-restarts=0``): the supervisor decides.
+
+torchrun comes from the job's environment, not rvsup's (which may have no torch at all): see
+:func:`resolve_torchrun`. The bootstrap runs on rvsup's own interpreter (it imports nothing but the
+standard library); the warm standby, which imports torchrun ahead of time, on the job's.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import contextlib
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import worker_sdk._standby
 from supervisor.config.load import JobConfig
+from supervisor.config.torchrun import Torchrun, resolve_torchrun
 from supervisor.service.sdnotify import child_env_cleanup
 from worker_sdk import protocol as p
 
@@ -42,12 +47,26 @@ class LaunchPlan:
     alloc: Allocation | None = None  # the Slurm allocation a multi-node attempt runs on
 
 
-def find_torchrun() -> str | None:
-    """torchrun next to this Python first (the job's virtualenv), then on PATH."""
-    here = Path(sys.executable).parent / "torchrun"
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
-    return shutil.which("torchrun")
+__all__ = [
+    "LaunchPlan",
+    "Standby",
+    "Torchrun",
+    "build_plan",
+    "rank_environment",
+    "resolve_sizes",
+    "resolve_torchrun",
+    "spawn",
+    "standby_argv",
+    "stderr_tail",
+    "visible_gpus",
+]
+
+
+def _as_torchrun(torchrun: Torchrun | str) -> Torchrun:
+    """A :class:`Torchrun`; a bare path is the old form (one program, standby on rvsup's Python)."""
+    if isinstance(torchrun, Torchrun):
+        return torchrun
+    return Torchrun((torchrun,), sys.executable, "given")
 
 
 def visible_gpus(env: Mapping[str, str]) -> int:
@@ -74,13 +93,14 @@ def build_plan(
     cfg: JobConfig,
     *,
     attempt: int,
-    torchrun: str,
+    torchrun: Torchrun | str,
     rank_env: Mapping[str, str],
     alloc: Allocation | None = None,
     rdzv_port: int = 29400,
     base_env: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """The command line and environment of attempt ``attempt``."""
+    """The command line and environment of attempt ``attempt``; ``torchrun`` is the job's
+    (:func:`resolve_torchrun`)."""
     env = dict(os.environ if base_env is None else base_env)
     child_env_cleanup(env)  # torchrun must not talk to systemd in our name
     env.update(cfg.job.env)
@@ -88,7 +108,12 @@ def build_plan(
     env.setdefault("PYTHONUNBUFFERED", "1")
     nnodes, nproc = resolve_sizes(cfg, alloc, env)
     log_dir = cfg.job.run_dir / "logs" / f"attempt-{attempt}"
-    tr = [torchrun, f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.5"]
+    tr = [
+        *_as_torchrun(torchrun).argv,
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+    ]
     if nnodes == 1:
         tr.append("--standalone")
     else:
@@ -134,7 +159,6 @@ def rank_environment(
         p.ENV_CKPT_EVERY_STEPS: str(ck.every_steps),
         p.ENV_KEEP_LAST: str(ck.keep_last),
         p.ENV_HEARTBEAT_INTERVAL: repr(cfg.heartbeat.interval_s),
-        p.ENV_SUPERVISOR_PID: str(os.getpid()),
         p.ENV_DIAGNOSTICS_DIR: str(diagnostics_dir),
         p.ENV_DUMP_SIGNAL: str(int(signal.SIGUSR2)),
         p.ENV_OOM_COUNT: str(oom_count),
@@ -167,35 +191,55 @@ def _bootstrapped(argv: Sequence[str], plan: LaunchPlan, *, stdin: int) -> subpr
     )
 
 
-_STANDBY = (sys.executable, "-m", "worker_sdk._standby")
+# Runs rvsup's own copy of worker_sdk/_standby.py on the job's interpreter, by path: the job's
+# environment need not have worker_sdk, nor the same version of it. sys.path loses "" (the cwd),
+# as when the torchrun script runs. The first line names the module for people and tools (ps).
+_STANDBY_CODE = (
+    "# worker_sdk._standby: rvsup's warm standby launcher\n"
+    "import runpy, sys\n"
+    "if sys.path and not sys.path[0]:\n"
+    "    del sys.path[0]\n"
+    "runpy.run_path(sys.argv.pop(1), run_name='__main__')\n"
+)
+
+
+def standby_argv(python: str) -> tuple[str, ...]:
+    """The command line of a warm standby on the job's interpreter ``python``."""
+    return (python, "-c", _STANDBY_CODE, str(Path(worker_sdk._standby.__file__).resolve()))
 
 
 class Standby:
     """A warm torchrun for the next single-node attempt (``worker_sdk._standby``).
 
-    :meth:`prepare` starts one in the background while an attempt runs; :meth:`spawn` hands the
-    next attempt's command line to it when it is alive and the attempt is a plain single-node
-    torchrun, and otherwise starts a fresh launcher like :func:`spawn`. Only the daemon's main
-    thread may call these (the parent-death signal is tied to the thread that forked).
+    :meth:`prepare` starts one in the background while an attempt runs, on the job's interpreter
+    (``torchrun.python``; none when that is unknown); :meth:`spawn` hands the next attempt's
+    command line to it when it is alive and the attempt is a plain single-node torchrun, and
+    otherwise starts a fresh launcher like :func:`spawn`. Only the daemon's main thread may call
+    these (the parent-death signal is tied to the thread that forked).
     """
 
-    def __init__(self, torchrun: str) -> None:
-        self.torchrun = torchrun
+    def __init__(self, torchrun: Torchrun | str) -> None:
+        self.torchrun = _as_torchrun(torchrun)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def prepare(self, plan: LaunchPlan) -> None:
         """Start a standby for attempts like ``plan`` unless one is waiting already."""
-        if plan.alloc is not None or (self._proc is not None and self._proc.poll() is None):
+        python = self.torchrun.python
+        if python is None or plan.alloc is not None:
             return
-        self._proc = _bootstrapped(_STANDBY, plan, stdin=subprocess.PIPE)
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._proc = _bootstrapped(standby_argv(python), plan, stdin=subprocess.PIPE)
 
     def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
         """The attempt's launcher: the standby given ``plan``'s command line, or a fresh one."""
         proc, self._proc = self._proc, None
-        usable = plan.alloc is None and plan.argv[:1] == (self.torchrun,)
+        prefix = self.torchrun.argv
+        usable = plan.alloc is None and plan.argv[: len(prefix)] == prefix
         if proc is not None and usable and proc.poll() is None and proc.stdin is not None:
             plan.log_dir.mkdir(parents=True, exist_ok=True)
-            order = {"args": list(plan.argv[1:]), "env": dict(plan.env), "cwd": str(plan.cwd)}
+            args = list(plan.argv[len(prefix) :])
+            order = {"args": args, "env": dict(plan.env), "cwd": str(plan.cwd)}
             try:
                 proc.stdin.write(json.dumps(order).encode() + b"\n")
                 proc.stdin.close()
@@ -235,10 +279,3 @@ def stderr_tail(log_dir: Path, *, max_bytes: int = 8192) -> str:
         except OSError:
             continue
     return "\n".join(parts)
-
-
-def parse_command(argv: Sequence[str]) -> str:
-    """The attempt's command line as one shell-quoted string (for the history)."""
-    import shlex
-
-    return shlex.join(argv)

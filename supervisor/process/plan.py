@@ -26,7 +26,9 @@ __all__ = ["Launches", "free_port"]
 class Launches:
     """Launch planning for one ``rvsup start`` (see the module docstring)."""
 
-    def __init__(self, cfg: JobConfig, alloc: Allocation | None, torchrun: str) -> None:
+    def __init__(
+        self, cfg: JobConfig, alloc: Allocation | None, torchrun: launcher.Torchrun
+    ) -> None:
         self.cfg = cfg
         self.alloc = alloc
         self.torchrun = torchrun

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from worker_sdk.protocol import EXIT_OOM, EXIT_SUPERVISOR_LOST, EXIT_SYNC_TIMEOUT
+from worker_sdk.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -67,7 +67,6 @@ _MAX_SIGNAL: Final = 64
 _DETAIL_MESSAGE_CHARS: Final = 160
 _EXIT_MEANINGS: Final[Mapping[int, str]] = {
     EXIT_OOM: "out of memory",
-    EXIT_SUPERVISOR_LOST: "the supervisor disappeared",
     EXIT_SYNC_TIMEOUT: "a coordinated save timed out",
 }
 

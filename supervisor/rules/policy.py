@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
@@ -34,6 +34,7 @@ from supervisor.rules.failures import Failure, FailureKind, deterministic_signat
 __all__ = [
     "Decision",
     "GiveUp",
+    "OnFailure",
     "Requeue",
     "Restart",
     "RestartPolicy",
@@ -43,7 +44,9 @@ __all__ = [
     "nodes_for_restart",
 ]
 
-_ON_FAILURE_CHOICES: Final = ("restart", "fail")
+OnFailure: TypeAlias = Literal["restart", "fail"]
+"""What to do after an OOM or a node failure: restart (charged), or give up."""
+_ON_FAILURE_CHOICES: Final = get_args(OnFailure)
 _NEVER_CHARGED: Final = frozenset(
     {FailureKind.PREEMPTED, FailureKind.TIMELIMIT, FailureKind.STOPPED}
 )
@@ -63,10 +66,8 @@ class RestartPolicy:
     """Cap on the delay."""
     max_no_progress: int
     """Give up at this many charged attempts in a row without a new checkpoint (0: never)."""
-    on_oom: str = "restart"
-    """``"restart"`` or ``"fail"``."""
-    on_node_failure: str = "restart"
-    """``"restart"`` or ``"fail"``."""
+    on_oom: OnFailure = "restart"
+    on_node_failure: OnFailure = "restart"
 
     def __post_init__(self) -> None:
         """Reject values that make no sense (the config layer reports them per key first)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from supervisor.config.model import RequeueMode
 from supervisor.loops import SYSTEM_CLOCK, Clock
 from supervisor.record.events import EventLog
 from supervisor.record.schema import RequeueFailed, TimeLeftUnknown
@@ -43,7 +44,7 @@ async def watch_time_limit(
         await clock.sleep(max(1.0, wait))
 
 
-async def requeue(job_id: str, *, mode: str, events: EventLog) -> bool:
+async def requeue(job_id: str, *, mode: RequeueMode, events: EventLog) -> bool:
     """Requeue the allocation as ``slurm.requeue`` says (``"auto"``: if Slurm lets it be
     requeued); True when Slurm accepted."""
     if mode == "never":

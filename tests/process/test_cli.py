@@ -47,12 +47,27 @@ def _event(at: str, name: str, attempt: int, **fields: Any) -> str:
 
 
 def _write_history(run_dir: Path, *extra_lines: str) -> None:
-    """A hand-written events.jsonl: a crash in attempt 1, a success in attempt 2."""
+    """A hand-written events.jsonl (every field as rvsup writes it): a crash in attempt 1, a
+    success in attempt 2."""
     run_dir.mkdir(mode=0o700, exist_ok=True)
+    started = {"config": "job.toml", "host": "h", "restarts_used": 0, "restart_count": None}
+    launched = {"launcher": ["torchrun"], "nnodes": 1, "nproc_per_node": 2}
+    launched |= {"slurm_job_id": None, "restart_count": None}
     lines = [
-        _event("2026-01-01T00:00:00Z", "job_started", 0, pid=1, slurm_job_id=None),
-        _event("2026-01-01T00:00:01Z", "attempt_started", 1, resume_step=0, checkpoint=None),
-        _event("2026-01-01T00:00:10Z", "checkpoint_committed", 1, step=9, path="c/step-9"),
+        _event("2026-01-01T00:00:00Z", "job_started", 0, pid=1, slurm_job_id=None, **started),
+        _event(
+            "2026-01-01T00:00:01Z", "attempt_started", 1, resume_step=0, checkpoint=None, **launched
+        ),
+        _event(
+            "2026-01-01T00:00:10Z",
+            "checkpoint_committed",
+            1,
+            step=9,
+            path="c/step-9",
+            seconds=0.1,
+            bytes=100,
+            source="sdk",
+        ),
         _event(
             "2026-01-01T00:00:15Z",
             "failure_detected",
@@ -62,8 +77,24 @@ def _write_history(run_dir: Path, *extra_lines: str) -> None:
             last_step=14,
             detail="rank 1 killed by SIGKILL",
         ),
-        _event("2026-01-01T00:00:15.500000Z", "restart_scheduled", 1, backoff_s=0.5, charged=True),
-        _event("2026-01-01T00:00:17Z", "attempt_started", 2, resume_step=10, checkpoint="c/step-9"),
+        _event(
+            "2026-01-01T00:00:15.500000Z",
+            "restart_scheduled",
+            1,
+            backoff_s=0.5,
+            restarts_left=2,
+            charged=True,
+            deterministic=False,
+            note="",
+        ),
+        _event(
+            "2026-01-01T00:00:17Z",
+            "attempt_started",
+            2,
+            resume_step=10,
+            checkpoint="c/step-9",
+            **launched,
+        ),
         _event("2026-01-01T00:00:30Z", "job_succeeded", 2, last_step=59),
         *extra_lines,
     ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -16,18 +15,19 @@ from .harness import events, named, running, wait_progress, write_job
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
 
-def _restart_launcher(job: Path) -> tuple[psutil.Process, float]:
+def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int]]:
     """Kill rank 1 at step >= 15, wait for the next attempt past step 32; return that attempt's
-    torchrun (the parent of its rank 0) and the time of the kill."""
+    torchrun (the parent of its rank 0) and the daemon's descendants alive just before the kill
+    (process start times from psutil are too coarse to compare with the clock)."""
     st = wait_progress(job, min_step=15)
     victim = next(r for r in st["ranks"] if r["rank"] == 1)
-    killed_at = time.time()
+    before = {p.pid for p in psutil.Process(daemon).children(recursive=True)}
     os.kill(victim["pid"], signal.SIGKILL)
     st = wait_progress(job, min_step=32)
     rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
     launcher = rank0.parent()
     assert launcher is not None
-    return launcher, killed_at
+    return launcher, before
 
 
 def test_restart_runs_on_the_warm_launcher(tmp_path: Path) -> None:
@@ -36,8 +36,8 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path) -> None:
     prepared during attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
     job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"})
     with running(job) as proc:
-        launcher, killed_at = _restart_launcher(job)
-        assert launcher.create_time() < killed_at
+        launcher, before = _restart_launcher(job, proc.pid)
+        assert launcher.pid in before
         assert "worker_sdk._standby" in " ".join(launcher.cmdline())
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
@@ -54,8 +54,8 @@ def test_without_warm_standby_each_attempt_starts_its_launcher(tmp_path: Path) -
         launch='term_timeout = "3s"\nstop_timeout = "30s"\nwarm_standby = false',
     )
     with running(job) as proc:
-        launcher, killed_at = _restart_launcher(job)
-        assert launcher.create_time() > killed_at
+        launcher, before = _restart_launcher(job, proc.pid)
+        assert launcher.pid not in before
         assert "worker_sdk._standby" not in " ".join(launcher.cmdline())
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out

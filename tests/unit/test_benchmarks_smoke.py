@@ -187,6 +187,7 @@ def test_ratio_of_medians_and_missing() -> None:
 def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
     """``python -m benchmarks --smoke`` runs every smoke figure for real, prints each table and
     writes JSON with measured values for rvsup."""
+    pytest.importorskip("torch")  # the benchmarks train real models
     out = tmp_path / "smoke.json"
     res = subprocess.run(
         [
@@ -220,6 +221,7 @@ def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
 def test_checkpoint_writers_each_measured_and_their_files_removed(tmp_path: Path) -> None:
     """Figure 8 times every writer once per repetition (the atomic save, torch.save over one file
     with and without fsync, to a new file each time, dd) and leaves nothing on the disk."""
+    pytest.importorskip("torch")
     from benchmarks import fig_checkpoint
 
     out = fig_checkpoint.measure(tmp_path / "ckpt", 1, 3)

@@ -267,6 +267,36 @@ def test_minimal_file_gets_every_default() -> None:
             id="torchrun-args",
         ),
         pytest.param(
+            with_section("launch", 'torchrun = "auto"'),
+            {"launch.torchrun": None},
+            id="torchrun-auto",
+        ),
+        pytest.param(
+            with_section("launch", 'torchrun = "/opt/venv/bin/torchrun"'),
+            {"launch.torchrun": ("/opt/venv/bin/torchrun",)},
+            id="torchrun-absolute",
+        ),
+        pytest.param(
+            with_section("launch", 'torchrun = "../venv/bin/torchrun"'),
+            {"launch.torchrun": ("/jobs/venv/bin/torchrun",)},
+            id="torchrun-relative-to-job-toml",
+        ),
+        pytest.param(
+            with_section("launch", 'torchrun = "torchrun"'),
+            {"launch.torchrun": ("torchrun",)},
+            id="torchrun-bare-name-left-for-path",
+        ),
+        pytest.param(
+            with_section("launch", 'torchrun = ["venv/bin/python", "-m", "torch.distributed.run"]'),
+            {"launch.torchrun": ("/jobs/demo/venv/bin/python", "-m", "torch.distributed.run")},
+            id="torchrun-argv",
+        ),
+        pytest.param(
+            with_section("launch", 'torchrun = "/opt/my torch/bin/torchrun"'),
+            {"launch.torchrun": ("/opt/my torch/bin/torchrun",)},
+            id="torchrun-path-not-split",
+        ),
+        pytest.param(
             with_section("heartbeat", 'hang_timeout = "2m"\ntransport = "ipc"\ninterval = 0.5'),
             {
                 "heartbeat.hang_timeout_s": 120.0,
@@ -305,6 +335,15 @@ def test_home_is_expanded_in_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert cfg.job.checkpoint_dir == tmp_path / "ckpt"
 
 
+def test_home_is_expanded_in_launch_torchrun(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A leading ~ in launch.torchrun's program means the user's home; its arguments are kept."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = parse(with_section("launch", 'torchrun = ["~/venv/bin/python", "-m", "~x"]'))
+    assert cfg.launch.torchrun == (str(tmp_path / "venv" / "bin" / "python"), "-m", "~x")
+
+
 def test_config_is_frozen_and_hashable() -> None:
     """The resolved config cannot be changed, env included, and can key a dict."""
     cfg = parse(DESIGN_EXAMPLE)
@@ -327,12 +366,16 @@ ROUND_TRIP = [
     + '[heartbeat]\nhang_timeout = "1h30m0.25s"\ninterval = 0.1\n'
     + '[launch]\nnproc_per_node = 2\nnnodes = 3\nterm_timeout = "1.5s"\nwarm_standby = false\n'
     + 'torchrun_args = ["--log-dir=x y", "--redirects"]\n'
+    + 'torchrun = ["venv/bin/python", "-m", "torch.distributed.run"]\n'
     + '[restart]\nbackoff = 0.3\nbackoff_max = "2d"\non_oom = "fail"\n'
     + "[slurm]\nrequeue = false\nstop_before_end = 0\n",
+    with_section("launch", 'torchrun = "../bin/torchrun"'),
 ]
 
 
-@pytest.mark.parametrize("text", ROUND_TRIP, ids=["minimal", "design", "strings", "non-default"])
+@pytest.mark.parametrize(
+    "text", ROUND_TRIP, ids=["minimal", "design", "strings", "non-default", "torchrun-path"]
+)
 def test_render_config_round_trips(text: str) -> None:
     """Rendered TOML parses back to an equal JobConfig."""
     cfg = parse(text)
@@ -348,6 +391,7 @@ def test_render_config_shows_auto_and_durations() -> None:
         'every = "30m"',
         'stop_timeout = "1m"',
         'term_timeout = "5s"',
+        'torchrun = "auto"',
         'command = ["python", "train.py"]',
         'workdir = "/jobs/demo"',
         "env = {}",

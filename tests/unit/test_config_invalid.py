@@ -32,7 +32,8 @@ def with_section(section: str, body: str) -> str:
 
 
 VALID_LAUNCH_KEYS = (
-    "valid keys: nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun_args, warm_standby"
+    "valid keys: nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun, torchrun_args, "
+    "warm_standby"
 )
 NOT_A_DURATION = "expected a duration like 90s, 5m, 2h or a number of seconds"
 
@@ -300,6 +301,58 @@ INVALID: list[Any] = [
             )
         ],
         id="torchrun-args-string",
+    ),
+    # launch.torchrun
+    pytest.param(
+        with_section("launch", "torchrun = 5"),
+        [
+            (
+                "launch.torchrun",
+                'expected "auto", a path to torchrun or an array of strings (its command line), '
+                "got integer 5",
+            )
+        ],
+        id="torchrun-int",
+    ),
+    pytest.param(
+        with_section("launch", "torchrun = false"),
+        [("launch.torchrun", "got boolean false")],
+        id="torchrun-bool",
+    ),
+    pytest.param(
+        with_section("launch", "torchrun = { path = '/x' }"),
+        [("launch.torchrun", "got a table")],
+        id="torchrun-table",
+    ),
+    pytest.param(
+        with_section("launch", 'torchrun = ""'),
+        [("launch.torchrun", "must be a non-empty path")],
+        id="torchrun-empty-string",
+    ),
+    pytest.param(
+        with_section("launch", "torchrun = []"),
+        [("launch.torchrun", "must not be empty")],
+        id="torchrun-empty-array",
+    ),
+    pytest.param(
+        with_section("launch", 'torchrun = ["/venv/bin/python", 3]'),
+        [("launch.torchrun[1]", "expected a string, got integer 3")],
+        id="torchrun-array-item",
+    ),
+    pytest.param(
+        with_section("launch", 'torchrun = ["", "-m", "torch.distributed.run"]'),
+        [("launch.torchrun[0]", "must not be empty")],
+        id="torchrun-empty-program",
+    ),
+    pytest.param(
+        with_section("launch", 'torch_run = "/venv/bin/torchrun"'),
+        [("launch.torch_run", "did you mean 'torchrun'?")],
+        id="torchrun-suggestion",
+    ),
+    pytest.param(
+        with_section("launch", 'torchrun_arg = ["--redirects=3"]'),
+        [("launch.torchrun_arg", "did you mean 'torchrun_args'?")],
+        id="torchrun-args-suggestion",
     ),
     # many at once
     pytest.param(

@@ -251,12 +251,12 @@ ROWS = {
         "pid 4242 (rank unknown) exited with code 1",
         exit_codes=(1,),
     ),
-    "crash-supervisor-lost-code": Row(
-        Observation(exits=(code(0, 87),)),
+    "crash-sync-timeout-code": Row(
+        Observation(exits=(code(0, 88),)),
         K.CRASH,
         (0,),
-        "rank 0 exited with code 87 (the supervisor disappeared)",
-        exit_codes=(87,),
+        "rank 0 exited with code 88 (a coordinated save timed out)",
+        exit_codes=(88,),
     ),
     "sigkill-without-host-oom-is-crash": Row(
         Observation(exits=(sig(0, 9),), host_oom_kills=0),

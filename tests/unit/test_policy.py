@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -30,17 +32,8 @@ def failure(kind: FailureKind, ranks: tuple[int, ...] = (1,), step: int | None =
     return Failure(kind, ranks, (), (), step, f"{kind} of rank(s) {ranks} at step {step}")
 
 
-def policy(**changes: object) -> RestartPolicy:
-    fields = {
-        "max_restarts": POLICY.max_restarts,
-        "backoff_s": POLICY.backoff_s,
-        "backoff_max_s": POLICY.backoff_max_s,
-        "max_no_progress": POLICY.max_no_progress,
-        "on_oom": POLICY.on_oom,
-        "on_node_failure": POLICY.on_node_failure,
-    }
-    fields.update(changes)
-    return RestartPolicy(**fields)  # type: ignore[arg-type]
+def policy(**changes: Any) -> RestartPolicy:
+    return dataclasses.replace(POLICY, **changes)
 
 
 CRASH_30 = failure(K.CRASH)

@@ -1,4 +1,8 @@
-"""preflight: programs on PATH, private run and checkpoint directories, the checkpoint marker."""
+"""preflight: torchrun, programs on PATH, private run and checkpoint directories, the marker.
+
+Every job here names a stand-in torchrun (``launch.torchrun``), so that what is checked does not
+depend on the environment running the tests; test_torchrun_resolution.py covers the torchrun.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +16,27 @@ import pytest
 from supervisor.config.load import CHECKPOINT_MARKER, ConfigIssue, JobConfig, load_config, preflight
 
 
-def write_job(tmp_path: Path, body: str = "", command: str | None = None) -> JobConfig:
-    """A job in tmp_path whose program is this Python (found by absolute path)."""
+def write_job(
+    tmp_path: Path, body: str = "", command: str | None = None, torchrun: str | None = None
+) -> JobConfig:
+    """A job in tmp_path whose program is this Python (found by absolute path) and whose
+    torchrun is ``torchrun`` (default: a stand-in script, given relative to job.toml)."""
     program = command if command is not None else f"[{sys.executable!r}, 'train.py']"
+    if torchrun is None:
+        fake = tmp_path / "torch-env" / "torchrun"
+        fake.parent.mkdir(exist_ok=True)
+        fake.write_text("#!/bin/sh\n")
+        fake.chmod(0o755)
+        torchrun = '"torch-env/torchrun"'
     path = tmp_path / "job.toml"
-    path.write_text(f'[job]\nname = "toy"\ncommand = {program}\n{body}\n')
+    path.write_text(
+        f'[job]\nname = "toy"\ncommand = {program}\n{body}\n[launch]\ntorchrun = {torchrun}\n'
+    )
     return load_config(path)
 
 
 def check(cfg: JobConfig) -> list[tuple[str, str]]:
-    return [(i.key, i.message) for i in preflight(cfg, torchrun=sys.executable)]
+    return [(i.key, i.message) for i in preflight(cfg)]
 
 
 def mode(path: Path) -> int:
@@ -52,12 +67,11 @@ def test_preflight_marks_an_existing_empty_checkpoint_dir(tmp_path: Path) -> Non
     assert not (tmp_path / "ck" / CHECKPOINT_MARKER).exists()  # only new/empty dirs get one
 
 
-def test_preflight_missing_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without torchrun on PATH the issue is keyed 'launch' and says how to fix it."""
-    cfg = write_job(tmp_path)
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_preflight_missing_torchrun(tmp_path: Path) -> None:
+    """A launch.torchrun that does not exist is the one issue, keyed launch.torchrun."""
+    cfg = write_job(tmp_path, torchrun='"gone/torchrun"')
     assert preflight(cfg) == [
-        ConfigIssue("launch", "torchrun not found on PATH; install torch in this environment")
+        ConfigIssue("launch.torchrun", f"{tmp_path / 'gone' / 'torchrun'} does not exist")
     ]
 
 

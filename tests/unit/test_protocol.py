@@ -26,9 +26,7 @@ def _frame(
 @pytest.mark.parametrize(
     ("kind", "fields"),
     [
-        pytest.param(
-            p.Kind.HEARTBEAT, {"step": 17, "value": 0.25, "flags": p.FLAG_SAVING}, id="hb"
-        ),
+        pytest.param(p.Kind.HEARTBEAT, {"step": 17, "value": 0.25, "flags": p.FLAG_STOP}, id="hb"),
         pytest.param(
             p.Kind.HELLO, {"step": 0, "payload": {"host": "n1", "world_size": 4}}, id="hello"
         ),
