@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix="rvsup-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / f"{profile.name}-{stamp}.json"
     ctx = Context(profile, scratch, args.nvrx_venv)
     info = machine.describe(args.nvrx_venv)
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             try:
                 table = FIGURES[name](ctx)
-            except Exception as exc:  # one broken figure must not hide the others
+            except Exception as exc:  # noqa: BLE001 -- one broken figure must not hide the others
                 table = _error_table(name, exc)
             table.wall_s = time.monotonic() - t0
             tables[name] = table

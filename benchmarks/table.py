@@ -118,7 +118,7 @@ class Table:
                 label: {c: (v.to_json() if isinstance(v, Cell) else v) for c, v in cells.items()}
                 for label, cells in self.rows
             },
-            "ratios": {label: value for label, value in self.ratios},
+            "ratios": dict(self.ratios),
             "targets": [
                 {"goal": t.goal, "measured": t.measured, "hit": t.hit} for t in self.targets
             ],

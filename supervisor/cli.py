@@ -20,13 +20,18 @@ from supervisor.config.load import ConfigError, JobConfig, load_config, prefligh
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.record import history, rundir
 from supervisor.record.schema import JobStopped
+from supervisor.rules.states import ExitCode
 from supervisor.service import control
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_GAVE_UP = 3
-EXIT_TEMPFAIL = 75
+__all__ = [
+    "build_parser",
+    "cmd_history",
+    "cmd_start",
+    "cmd_status",
+    "cmd_stop",
+    "cmd_validate",
+    "main",
+]
 
 
 def _load(path: str) -> JobConfig:
@@ -36,14 +41,14 @@ def _load(path: str) -> JobConfig:
         print(f"rvsup: invalid job file {path}:", file=sys.stderr)
         for issue in exc.issues:
             print(f"  {issue.key or '(file)'}: {issue.message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        raise SystemExit(ExitCode.USAGE) from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     sys.stdout.write(render_config(cfg))
     sys.stdout.write(_torchrun_note(cfg))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _torchrun_note(cfg: JobConfig) -> str:
@@ -60,14 +65,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     if issues:
         for issue in issues:
             print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     from supervisor.daemon import AlreadyRunningError, run_daemon
 
     try:
         return asyncio.run(run_daemon(cfg, console=None if args.quiet else sys.stderr))
     except AlreadyRunningError as exc:
         print(f"rvsup: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -81,10 +86,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps({"ok": False, "state": "not running", "last_outcome": last}))
         else:
             print(f"{cfg.job.name}: not running ({exc}); last attempt: {last}")
-        return EXIT_ERROR
+        return ExitCode.ERROR
     if args.json:
         print(json.dumps(answer, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
     print(
         f"{answer['job']}: {answer['state']}, attempt {answer['attempt']}, "
         f"restarts {answer['restarts_used']}/{answer['max_restarts']}, "
@@ -100,7 +105,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     msgs = answer["messages"]
     dropped = ", ".join(f"{k}: {v}" for k, v in sorted(msgs["dropped"].items())) or "none"
     print(f"messages accepted: {msgs['accepted']}; dropped: {dropped}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _fmt(seconds: float | None) -> str:
@@ -113,31 +118,31 @@ def cmd_stop(args: argparse.Namespace) -> int:
         info = json.loads((cfg.job.run_dir / rundir.DAEMON_FILE).read_text())
     except (OSError, ValueError):
         print(f"rvsup: no rvsup daemon is running for {cfg.job.run_dir}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     try:
         answer = control.request(cfg.job.run_dir, "stop")
     except (control.NotRunningError, OSError, ValueError) as exc:
         print(f"rvsup: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     if not answer.get("ok"):
         print(f"rvsup: {answer.get('error')}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitCode.ERROR
     print(f"{cfg.job.name}: stop requested (checkpoint at a common step, then exit)")
     if args.no_wait:
-        return EXIT_OK
+        return ExitCode.OK
     deadline = time.monotonic() + cfg.launch.stop_timeout_s + cfg.launch.term_timeout_s + 30
     pid = int(info["pid"])
     while _alive(pid):
         if time.monotonic() > deadline:
             print(f"rvsup: daemon {pid} is still running", file=sys.stderr)
-            return EXIT_ERROR
+            return ExitCode.ERROR
         time.sleep(0.1)
     past = history.read(cfg.job.run_dir / rundir.EVENTS_FILE)
     stopped = [e for e in past.events if isinstance(e, JobStopped)]
     if stopped:
         last = stopped[-1]
         print(f"{cfg.job.name}: stopped; checkpoint step {last.step} {last.note}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _alive(pid: int) -> bool:
@@ -176,7 +181,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"rvsup: skipped {past.unknown} line(s) of events this version does not know",
             file=sys.stderr,
         )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not Path(args.job).is_file() and args.command != "validate":
         print(f"rvsup: {args.job}: no such job file", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     code: int = args.func(args)
     return code
 

@@ -61,7 +61,7 @@ async def run_daemon(cfg: JobConfig, *, console: IO[str] | None = sys.stderr) ->
     async with _house(cfg, console) as (events, sup, loops):
         try:
             return await run_beside(sup.run(), loops)
-        except Exception as exc:  # a bug: record it, the tree is already torn down
+        except Exception as exc:  # noqa: BLE001 -- a bug: record it; the tree is already torn down
             trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             events.log(SupervisorError(error=repr(exc), traceback=trace))
             return ExitCode.ERROR
@@ -98,7 +98,7 @@ async def _house(
         liveness = Liveness()
         slurm_ids = SlurmIds(alloc.job_id, alloc.restart_count) if alloc else SlurmIds()
 
-        async def requeue(reason: StopReason) -> bool:
+        async def requeue(_reason: StopReason) -> bool:
             if alloc is None:
                 return False
             return await lifecycle.requeue(alloc.job_id, mode=cfg.slurm.requeue, events=events)

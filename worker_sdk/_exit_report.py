@@ -124,7 +124,7 @@ def _connect(to: ReportTo) -> Channel | None:
 
         secret = p.read_secret(to.secret_file)
         return Channel(to.endpoint, secret, rank=to.rank, attempt=to.attempt)
-    except Exception as exc:  # best effort: the rank must run
+    except Exception as exc:  # noqa: BLE001 -- best effort: the rank must run
         print(f"rvsup: rank {to.rank} exit will not be reported: {exc}", file=sys.stderr)
         return None
 

@@ -416,7 +416,7 @@ class Checkpointer:
             if not isinstance(part.get("rng"), dict):
                 raise _UnloadableError(f"{name} holds no RNG states")
         if info.format == 1:
-            where, classes = self._format1_objects(info, plan, objects, entries)
+            where, classes = self._format1_objects(info, plan, entries)
         else:
             where, classes = tuple(w for _, w in info.objects), [c for c, _ in info.objects]
         if len(where) != len(objects):
@@ -455,7 +455,6 @@ class Checkpointer:
         self,
         info: CheckpointInfo,
         plan: StatePlan,
-        objects: Sequence[Stateful],
         entries: Mapping[str, Any],
     ) -> tuple[tuple[str, ...], list[str]]:
         if plan.sharded:

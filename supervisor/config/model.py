@@ -15,6 +15,21 @@ from typing import Literal, TypeAlias
 
 from supervisor.rules.policy import OnFailure
 
+__all__ = [
+    "CheckpointSection",
+    "ConfigError",
+    "ConfigIssue",
+    "FrozenEnv",
+    "HeartbeatSection",
+    "JobConfig",
+    "JobSection",
+    "LaunchSection",
+    "RequeueMode",
+    "RestartSection",
+    "SlurmSection",
+    "Transport",
+]
+
 Transport: TypeAlias = Literal["auto", "ipc", "tcp"]
 """How ranks reach the daemon: ``auto`` is IPC on one node, TCP across nodes."""
 RequeueMode: TypeAlias = Literal["auto", "always", "never"]

@@ -18,6 +18,8 @@ from supervisor.config.model import ConfigIssue, JobConfig
 from supervisor.config.torchrun import torchrun_issue
 from worker_sdk import layout
 
+__all__ = ["CHECKPOINT_MARKER", "preflight"]
+
 #: Marker file that :func:`preflight` puts into a new, empty checkpoint directory.
 CHECKPOINT_MARKER: Final = layout.MARKER
 

@@ -14,6 +14,21 @@ from typing import Any, Final
 
 from supervisor.config.durations import EXPECTED_DURATION, format_duration, parse_duration
 
+__all__ = [
+    "InvalidValueError",
+    "auto_count",
+    "boolean",
+    "choice",
+    "describe",
+    "duration",
+    "duration_or",
+    "integer",
+    "job_name",
+    "owned_flag_reason",
+    "path_text",
+    "unknown_name",
+]
+
 _JOB_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
 # torchrun flags (dashes for underscores) rvsup passes itself; "rdzv-" covers every rdzv flag.
 _RENDEZVOUS: Final = "rvsup sets up the rendezvous of every attempt"

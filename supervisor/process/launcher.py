@@ -205,7 +205,7 @@ _STANDBY_CODE = (
 
 def standby_argv(python: str) -> tuple[str, ...]:
     """The command line of a warm standby on the job's interpreter ``python``."""
-    return (python, "-c", _STANDBY_CODE, str(Path(worker_sdk._standby.__file__).resolve()))
+    return (python, "-c", _STANDBY_CODE, str(Path(worker_sdk._standby.__file__).resolve()))  # noqa: SLF001 -- our own module
 
 
 class Standby:
@@ -243,9 +243,10 @@ class Standby:
             try:
                 proc.stdin.write(json.dumps(order).encode() + b"\n")
                 proc.stdin.close()
-                return proc
             except OSError:  # it died meanwhile
                 pass
+            else:
+                return proc
         if proc is not None:
             _dismiss(proc)
         return spawn(plan)

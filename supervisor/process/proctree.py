@@ -20,6 +20,18 @@ from dataclasses import dataclass
 
 import psutil
 
+__all__ = [
+    "ExitStatus",
+    "TeardownReport",
+    "become_subreaper",
+    "descendants",
+    "host_oom_kill_count",
+    "is_stopped",
+    "open_pidfd",
+    "teardown",
+    "zombie_wait_status",
+]
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 

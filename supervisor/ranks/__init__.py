@@ -6,3 +6,5 @@
 - :mod:`.checkpoints` — commits seen on disk (watchdog) or announced by rank 0.
 - :mod:`.diagnostics` — Python stacks of every rank before a hung attempt is killed.
 """
+
+__all__ = ["channel", "checkpoints", "coordinated", "diagnostics", "exits"]

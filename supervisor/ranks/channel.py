@@ -24,6 +24,15 @@ from supervisor.rules.failures import RankExit
 from supervisor.rules.hangs import StepTimes
 from worker_sdk import protocol as p
 
+__all__ = [
+    "Channel",
+    "HeartbeatEndpoint",
+    "RankState",
+    "RankTable",
+    "exit_from_report",
+    "socket_dir",
+]
+
 _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
 _STEP_TIMES_KEPT = 256
 _BATCH = 256  # messages taken per wake-up of the receive loop

@@ -18,6 +18,8 @@ from watchdog.observers import Observer
 
 from worker_sdk import layout
 
+__all__ = ["Commit", "CommitTracker", "DirectoryWatch"]
+
 
 @dataclass(frozen=True, slots=True)
 class Commit:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from supervisor.ranks.channel import Channel, RankTable
 from worker_sdk import protocol as p
 
+__all__ = ["SaveRound", "answer_without_round"]
+
 
 @dataclass(slots=True)
 class SaveRound:

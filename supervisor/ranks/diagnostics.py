@@ -18,6 +18,8 @@ from pathlib import Path
 from supervisor.process import proctree
 from worker_sdk import protocol as p
 
+__all__ = ["DUMP_WAIT_S", "collect_stacks"]
+
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
 
 

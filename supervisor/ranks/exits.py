@@ -16,6 +16,8 @@ from collections.abc import Callable
 from supervisor.process import proctree
 from supervisor.rules.failures import RankExit
 
+__all__ = ["ExitLedger"]
+
 
 class ExitLedger:
     """The attempt's pidfds and the rank exits seen so far."""

@@ -338,22 +338,22 @@ def render_table(rows: Sequence[AttemptRow]) -> str:
     """
     headers = list(_HEADERS)
     cells = [headers]
-    for row in rows:
-        cells.append(
-            [
-                str(row.attempt),
-                _local(row.started),
-                _local(row.ended) if row.ended is not None else "-",
-                row.outcome,
-                _opt_text(row.resume_step),
-                _opt_text(row.last_step),
-                _opt_text(row.checkpoint_step),
-                str(row.steps_lost),
-                f"{row.seconds_lost:.1f}s",
-                row.slurm_job_id or "-",
-                " ".join((row.detail or "-").split()),
-            ]
-        )
+    cells.extend(
+        [
+            str(row.attempt),
+            _local(row.started),
+            _local(row.ended) if row.ended is not None else "-",
+            row.outcome,
+            _opt_text(row.resume_step),
+            _opt_text(row.last_step),
+            _opt_text(row.checkpoint_step),
+            str(row.steps_lost),
+            f"{row.seconds_lost:.1f}s",
+            row.slurm_job_id or "-",
+            " ".join((row.detail or "-").split()),
+        ]
+        for row in rows
+    )
     widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
     aligns = [">" if name in _RIGHT_ALIGNED else "<" for name in headers]
     return "\n".join(

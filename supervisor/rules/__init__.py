@@ -3,8 +3,11 @@
 - :mod:`.states` — the job lifecycle and its allowed transitions.
 - :mod:`.failures` — ``classify(observation) -> Failure``.
 - :mod:`.hangs` — when silence is a hang (the automatic timeout, the quiet ranks).
-- :mod:`.policy` — ``decide(history, failure, policy) -> Restart | GiveUp | Requeue``.
+- :mod:`.budget` — the restart budget as one fold over the history's events.
+- :mod:`.policy` — ``decide(budget, failure, policy) -> Restart | GiveUp | Requeue``.
 
 A unit test (``tests/unit/test_architecture.py``) checks that nothing here imports a module that
 does I/O.
 """
+
+__all__ = ["budget", "failures", "hangs", "policy", "states"]

@@ -20,6 +20,18 @@ from typing import Any
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
+__all__ = [
+    "FACTOR",
+    "FLOOR_S",
+    "PERCENTILE",
+    "Silence",
+    "StepTimes",
+    "auto_timeout",
+    "hung_ranks",
+    "percentile",
+    "quiet_ranks",
+]
+
 FACTOR = 10.0
 FLOOR_S = 5.0
 PERCENTILE = 0.99

@@ -18,6 +18,15 @@ from typing import Any
 
 from supervisor.record import rundir
 
+__all__ = [
+    "ControlServer",
+    "Handler",
+    "NotRunningError",
+    "remove_daemon_file",
+    "request",
+    "write_daemon_file",
+]
+
 _MAX_REQUEST = 4096
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]

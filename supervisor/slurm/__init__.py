@@ -1,2 +1,4 @@
 """Slurm: the allocation, srun, requeue, time left (:mod:`.commands`); Slurm's notations
 (:mod:`.text`, pure parsers)."""
+
+__all__ = ["commands", "lifecycle", "text"]

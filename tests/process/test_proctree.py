@@ -123,7 +123,7 @@ def test_teardown_of_a_tree() -> None:
     process of the tree is gone and reaped, and the Popen keeps its real exit status."""
     with _tree(_PARENT, _STUBBORN, _SLEEPER) as (parent, pids):
         tree: dict[str, int] = json.loads(_first_line(parent))
-        pids += tree.values()
+        pids += tree.values()  # noqa: PLW2901 -- registers them for the fixture's clean-up
         _wait_status(tree["B"], psutil.STATUS_STOPPED)
         assert descendants(parent.pid) == set(tree.values())
 

@@ -254,8 +254,10 @@ SRUN_LAUNCH_FAILED = (
         ("srun: error: node1: task 0: Killed\n", []),  # a task killed is no lost node
         ("srun: error: Task launch for StepId=3.0 failed on node node9: Timeout\n", []),
         (
-            "srun: error: Node failure on node2\nsrun: error: Task launch for StepId=1.0 failed "
-            "on node node1: Socket timed out\n",
+            (
+                "srun: error: Node failure on node2\nsrun: error: Task launch for StepId=1.0 failed "
+                "on node node1: Socket timed out\n"
+            ),
             ["node1", "node2"],
         ),
     ],
@@ -319,8 +321,10 @@ def _bring_back(cluster: SlurmCluster, node: str) -> None:
             "--",
             "sh",
             "-c",
-            f"mount --bind '{resolv}' /etc/resolv.conf && hostname {node} "
-            f"&& exec /usr/sbin/slurmd -N {node}",
+            (
+                f"mount --bind '{resolv}' /etc/resolv.conf && hostname {node} "
+                f"&& exec /usr/sbin/slurmd -N {node}"
+            ),
         ],
         env=cluster.env,
         check=True,

@@ -110,13 +110,17 @@ def _local(text: str) -> float:
     ("line", "expected"),
     [
         (
-            "W1122 19:30:05.986000 28108 torch/distributed/elastic/multiprocessing/api.py:1028] "
-            "Sending process 28121 closing signal SIGTERM",
+            (
+                "W1122 19:30:05.986000 28108 torch/distributed/elastic/multiprocessing/api.py:1028] "
+                "Sending process 28121 closing signal SIGTERM"
+            ),
             _local("2026-11-22 19:30:05") + 0.986,
         ),
         (
-            "E1122 19:30:06.051000 28108 torch/distributed/elastic/multiprocessing/api.py:1002] "
-            "failed (exitcode: -9) local_rank: 1 (pid: 28122) of binary: python3",
+            (
+                "E1122 19:30:06.051000 28108 torch/distributed/elastic/multiprocessing/api.py:1002] "
+                "failed (exitcode: -9) local_rank: 1 (pid: 28122) of binary: python3"
+            ),
             _local("2026-11-22 19:30:06") + 0.051,
         ),
         ("I1122 19:30:06.051000 28108 api.py:1] Starting worker group", None),
@@ -133,13 +137,17 @@ def test_torch_log_noticed(line: str, expected: float | None) -> None:
     ("line", "expected"),
     [
         (
-            "[2026-11-22 19:33:16,033] [ERROR] [ft_launcher29201@vm] failed (exitcode: -9) "
-            "local_rank: 1",
+            (
+                "[2026-11-22 19:33:16,033] [ERROR] [ft_launcher29201@vm] failed (exitcode: -9) "
+                "local_rank: 1"
+            ),
             _local("2026-11-22 19:33:16") + 0.033,
         ),
         (
-            "[2026-11-22 19:33:16,500] [WARNING] [RankMonServer29214@vm:0] Did not get "
-            "subsequent heartbeat. Waited 10.00 seconds.",
+            (
+                "[2026-11-22 19:33:16,500] [WARNING] [RankMonServer29214@vm:0] Did not get "
+                "subsequent heartbeat. Waited 10.00 seconds."
+            ),
             _local("2026-11-22 19:33:16") + 0.5,
         ),
         ("[2026-11-22 19:33:16,034] [INFO] [ft_launcher29201@vm] Using nproc_per_node=2.", None),

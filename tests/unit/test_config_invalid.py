@@ -54,8 +54,10 @@ INVALID: list[Any] = [
         [
             (
                 "trainer",
-                "unknown section; valid sections: checkpoint, heartbeat, job, "
-                "launch, restart, slurm",
+                (
+                    "unknown section; valid sections: checkpoint, heartbeat, job, "
+                    "launch, restart, slurm"
+                ),
             )
         ],
         id="unknown-section",
@@ -120,8 +122,10 @@ INVALID: list[Any] = [
         [
             (
                 "heartbeat.hang_timeout",
-                'expected "auto" or a duration like 90s, 5m, 2h or '
-                "a number of seconds, got 'never'",
+                (
+                    'expected "auto" or a duration like 90s, 5m, 2h or '
+                    "a number of seconds, got 'never'"
+                ),
             )
         ],
         id="hang-word",
@@ -131,8 +135,10 @@ INVALID: list[Any] = [
         [
             (
                 "restart.on_oom",
-                'expected one of "restart", "fail", got string \'retry\'; '
-                "did you mean 'restart'?",
+                (
+                    'expected one of "restart", "fail", got string \'retry\'; '
+                    "did you mean 'restart'?"
+                ),
             ),
             ("restart.on_node_failure", "got integer 1"),
         ],
@@ -308,8 +314,10 @@ INVALID: list[Any] = [
         [
             (
                 "launch.torchrun",
-                'expected "auto", a path to torchrun or an array of strings (its command line), '
-                "got integer 5",
+                (
+                    'expected "auto", a path to torchrun or an array of strings (its command line), '
+                    "got integer 5"
+                ),
             )
         ],
         id="torchrun-int",

@@ -104,17 +104,17 @@ async def train(ch: FakeChannel, clock: FakeClock, steps: range) -> None:
 
 
 async def succeeds(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-    await train(ch, clock, range(0, 5))
+    await train(ch, clock, range(5))
     tree.all_succeed()
 
 
 async def rank1_killed(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-    await train(ch, clock, range(0, 3))
+    await train(ch, clock, range(3))
     tree.rank_killed(1)
 
 
 async def falls_silent(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-    await train(ch, clock, range(0, 4))
+    await train(ch, clock, range(4))
     await asyncio.Event().wait()  # the ranks live on without another step
 
 
@@ -194,7 +194,7 @@ def test_stop_racing_a_crash_stops(tmp_path: Path) -> None:
     rig = Rig(tmp_path, [])
 
     async def crash_and_stop(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-        await train(ch, clock, range(0, 3))
+        await train(ch, clock, range(3))
         tree.rank_killed(1)
         assert rig.sup is not None
         rig.sup.request_stop(StopReason.STOPPED, "test")
@@ -212,7 +212,7 @@ def test_rank_dying_during_a_preemption_stop(tmp_path: Path) -> None:
     rig = Rig(tmp_path, [])
 
     async def preempted_then_dies(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-        await train(ch, clock, range(0, 3))
+        await train(ch, clock, range(3))
         assert rig.sup is not None
         rig.sup.request_stop(StopReason.PREEMPTED, "signal SIGTERM")
         await clock.sleep(0.3)
@@ -233,7 +233,7 @@ def test_commit_arriving_after_the_exit_counts(tmp_path: Path) -> None:
     rig = Rig(tmp_path, [])
 
     async def killed_then_commit(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
-        await train(ch, clock, range(0, 3))
+        await train(ch, clock, range(3))
         tree.rank_killed(1)
         path = make_checkpoint(rig.cfg.job.checkpoint_dir, 2)
         ch.put(0, p.Kind.CKPT_COMMITTED, step=2, value=0.1, payload={"path": str(path)})

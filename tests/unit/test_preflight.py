@@ -186,8 +186,10 @@ def test_preflight_foreign_checkpoint_files(tmp_path: Path, foreign: list[str], 
     assert issues == [
         (
             "job.checkpoint_dir",
-            f"{ckpt} holds files rvsup did not write {shown}; "
-            "use an empty directory or one rvsup created",
+            (
+                f"{ckpt} holds files rvsup did not write {shown}; "
+                "use an empty directory or one rvsup created"
+            ),
         )
     ]
     assert sorted(os.listdir(ckpt)) == before

@@ -276,8 +276,10 @@ def test_is_python(name: str, expected: bool) -> None:
         ("#!{root}/torchenv/bin/python3\nfrom torch.distributed.run import main\n", "torchenv"),
         ("#!/usr/bin/env python3\nfrom torch.distributed.run import main\n", "sysbin"),
         (
-            "#!/bin/sh\n'''exec' \"{root}/torchenv/bin/python3\" \"$0\" \"$@\"\n' '''\n"
-            "from torch.distributed.run import main\n",
+            (
+                "#!/bin/sh\n'''exec' \"{root}/torchenv/bin/python3\" \"$0\" \"$@\"\n' '''\n"
+                "from torch.distributed.run import main\n"
+            ),
             "torchenv",
         ),
         ("#!{root}/torchenv/bin/python3\nprint('not torchrun')\n", None),
