@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import worker_sdk._standby
 from supervisor.config.load import JobConfig
 from supervisor.config.torchrun import Torchrun, resolve_torchrun
+from supervisor.record import rundir
 from supervisor.service.sdnotify import child_env_cleanup
 from worker_sdk import protocol as p
 
@@ -52,6 +53,7 @@ __all__ = [
     "Standby",
     "Torchrun",
     "build_plan",
+    "nodes_needed",
     "rank_environment",
     "resolve_sizes",
     "resolve_torchrun",
@@ -77,11 +79,16 @@ def visible_gpus(env: Mapping[str, str]) -> int:
     return len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
+def nodes_needed(cfg: JobConfig, alloc: Allocation | None) -> int:
+    """Nodes every attempt runs on: ``launch.nnodes``, else all of the allocation's, else 1."""
+    return cfg.launch.nnodes or (len(alloc.nodes) if alloc is not None else 1)
+
+
 def resolve_sizes(
     cfg: JobConfig, alloc: Allocation | None, env: Mapping[str, str]
 ) -> tuple[int, int]:
     """(nnodes, nproc_per_node) with "auto" resolved from the allocation and the GPUs visible."""
-    nnodes = cfg.launch.nnodes or (len(alloc.nodes) if alloc is not None else 1)
+    nnodes = nodes_needed(cfg, alloc)
     nproc = cfg.launch.nproc_per_node
     if nproc is None:
         gpus = visible_gpus(env) or (alloc.gpus_per_node or 0 if alloc is not None else 0)
@@ -107,7 +114,7 @@ def build_plan(
     env.update(rank_env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     nnodes, nproc = resolve_sizes(cfg, alloc, env)
-    log_dir = cfg.job.run_dir / "logs" / f"attempt-{attempt}"
+    log_dir = rundir.logs_dir(cfg.job.run_dir, attempt)
     tr = [
         *_as_torchrun(torchrun).argv,
         f"--nproc-per-node={nproc}",

@@ -32,8 +32,7 @@ class Launches:
         self.cfg = cfg
         self.alloc = alloc
         self.torchrun = torchrun
-        #: nodes every attempt runs on: the job's setting, else all of the allocation's
-        self.nodes_needed = cfg.launch.nnodes or (len(alloc.nodes) if alloc else 1)
+        self.nodes_needed = launcher.nodes_needed(cfg, alloc)
         self.lost_nodes: set[str] = set()
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
 
