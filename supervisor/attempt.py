@@ -253,6 +253,8 @@ class Attempt:
                 seconds=commit.seconds,
                 bytes=commit.nbytes,
                 source=commit.source,
+                world_size=commit.world_size,
+                format=commit.format,
             )
         )
         if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):

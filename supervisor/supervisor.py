@@ -207,6 +207,8 @@ class Supervisor:
         plan = self.launches.plan(n, rank_env)
         self.events.attempt = n
         newest = self.tracker.newest_step
+        saved_by = self.tracker.newest_world_size
+        world_size = plan.nnodes * plan.nproc_per_node
         self.events.log(
             AttemptStarted(
                 resume_step=0 if newest is None else newest + 1,
@@ -216,6 +218,7 @@ class Supervisor:
                 nproc_per_node=plan.nproc_per_node,
                 slurm_job_id=self.slurm_ids.job_id,
                 restart_count=self.slurm_ids.restart_count,
+                resharded_from=saved_by if saved_by not in (None, world_size) else None,
             )
         )
         self.current = Attempt(

@@ -28,6 +28,8 @@ class Commit:
     nbytes: int
     seconds: float | None
     source: str  # "sdk" | "watchdog"
+    world_size: int
+    format: int
 
 
 class CommitTracker:
@@ -37,6 +39,8 @@ class CommitTracker:
         self.directory = directory
         latest = layout.latest(directory)
         self.newest_step: int | None = latest.step if latest else None
+        self.newest_world_size: int | None = latest.world_size if latest else None
+        """How many ranks wrote the newest checkpoint."""
         self._seen: set[int] = set()
 
     def path_of(self, step: int) -> Path:
@@ -58,7 +62,8 @@ class CommitTracker:
         self._seen.add(step)
         if self.newest_step is None or step > self.newest_step:
             self.newest_step = step
-        return Commit(step, path, info.nbytes, seconds, source)
+            self.newest_world_size = info.world_size
+        return Commit(step, path, info.nbytes, seconds, source, info.world_size, info.format)
 
 
 class _Handler(FileSystemEventHandler):

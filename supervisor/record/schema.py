@@ -116,6 +116,9 @@ class AttemptStarted(Event):
     """``SLURM_JOB_ID``; None outside Slurm."""
     restart_count: int | None
     """``SLURM_RESTART_COUNT``; None outside Slurm."""
+    resharded_from: int | None = None
+    """The number of ranks that wrote the checkpoint it resumes from, when that differs from its
+    own (the state is resharded); None otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +138,10 @@ class CheckpointCommitted(Event):
     """Its size on disk."""
     source: str
     """Who saw the commit first: ``"sdk"`` (a rank's report) or ``"watchdog"`` (the directory)."""
+    world_size: int | None = None
+    """The number of ranks that wrote it."""
+    format: int | None = None
+    """Its manifest's format: 1 replicated state only, 2 with sharded state (``dcp/``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

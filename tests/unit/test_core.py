@@ -270,3 +270,24 @@ def test_dropped_messages_are_recorded_per_attempt(tmp_path: Path) -> None:
     assert rig.run() == ExitCode.OK
     (dropped,) = rig.named("messages_dropped")
     assert (dropped["attempt"], dropped["counts"]) == (2, {"bad mac": 3})
+
+
+def test_resume_on_another_world_size_is_recorded(tmp_path: Path) -> None:
+    """A job whose newest checkpoint was written by 3 ranks and that now runs on 2 records
+    resharded_from = 3 on attempt_started; commits carry their world size and format."""
+    rig = Rig(tmp_path, [])
+    make_checkpoint(rig.cfg.job.checkpoint_dir, 4, world_size=3)
+
+    async def resumed_and_saves(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(5, 8))
+        path = make_checkpoint(rig.cfg.job.checkpoint_dir, 7, world_size=2)
+        ch.put(0, p.Kind.CKPT_COMMITTED, step=7, value=0.1, payload={"path": str(path)})
+        await clock.sleep(0.2)
+        tree.all_succeed()
+
+    rig.launches.scenarios.append(resumed_and_saves)
+    assert rig.run() == ExitCode.OK
+    (started,) = rig.named("attempt_started")
+    assert (started["resume_step"], started["resharded_from"]) == (5, 3)
+    (commit,) = rig.named("checkpoint_committed")
+    assert (commit["step"], commit["world_size"], commit["format"]) == (7, 2, 1)
