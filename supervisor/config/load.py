@@ -223,8 +223,23 @@ def _read_launch(t: _Table, base: Path) -> LaunchSection:
     stop_timeout = t.read("stop_timeout", "60s", duration(positive=True))
     warm_standby = t.read("warm_standby", True, boolean)
     torchrun = _read_torchrun(t, base)
+    min_nnodes = t.read("min_nnodes", "auto", auto_count)
+    if (
+        min_nnodes is not None
+        and nnodes is not None
+        and min_nnodes > nnodes
+        and t.ok("nnodes", "min_nnodes")
+    ):
+        t.report("min_nnodes", f"must be at most launch.nnodes ({nnodes}), got {min_nnodes}")
     return LaunchSection(
-        nproc_per_node, nnodes, args, term_timeout, stop_timeout, warm_standby, torchrun
+        nproc_per_node,
+        nnodes,
+        args,
+        term_timeout,
+        stop_timeout,
+        warm_standby,
+        torchrun,
+        min_nnodes,
     )
 
 

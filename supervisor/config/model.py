@@ -133,6 +133,9 @@ class LaunchSection:
       beside ``job.command[0]`` when that is a Python interpreter, else that interpreter with
       ``-m torch.distributed.run``; when the command is not Python, ``torchrun`` on the PATH of
       ``[job] env`` or rvsup's (see :mod:`supervisor.config.torchrun`).
+    - ``min_nnodes`` (default ``"auto"``: ``nnodes``, never fewer): after a node failure with no spare node
+      left in the allocation, go on with as many nodes as are left if that is at least this many
+      (torchrun's ``--nnodes=MIN:MAX`` in spirit); the checkpoint is resharded onto fewer ranks.
     """
 
     nproc_per_node: int | None
@@ -142,6 +145,7 @@ class LaunchSection:
     stop_timeout_s: float
     warm_standby: bool = True
     torchrun: tuple[str, ...] | None = None
+    min_nnodes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,8 @@ def resolve_sizes(
 ) -> tuple[int, int]:
     """(nnodes, nproc_per_node) with "auto" resolved from the allocation and the GPUs visible."""
     nnodes = nodes_needed(cfg, alloc)
+    if alloc is not None:  # after a node failure the allocation may have fewer nodes left
+        nnodes = min(nnodes, len(alloc.nodes))
     nproc = cfg.launch.nproc_per_node
     if nproc is None:
         gpus = visible_gpus(env) or (alloc.gpus_per_node or 0 if alloc is not None else 0)

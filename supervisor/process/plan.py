@@ -33,6 +33,8 @@ class Launches:
         self.alloc = alloc
         self.torchrun = torchrun
         self.nodes_needed = launcher.nodes_needed(cfg, alloc)
+        self.nodes_minimum = min(cfg.launch.min_nnodes or self.nodes_needed, self.nodes_needed)
+        """After a node failure, the job goes on with as few as this many nodes."""
         self.lost_nodes: set[str] = set()
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
 
@@ -41,17 +43,18 @@ class Launches:
         return self.nodes_needed > 1
 
     def nodes_left(self) -> tuple[str, ...]:
-        """The allocation's first nodes that no failure took away, as many as the job needs."""
+        """The allocation's first nodes that no failure took away, as many as the job needs
+        (fewer when fewer are left)."""
         assert self.alloc is not None
         return nodes_for_restart(self.alloc.nodes, self.lost_nodes, self.nodes_needed)
 
     def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None:
-        """Nodes a node failure named are gone for this allocation; returns (left, needed) for
+        """Nodes a node failure named are gone for this allocation; returns (left, minimum) for
         the policy, or None when the job does not run in an allocation."""
         if self.alloc is None:
             return None
         self.lost_nodes.update(nodes)
-        return len(self.nodes_left()), self.nodes_needed
+        return len(self.nodes_left()), self.nodes_minimum
 
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
         """Attempt ``attempt``'s command line and environment."""

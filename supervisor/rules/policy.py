@@ -9,7 +9,7 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
   budget, even when the budget is spent.
 - ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
   -> :class:`GiveUp`; so is ``node_failure`` when the allocation has fewer nodes left than the
-  job runs on (``nodes``: left, needed; the world size cannot shrink under a checkpoint).
+  job's minimum (``nodes``: left, minimum; ``launch.min_nnodes``, by default ``nnodes``).
 - Anything else is a charged restart, unless the budget is spent
   (``restarts_used >= max_restarts``) or the attempt made no progress (``budget.progressed``)
   and would be the ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns
@@ -163,9 +163,9 @@ def decide(
     if failure.kind == FailureKind.NODE_FAILURE and policy.on_node_failure == "fail":
         return GiveUp(f'node failure and restart.on_node_failure = "fail"{suffix}')
     if failure.kind == FailureKind.NODE_FAILURE and nodes is not None and nodes[0] < nodes[1]:
-        left, needed = nodes
+        left, minimum = nodes
         return GiveUp(
-            f"node failure: the job runs on {needed} {_plural(needed, 'node')}, "
+            f"node failure: the job runs on at least {minimum} {_plural(minimum, 'node')}, "
             f"{left} left in this allocation"
         )
     if budget.restarts_used >= policy.max_restarts:

@@ -32,7 +32,7 @@ def with_section(section: str, body: str) -> str:
 
 
 VALID_LAUNCH_KEYS = (
-    "valid keys: nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun, torchrun_args, "
+    "valid keys: min_nnodes, nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun, torchrun_args, "
     "warm_standby"
 )
 NOT_A_DURATION = "expected a duration like 90s, 5m, 2h or a number of seconds"

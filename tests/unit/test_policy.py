@@ -322,9 +322,11 @@ def test_policy_rejects_nonsense(changes: dict[str, object]) -> None:
 @pytest.mark.parametrize(
     ("kind", "nodes", "gives_up"),
     [
-        (K.NODE_FAILURE, (1, 2), True),  # one node left, the job runs on two
+        (K.NODE_FAILURE, (1, 2), True),  # one node left, the job runs on at least two
         (K.NODE_FAILURE, (0, 2), True),
         (K.NODE_FAILURE, (2, 2), False),  # a spare node took the lost one's place
+        (K.NODE_FAILURE, (1, 1), False),  # min_nnodes = 1: go on with the node left
+        (K.NODE_FAILURE, (0, 1), True),
         (K.NODE_FAILURE, None, False),  # not on Slurm: nothing to count
         (K.CRASH, (1, 2), False),  # only a node failure is judged by the nodes left
     ],
@@ -332,7 +334,8 @@ def test_policy_rejects_nonsense(changes: dict[str, object]) -> None:
 def test_node_failure_without_enough_nodes_gives_up(
     kind: FailureKind, nodes: tuple[int, int] | None, gives_up: bool
 ) -> None:
-    """A node failure restarts only with as many nodes left as the job needs, else gives up."""
+    """A node failure restarts only with at least the job's minimum of nodes left (``nodes``:
+    left, minimum), else gives up."""
     got = decide(Budget(progressed=True), failure(kind), POLICY, jitter=0.0, nodes=nodes)
     assert isinstance(got, GiveUp) == gives_up
     if gives_up:
