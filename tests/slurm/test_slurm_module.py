@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 CHECKOUT = Path(__file__).resolve().parents[2]
 # Prints detect() of the process it runs in as one JSON line.
 DETECT_SNIPPET = (
-    "import dataclasses, json; from supervisor import slurm; "
+    "import dataclasses, json; from supervisor.slurm import commands as slurm; "
     "print(json.dumps(dataclasses.asdict(slurm.detect())), flush=True)"
 )
 
@@ -152,7 +152,7 @@ def test_srun_step_runs_one_task_per_node(
     report = "echo $SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $SLURM_CPUS_ON_NODE"
     report += " $SLURM_GPUS_ON_NODE"
     code = (
-        "import subprocess; from supervisor import slurm; "
+        "import subprocess; from supervisor.slurm import commands as slurm; "
         f"inner = ['bash', '-c', {report!r}]; "
         "argv = slurm.srun_argv(slurm.detect(), inner, job_name='rvsup-test'); "
         "raise SystemExit(subprocess.run(argv).returncode)"
