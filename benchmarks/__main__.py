@@ -15,7 +15,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import fig_checkpoint, fig_faults, fig_footprint, fig_lifecycle, fig_sdk, machine
+from . import (
+    fig_checkpoint,
+    fig_ckpt_stall,
+    fig_faults,
+    fig_footprint,
+    fig_lifecycle,
+    fig_sdk,
+    machine,
+)
 from .profiles import PROFILES, Context
 from .table import Table, Target
 from .tools import REPO
@@ -30,6 +38,7 @@ FIGURES: dict[str, Callable[[Context], Table]] = {
     "cold": fig_lifecycle.cold,
     "sdk": fig_sdk.sdk,
     "checkpoint": fig_checkpoint.checkpoint,
+    "checkpoint_stall": fig_ckpt_stall.stall,
     "footprint": fig_footprint.footprint,
     "scale": fig_footprint.scale,
 }

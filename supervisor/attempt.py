@@ -26,7 +26,7 @@ from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import CheckpointCommitted, CheckpointSkipped
+from supervisor.record.schema import CheckpointCommitted, CheckpointFailed, CheckpointSkipped
 from supervisor.rules import hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
@@ -107,6 +107,8 @@ class Attempt:
         self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s
         self._started_step = tracker.newest_step
         self._reports: list[RankReport] = []
+        # (rank, step, reason) of each failed background save, for ``rvsup status``
+        self.checkpoint_failures: list[tuple[int, int, str]] = []
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
         self._silent: tuple[int, ...] = ()
         self._hang_silence_s: float | None = None
@@ -170,6 +172,7 @@ class Attempt:
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
         kind = msg.kind
         if kind is p.Kind.RANK_EXIT:  # from the rank's parent, not the rank: no sign of life
+            self._exact_step(msg.rank, msg.payload.get("last_step"))
             ended = exit_from_report(msg)
             if ended is not None and self.tree.record(ended):
                 self._on_rank_exit(ended)
@@ -192,17 +195,8 @@ class Attempt:
                 answer_without_round(self.channel, identity, msg)
             else:
                 self.sync.answer(self.channel, identity, msg)
-        elif kind is p.Kind.CKPT_COMMITTED:
-            path = Path(str(msg.payload.get("path", "")))
-            self._on_commit(path, seconds=msg.value, source="sdk")
-        elif kind is p.Kind.CKPT_SKIPPED:
-            self.events.log(
-                CheckpointSkipped(
-                    path=str(msg.payload.get("path")),
-                    reason=str(msg.payload.get("reason")),
-                    rank=msg.rank,
-                )
-            )
+        elif kind in (p.Kind.CKPT_COMMITTED, p.Kind.CKPT_FAILED, p.Kind.CKPT_SKIPPED):
+            self._on_checkpoint_message(msg)
         elif kind is p.Kind.FAILURE:
             self._reports.append(
                 RankReport(
@@ -214,6 +208,39 @@ class Attempt:
                 )
             )
             self._sign_of_failure(now)
+
+    def _on_checkpoint_message(self, msg: p.Message) -> None:
+        if msg.kind is p.Kind.CKPT_COMMITTED:
+            path = Path(str(msg.payload.get("path", "")))
+            self._on_commit(path, seconds=msg.value, source="sdk")
+        elif msg.kind is p.Kind.CKPT_FAILED:
+            self.checkpoint_failures.append((msg.rank, msg.step, str(msg.payload.get("reason"))))
+            self.events.log(
+                CheckpointFailed(
+                    step=msg.step, rank=msg.rank, reason=str(msg.payload.get("reason"))[:2000]
+                )
+            )
+        elif msg.kind is p.Kind.CKPT_SKIPPED:
+            self.events.log(
+                CheckpointSkipped(
+                    path=str(msg.payload.get("path")),
+                    reason=str(msg.payload.get("reason")),
+                    rank=msg.rank,
+                )
+            )
+
+    def refresh_steps(self) -> None:
+        """Each rank's exact last finished step, from the step slots of the ranks on this node
+        (heartbeats, rate-limited, can be a second old)."""
+        for st in self.ranks:
+            self._exact_step(st.rank, p.read_step_slot(self.diag_dir / p.step_slot_file(st.rank)))
+
+    def _exact_step(self, rank: int, step: object) -> None:
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        for st in self.ranks:
+            if st.rank == rank and step > st.last_step:
+                st.last_step = step
 
     def _on_rank_exit(self, ended: RankExit) -> None:
         """A rank's end, seen here or reported by its parent (each told once)."""
@@ -255,6 +282,8 @@ class Attempt:
                 source=commit.source,
                 world_size=commit.world_size,
                 format=commit.format,
+                mode=commit.mode,
+                blocked_s=commit.blocked_s,
             )
         )
         if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
@@ -327,6 +356,7 @@ class Attempt:
             silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
         )
         if hung:
+            self.refresh_steps()
             last_steps = {st.rank: st.last_step for st in self.ranks}
             self._silent, self._hang_silence_s = hangs.quiet_ranks(silences, hung, last_steps)
             self._first_sign_t = now
@@ -366,6 +396,7 @@ class Attempt:
     def _result(
         self, ending: _Ending, diagnostics: str | None, lost: tuple[str, ...]
     ) -> AttemptResult:
+        self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
         obs = Observation(
             exits=self.tree.exits,

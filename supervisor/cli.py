@@ -102,6 +102,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['last_step']:>9}  "
             f"{r['heartbeat_age_s']:>12.1f}s  {r['phase'] or ''}"
         )
+    for failed in answer.get("checkpoint_failures", []):
+        print(
+            f"checkpoint of step {failed['step']} failed on rank {failed['rank']} "
+            f"(not committed, the previous one is kept): {failed['reason']}"
+        )
     msgs = answer["messages"]
     dropped = ", ".join(f"{k}: {v}" for k, v in sorted(msgs["dropped"].items())) or "none"
     print(f"messages accepted: {msgs['accepted']}; dropped: {dropped}")

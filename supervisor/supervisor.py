@@ -289,6 +289,8 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         now = self.clock.monotonic()
         cur = self.current
+        if cur is not None:
+            cur.refresh_steps()
         return {
             "ok": True,
             "job": self.cfg.job.name,
@@ -301,6 +303,10 @@ class Supervisor:
             "hang_timeout_s": None if cur is None else cur.hang_timeout_s,
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "ranks": [st.to_status(now) for st in sorted(self.ranks, key=lambda s: s.rank)],
+            "checkpoint_failures": [
+                {"rank": rank, "step": step, "reason": reason}
+                for rank, step, reason in ([] if cur is None else cur.checkpoint_failures[-5:])
+            ],
             "messages": {
                 "accepted": self.channel.accepted,
                 "dropped": dict(self.channel.dropped),

@@ -42,13 +42,16 @@ def resume(
     every_steps: int | None = None,
     every: float | None = None,
     keep_last: int | None = None,
+    async_save: bool | None = None,
 ) -> tuple[int, Any]:
     """Register what to checkpoint, restore the newest complete checkpoint; return (start_step, extra).
 
     Call once, after the model is wrapped (DDP/FSDP) and the optimizer built, and after
     ``torch.distributed.init_process_group`` when the job is distributed. ``start_step`` is 0 on a
     fresh start; ``extra`` is the saved one, or the given one on a fresh start. The keyword
-    arguments apply only when the script runs without rvsup (job.toml wins under rvsup).
+    arguments apply only when the script runs without rvsup (job.toml wins under rvsup);
+    ``async_save=True`` (job.toml: ``[checkpoint] async = true``) makes ``step()`` block only
+    while the state is copied to shared memory, a background process writing it.
 
     Any parallelism, nothing to configure: plain modules and DDP are saved once (replicated);
     FSDP1, FSDP2 (``fully_shard``) and other DTensor models, with their optimizers, are saved by
@@ -73,7 +76,11 @@ def resume(
     # unbind it, or a resume() that raises below would look like one that succeeded
     _runtime = None
     settings = resolve(
-        checkpoint_dir=checkpoint_dir, every_steps=every_steps, every_s=every, keep_last=keep_last
+        checkpoint_dir=checkpoint_dir,
+        every_steps=every_steps,
+        every_s=every,
+        keep_last=keep_last,
+        async_save=async_save,
     )
     rank, world_size = _rank_and_world()
     if rank == 0:
@@ -123,6 +130,7 @@ def step(step: int, extra: Any = None) -> None:
     dt = now - rt.t_last
     rt.t_last = now
     rt.last_step = step
+    rt.step_slot[0] = step  # a store into shared memory: the supervisor reads it exactly
     if dt > rt.max_dt:
         rt.max_dt = dt
     if step >= rt.next_save_step or now >= rt.next_due:

@@ -29,7 +29,7 @@ from . import layout
 if TYPE_CHECKING:
     from ._parallel import Group
 
-__all__ = ["THREADS", "capture", "crc32_file", "load", "names", "verify", "write"]
+__all__ = ["THREADS", "capture", "crc32_file", "load", "names", "seal", "verify", "write"]
 
 THREADS: Final = 1  # DCP writer threads (files) per rank; measured no faster with 2 on CPU
 _READ_CHUNK: Final = 8 << 20
@@ -83,9 +83,9 @@ def write(state: dict[str, Any], directory: Path, rank: int) -> list[int]:
     for index, name in _own_files(directory, rank):
         if index >= THREADS:
             raise RuntimeError(f"DCP wrote more files than expected: {directory / name}")
-        sums[1 + index] = _seal(directory / name)
+        sums[1 + index] = seal(directory / name)
     if rank == 0:
-        sums[0] = _seal(directory / _METADATA)
+        sums[0] = seal(directory / _METADATA)
     layout.fsync_dir(directory)
     return sums
 
@@ -149,7 +149,7 @@ def crc32_file(path: Path, *, fsync: bool = False) -> int:
     return crc
 
 
-def _seal(path: Path) -> int:
+def seal(path: Path) -> int:
     """Make a file DCP wrote read-only to others whatever the umask (a checkpoint that others
     can write is never unpickled), fsync it; return its CRC-32."""
     os.chmod(path, 0o644)

@@ -6,7 +6,8 @@ with a broken connection, which then look like the culprits. So on multi-node at
 bootstrap forks: the child becomes the rank, and the parent stays behind as a small waiter that
 
 - takes the signals torchrun (or srun, or a user) sends it and passes each on to the rank;
-- reaps the rank and sends ``RANK_EXIT`` (pid, exit code or signal, host) over the job's
+- reaps the rank and sends ``RANK_EXIT`` (pid, exit code or signal, host, and the rank's last
+  finished step, read from its step slot) over the job's
   authenticated channel, as soon as the rank has ended;
 - then ends the way the rank ended (the same exit code, or killed by the same signal), so
   torchrun sees what it would have seen without it.
@@ -56,6 +57,7 @@ class ReportTo:
     secret_file: str
     rank: int
     attempt: int
+    step_slot: str | None = None  # the rank's step slot file (protocol.step_slot_file)
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> ReportTo | None:
@@ -68,6 +70,11 @@ class ReportTo:
                 secret_file=env[p.ENV_SECRET_FILE],
                 rank=int(env["RANK"]),
                 attempt=int(env[p.ENV_ATTEMPT]),
+                step_slot=os.path.join(
+                    env[p.ENV_DIAGNOSTICS_DIR], p.step_slot_file(int(env["RANK"]))
+                )
+                if env.get(p.ENV_DIAGNOSTICS_DIR)
+                else None,
             )
         except (KeyError, ValueError):
             return None
@@ -94,6 +101,7 @@ def run_and_report(
                 "code": code if code >= 0 else None,
                 "signal": -code if code < 0 else None,
                 "host": socket.gethostname(),
+                "last_step": None if to.step_slot is None else p.read_step_slot(to.step_slot),
             },
         )
         channel.close(linger_s=_LINGER_S)

@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import faulthandler
 import math
+import mmap
 import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from . import protocol as p
 from ._settings import Settings
 from .checkpoint import Checkpointer, LoadResult, Stateful
 from .heartbeat import Channel
+
+if TYPE_CHECKING:
+    from ._async_save import AsyncSaver, Outcome
 
 _NEVER = sys.maxsize
 
@@ -35,6 +40,7 @@ class Runtime:
 
     __slots__ = (
         "_dump_file",
+        "_slot_map",
         "channel",
         "checkpointer",
         "extra_default",
@@ -47,7 +53,9 @@ class Runtime:
         "periodic_next",
         "rank",
         "save_due_t",
+        "saver",
         "settings",
+        "step_slot",
         "stop_after_save",
         "sync_mode",
         "sync_save_at",
@@ -72,6 +80,11 @@ class Runtime:
         self.rank = rank
         self.world_size = world_size
         self.extra_default: Any = None
+        self.saver: AsyncSaver | None = None
+        if checkpointer is not None and settings.async_save:
+            from ._async_save import AsyncSaver
+
+            self.saver = AsyncSaver(checkpointer)
         now = time.monotonic()
         self.t_last = now
         self.max_dt = 0.0
@@ -88,11 +101,16 @@ class Runtime:
         self.save_due_t = now + every_s if every_s else math.inf
         self.next_due = min(self.hb_due, self.save_due_t)
         self._dump_file: IO[str] | None = None
+        self._slot_map: mmap.mmap | None = None
+        # the last finished step, stored by every step() (see protocol.step_slot_file)
+        self.step_slot: memoryview = memoryview(bytearray(8)).cast("q")
 
     # ------------------------------------------------------------------ start-up
     def start(self, loaded: LoadResult) -> int:
         """Announce the rank, report what was loaded; return the first step to run."""
         start = 0 if loaded.step is None else loaded.step + 1
+        self.last_step = start - 1  # what a failure before the first step() names
+        self._map_step_slot(start - 1)
         self._set_periodic(start - 1)
         if self.channel is not None:
             s = self.settings
@@ -120,8 +138,23 @@ class Runtime:
                 },
             )
         self._arm_stack_dumps()
+        if self.saver is not None:
+            self.saver.start()
         self.t_last = time.monotonic()
         return start
+
+    def _map_step_slot(self, step: int) -> None:
+        diag = self.settings.diagnostics_dir
+        if diag is not None:
+            diag.mkdir(parents=True, exist_ok=True)
+            fd = os.open(diag / p.step_slot_file(self.rank), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.ftruncate(fd, 8)
+                self._slot_map = mmap.mmap(fd, 8)
+            finally:
+                os.close(fd)
+            self.step_slot = memoryview(self._slot_map).cast("q")
+        self.step_slot[0] = step
 
     def _arm_stack_dumps(self) -> None:
         diag = self.settings.diagnostics_dir
@@ -145,13 +178,19 @@ class Runtime:
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> None:
         """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
+        saver = self.saver
+        if saver is not None and saver.in_flight is not None:
+            outcome = saver.poll()
+            if outcome is not None:
+                self._report(outcome)
         if now >= self.hb_due:
             self._heartbeat(step, now)
         if self.sync_mode:
             self._sync_round(step)
         if step >= self.next_save_step or now >= self.save_due_t:
             self._save(step, extra)
-        self.next_due = 0.0 if self.sync_mode else min(self.hb_due, self.save_due_t)
+        in_flight = saver is not None and saver.in_flight is not None
+        self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
 
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
@@ -200,14 +239,16 @@ class Runtime:
         if ck is not None:
             if self.channel is not None:
                 self.channel.send(p.Kind.CKPT_BEGIN, step=step)
-            result = ck.save(step, self.objects, extra)
-            if self.channel is not None and result.committed:
-                self.channel.send(
-                    p.Kind.CKPT_COMMITTED,
-                    step=step,
-                    value=result.seconds,
-                    payload={"path": str(result.path), "bytes": result.nbytes},
-                )
+            stopping = self.stop_after_save and step >= self.sync_save_at
+            if self.saver is not None and not stopping:
+                previous = self.saver.submit(step, self.objects, extra)
+                if previous is not None:
+                    self._report(previous)
+            else:
+                self._finish_async(close=False)  # a stop's save waits for the one in flight
+                result = ck.save(step, self.objects, extra)
+                if result.committed:
+                    self._committed(step, result.seconds, result.path, result.nbytes, "sync")
         now = time.monotonic()
         if self.save_due_t != math.inf and self.settings.every_s:
             self.save_due_t = now + self.settings.every_s
@@ -219,9 +260,68 @@ class Runtime:
         if coordinated:
             self._leave_if_stopping(step)
 
+    def _report(self, outcome: Outcome) -> None:
+        """Tell the supervisor how an asynchronous save ended."""
+        if outcome.failed is not None:
+            print(
+                f"rvsup: rank {self.rank}: the checkpoint of step {outcome.step} failed and is "
+                f"not committed (training goes on): {outcome.failed}",
+                file=sys.stderr,
+            )
+            if self.channel is not None:
+                self.channel.send(
+                    p.Kind.CKPT_FAILED, step=outcome.step, payload={"reason": outcome.failed}
+                )
+        elif outcome.committed:
+            self._committed(
+                outcome.step,
+                outcome.seconds,
+                outcome.path,
+                outcome.nbytes,
+                "async",
+                blocked_s=outcome.blocked_s,
+            )
+
+    def _committed(
+        self,
+        step: int,
+        seconds: float,
+        path: Path,
+        nbytes: int,
+        mode: str,
+        *,
+        blocked_s: float | None = None,
+    ) -> None:
+        """Rank 0 tells the supervisor that the checkpoint of ``step`` is committed."""
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.CKPT_COMMITTED,
+                step=step,
+                value=seconds,
+                payload={
+                    "path": str(path),
+                    "bytes": nbytes,
+                    "mode": mode,
+                    "blocked_s": seconds if blocked_s is None else blocked_s,
+                },
+            )
+
+    def _finish_async(self, *, close: bool) -> None:
+        """Wait for the asynchronous save in flight and report it; ``close``: stop the writer."""
+        saver = self.saver
+        if saver is None:
+            return
+        outcome = saver.wait()
+        if outcome is not None:
+            self._report(outcome)
+        if close:
+            saver.close()
+            self.saver = None
+
     def _leave_if_stopping(self, step: int) -> None:
         if not self.stop_after_save:
             return
+        self._finish_async(close=True)
         if self.channel is not None:
             self.channel.send(
                 p.Kind.EXITING, step=step, payload={"reason": p.ExitingReason.STOP.value}
@@ -254,7 +354,10 @@ class Runtime:
         return oom
 
     def leaving(self) -> None:
-        """At interpreter exit: tell the supervisor that the silence to come is the end."""
+        """At interpreter exit: finish the save in flight, then tell the supervisor that the
+        silence to come is the end."""
+        if self.channel is None or not self.channel.closed:
+            self._finish_async(close=True)
         if self.channel is not None and not self.channel.closed:
             self.channel.send(
                 p.Kind.EXITING, step=self.last_step, payload={"reason": p.ExitingReason.END.value}

@@ -25,6 +25,7 @@ class Settings:
     every_steps: int  # 0: not by step count
     every_s: float | None  # time-based saves when not supervised (one process only)
     keep_last: int
+    async_save: bool  # write checkpoints in a background process (step() blocks for staging)
     heartbeat_interval_s: float
     diagnostics_dir: Path | None
     dump_signal: int
@@ -47,6 +48,7 @@ def resolve(
     every_steps: int | None,
     every_s: float | None,
     keep_last: int | None,
+    async_save: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
     """Under rvsup the job file (via environment) wins; standalone, arguments beat environment."""
@@ -67,11 +69,13 @@ def resolve(
         steps = _int(e, p.ENV_CKPT_EVERY_STEPS, 0)
         seconds = None  # the supervisor coordinates time-based saves
         keep = _int(e, p.ENV_KEEP_LAST, 3)
+        asynchronous = e.get(p.ENV_CKPT_ASYNC) == "1"
     else:
         chosen = str(checkpoint_dir) if checkpoint_dir is not None else env_dir
         steps = every_steps if every_steps is not None else _int(e, p.ENV_CKPT_EVERY_STEPS, 0)
         seconds = every_s if every_s is not None else (_float(e, p.ENV_CKPT_EVERY_S, 0.0) or None)
         keep = keep_last if keep_last is not None else _int(e, p.ENV_KEEP_LAST, 3)
+        asynchronous = async_save if async_save is not None else e.get(p.ENV_CKPT_ASYNC) == "1"
     if steps < 0 or keep < 1 or (seconds is not None and seconds <= 0):
         raise ValueError("every_steps must be >= 0, keep_last >= 1 and every > 0")
     attempt = _int(e, p.ENV_ATTEMPT, 0)
@@ -92,6 +96,7 @@ def resolve(
         every_steps=steps,
         every_s=seconds,
         keep_last=keep,
+        async_save=asynchronous,
         heartbeat_interval_s=_float(e, p.ENV_HEARTBEAT_INTERVAL, 1.0),
         diagnostics_dir=Path(diag) if diag else None,
         dump_signal=_int(e, p.ENV_DUMP_SIGNAL, int(p.DUMP_SIGNAL)),

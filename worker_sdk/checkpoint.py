@@ -14,8 +14,11 @@ Save (correct under ``kill -9`` of any rank at any instant), in steps that an as
 can split between the training thread and a writer:
 
 1. capture: references to the state (for sharded groups ``get_state_dict``, every rank);
-2. stage: a copy the training loop can no longer change (today's saves are synchronous: the
-   state cannot change while they run, and nothing is copied);
+2. stage: a copy the training loop can no longer change. A synchronous save needs none (training
+   waits until the commit); an asynchronous one (:meth:`Checkpointer.stage_async`) copies every
+   tensor into shared memory and hands steps 3 and 4 to the rank's writer process
+   (:mod:`worker_sdk._writer`), which agrees with the other ranks' writers through marker files
+   instead of collectives;
 3. write, into ``.tmp-step-<step>-<attempt>/``: rank 0 ``shared.pt``, every rank its rank file,
    each fsynced and renamed into place. When some state is sharded, the ranks agree that this
    much worked, then DCP writes ``dcp/`` (each rank its own files, fsynced), and each rank takes
@@ -39,27 +42,24 @@ and RNGs seeded from (step, r) (:func:`worker_sdk._rng.derived_seed`); ranks >= 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
-import pickle
-import shutil
 import time
-import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import torch
-import torch.distributed as dist
 
-from . import _dcp, _parallel, _rng, layout
+from . import _arena, _dcp, _parallel, _rng, layout
+from ._arena import Arena
 from ._collectives import all_gather_ints, broadcast_ints
+from ._commit import commit, write_durable
 from ._parallel import Stateful, StatePlan, unwrap
+from ._restore import LoadResult, Restorer, dcp_groups
+from ._writer import SaveJob, failed_marker, pending_marker, written_marker
 from .layout import (
     DCP_DIR,
-    MANIFEST,
     MARKER,
     SHARED,
     STATE_DCP,
@@ -88,27 +88,6 @@ class SaveResult:
     committed: bool  # rank 0 only: the checkpoint of ``step`` is committed
 
 
-@dataclass(frozen=True, slots=True)
-class LoadResult:
-    """What :meth:`Checkpointer.load_latest` restored."""
-
-    step: int | None  # last finished step of the loaded checkpoint; None on a fresh start
-    path: Path | None
-    extra: Any
-    skipped: tuple[tuple[Path, str], ...]  # checkpoints passed over, with the reason
-    saved_world_size: int | None = None  # ranks that wrote the loaded checkpoint
-    resharded_from: int | None = None  # saved_world_size, when it is not this job's
-    own_part: bool = True  # this rank got its own RNG states and extra (False: a new rank)
-
-
-class _UnloadableError(Exception):
-    """This checkpoint cannot be read: skip it and try an older one."""
-
-
-class _RefusedError(Exception):
-    """This checkpoint must not (or cannot usefully) be loaded, and no older one either."""
-
-
 @dataclass(slots=True)
 class _Snapshot:
     """One rank's view of a checkpoint being written (see the module docstring's steps)."""
@@ -118,18 +97,10 @@ class _Snapshot:
     shared: dict[str, Any] | None  # shared.pt's payload (rank 0), else None
     part: dict[str, Any]  # this rank's rank file
     sharded: dict[str, Any] | None  # the DCP state dict; None when nothing is sharded
+    began: float  # monotonic time the save began
 
 
-@dataclass(slots=True)
-class _Read:
-    """What the local checks of a load produced; applied once every rank's checks passed."""
-
-    where: tuple[str, ...]
-    states: dict[int, Any]  # replicated objects' states, by object index
-    part: Mapping[str, Any] | None  # None: a rank the checkpoint did not have
-
-
-class Checkpointer:
+class Checkpointer(Restorer):
     """Saves and loads this rank's view of a job's checkpoints in ``directory``."""
 
     def __init__(
@@ -167,7 +138,7 @@ class Checkpointer:
         snap: _Snapshot | None = None
         sums: list[int] = []
         try:
-            snap = self._stage(self._capture(plan, objects, extra))
+            snap = self._capture(plan, objects, extra, began)
             self._prepare_directory()
             tmp.mkdir(mode=0o755, exist_ok=True)
             self._write_local(snap, tmp)
@@ -200,7 +171,7 @@ class Checkpointer:
             assert snap is not None
             commit_error: Exception | None = None
             try:
-                nbytes = self._commit(step, tmp, final, snap, tables).nbytes
+                nbytes = self._commit(step, tmp, snap, tables).nbytes
                 committed = True
             except Exception as e:
                 commit_error = e
@@ -213,7 +184,77 @@ class Checkpointer:
                 raise RuntimeError(f"rank 0 could not commit step {step} (see its error)")
         return SaveResult(step, final, time.monotonic() - began, nbytes, committed)
 
-    def _capture(self, plan: StatePlan, objects: Sequence[Stateful], extra: Any) -> _Snapshot:
+    def stage_async(
+        self,
+        step: int,
+        objects: Sequence[Stateful],
+        extra: Any,
+        arena_for: Callable[[str, int], Arena],
+        wait_s: float,
+    ) -> SaveJob:
+        """Steps 1 and 2 of an asynchronous save: capture, and copy everything into the staging
+        arenas (``arena_for(key, nbytes)``); collective when some state is sharded. The writer
+        process does steps 3 and 4 from the returned job."""
+        began = time.monotonic()
+        plan = self.plan(objects)
+        sharded = bool(plan.sharded)
+        if sharded and self.world_size > 1 and not self._group_active():
+            raise RuntimeError("sharded (FSDP/DTensor) state needs torch.distributed initialised")
+        tmp = self.directory / temp_name(step, self.attempt_tag)
+        error: Exception | None = None
+        skeletons: tuple[Any, Any] = (None, None)
+        snap: _Snapshot | None = None
+        try:
+            snap = self._capture(plan, objects, extra, began)
+            self._prepare_directory()
+            tmp.mkdir(mode=0o755, exist_ok=True)  # every rank's, whoever comes first
+            for stale in (written_marker(tmp, self.rank), failed_marker(tmp, self.rank)):
+                stale.unlink(missing_ok=True)  # from an earlier try of this step
+            pending_marker(tmp, self.rank).touch(mode=0o644)
+            payloads = (snap.shared, snap.part)
+            arena = arena_for("local", _arena.needed_bytes(list(_arena.tensors_in(payloads))))
+            skeletons, _ = _arena.stage(payloads, arena)
+        except Exception as e:
+            error = e
+        items, metadata = None, None
+        if sharded:
+            failed = self._agree_ready(error is None)  # DCP's planning is a collective
+            if not failed:
+                from . import _dcp_async
+
+                assert snap is not None
+                assert snap.sharded is not None
+                items, metadata = _dcp_async.stage(
+                    snap.sharded, lambda n: arena_for("dcp", n), self.rank
+                )
+            elif error is None:
+                error = RuntimeError(f"rank(s) {failed} could not stage step {step}")
+        if error is not None:
+            raise error
+        assert snap is not None
+        final = self.directory / committed_name(step)
+        self._unloadable.discard(final)
+        return SaveJob(
+            step=step,
+            directory=self.directory,
+            tmp=tmp,
+            rank=self.rank,
+            world_size=self.world_size,
+            shared=skeletons[0],
+            part=skeletons[1],
+            dcp_items=items,
+            dcp_metadata=metadata,
+            objects=tuple(zip(plan.classes, snap.where, strict=True)),
+            keep_last=self.keep_last,
+            attempt_tag=self.attempt_tag,
+            replace=final in self._unloadable,
+            blocked_s=time.monotonic() - began,
+            wait_s=wait_s,
+        )
+
+    def _capture(
+        self, plan: StatePlan, objects: Sequence[Stateful], extra: Any, began: float
+    ) -> _Snapshot:
         """Step 1: references to everything a checkpoint holds, nothing written yet."""
         where = []
         for i, obj in enumerate(objects):
@@ -232,20 +273,14 @@ class Checkpointer:
         part = {"format": _PAYLOAD_FORMAT, "rank": self.rank, "rng": _rng.capture(), "extra": extra}
         sharded_state = None
         if plan.sharded:
-            sharded_state = _dcp.capture(_dcp_groups(plan, tuple(where)))
-        return _Snapshot(plan, tuple(where), shared, part, sharded_state)
-
-    def _stage(self, snap: _Snapshot) -> _Snapshot:
-        """Step 2: the copy an asynchronous save hands to its writer. Saves are synchronous
-        today (training waits until the commit), so the state cannot change and nothing is
-        copied."""
-        return snap
+            sharded_state = _dcp.capture(dcp_groups(plan, tuple(where)))
+        return _Snapshot(plan, tuple(where), shared, part, sharded_state, began)
 
     def _write_local(self, snap: _Snapshot, tmp: Path) -> None:
         """Step 3, the files that are not DCP's: shared.pt (rank 0), this rank's part."""
         if snap.shared is not None:
-            _write_durable(tmp / SHARED, snap.shared)
-        _write_durable(tmp / rank_file(self.rank), snap.part)
+            write_durable(tmp / SHARED, snap.shared)
+        write_durable(tmp / rank_file(self.rank), snap.part)
         layout.fsync_dir(tmp)
 
     def _prepare_directory(self) -> None:
@@ -285,50 +320,28 @@ class Checkpointer:
         return ([] if ok else [self.rank]), [mine]
 
     def _commit(
-        self, step: int, tmp: Path, final: Path, snap: _Snapshot, tables: Sequence[Sequence[int]]
+        self, step: int, tmp: Path, snap: _Snapshot, tables: Sequence[Sequence[int]]
     ) -> CheckpointInfo:
-        names = [SHARED, *(rank_file(r) for r in range(self.world_size))]
         checksums: dict[str, int] = {}
         if snap.sharded is not None:
             for r, sums in enumerate(tables):
                 checksums.update(_dcp.names(r, sums))
-            names += sorted(checksums)
-        files: dict[str, int] = {}
-        for name in names:
-            try:
-                files[name] = os.stat(tmp / name).st_size
-            except FileNotFoundError:
-                raise RuntimeError(f"{tmp / name} is missing; step {step} not committed") from None
-        created = time.time()
-        manifest = {
-            "format": layout.FORMAT,
-            "step": step,
-            "world_size": self.world_size,
-            "created": created,
-            "files": files,
-            "checksums": checksums,
-            "objects": [
-                {"class": cls, "state": where}
-                for cls, where in zip(snap.plan.classes, snap.where, strict=True)
-            ],
-        }
-        _write_bytes_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-        layout.fsync_dir(tmp)
-        if os.path.lexists(final):
-            try:
-                existing: CheckpointInfo | None = layout.validate(final)
-            except layout.CorruptCheckpointError:
-                existing = None
-            if existing is not None and final not in self._unloadable:
-                shutil.rmtree(tmp, ignore_errors=True)  # the same step is already committed
-                return existing
-            layout.discard(final)
-            self._unloadable.discard(final)
-        os.rename(tmp, final)
-        layout.fsync_dir(self.directory)
-        with contextlib.suppress(OSError):
-            layout.prune(self.directory, self.keep_last, current_attempt_tag=self.attempt_tag)
-        return CheckpointInfo(step, final, self.world_size, sum(files.values()), created)
+        final = self.directory / committed_name(step)
+        info = commit(
+            directory=self.directory,
+            step=step,
+            tmp=tmp,
+            world_size=self.world_size,
+            objects=tuple(zip(snap.plan.classes, snap.where, strict=True)),
+            checksums=checksums,
+            keep_last=self.keep_last,
+            attempt_tag=self.attempt_tag,
+            replace=final in self._unloadable,
+            mode="sync",
+            blocked_s=time.monotonic() - snap.began,
+        )
+        self._unloadable.discard(final)
+        return info
 
     def _share_commit_outcome(self, committed: bool, nbytes: int) -> tuple[bool, int]:
         """Rank 0 tells the others whether the commit succeeded (and its size)."""
@@ -336,295 +349,3 @@ class Checkpointer:
             return True, nbytes
         ok, total = broadcast_ints([int(committed), nbytes], src=0)
         return bool(ok), total
-
-    # ------------------------------------------------------------------ load
-    def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
-        """Restore the newest checkpoint every rank can read; fresh start if there is none."""
-        plan = self.plan(objects)
-        valid, scan_skipped = layout.scan(self.directory)
-        skipped = list(scan_skipped)
-        for info in [*valid, None]:
-            self._agree_on_choice(info)
-            if info is None:
-                return LoadResult(None, None, extra, tuple(skipped))
-            status, reason = 0, ""
-            read: _Read | None = None
-            try:
-                read = self._read(info, plan, objects)
-            except _UnloadableError as e:
-                status, reason = 1, str(e)
-            except _RefusedError as e:
-                status, reason = 2, str(e)
-            statuses = self._gather_statuses(status)
-            if 2 in statuses:
-                if status == 2:
-                    raise RuntimeError(reason)
-                others = [r for r, s in enumerate(statuses) if s == 2]
-                raise RuntimeError(
-                    f"rank(s) {others} refused to load {info.path} (see their error)"
-                )
-            if any(statuses):
-                failed = [r for r, s in enumerate(statuses) if s]
-                skipped.append((info.path, reason or f"unreadable on rank(s) {failed}"))
-                self._unloadable.add(info.path)
-                continue
-            assert read is not None
-            self._apply(info, plan, objects, read)
-            own = read.part is not None
-            return LoadResult(
-                info.step,
-                info.path,
-                read.part["extra"] if read.part is not None else extra,
-                tuple(skipped),
-                saved_world_size=info.world_size,
-                resharded_from=info.world_size if info.world_size != self.world_size else None,
-                own_part=own,
-            )
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _agree_on_choice(self, info: CheckpointInfo | None) -> None:
-        if not self._group_active():
-            return
-        mine = -1 if info is None else info.step
-        chosen = [step for (step,) in all_gather_ints([mine])]
-        if any(step != mine for step in chosen):
-            described = ", ".join(
-                f"rank {r}: {'none' if s < 0 else committed_name(s)}" for r, s in enumerate(chosen)
-            )
-            raise RuntimeError(
-                f"ranks chose different checkpoints in {self.directory} ({described}); "
-                "checkpoint_dir must be one directory shared by all ranks"
-            )
-
-    def _gather_statuses(self, status: int) -> list[int]:
-        if not self._group_active():
-            return [status]
-        return [s for (s,) in all_gather_ints([status])]
-
-    def _read(self, info: CheckpointInfo, plan: StatePlan, objects: Sequence[Stateful]) -> _Read:
-        """This rank's checks and reads of ``info``, before any rank changes any object."""
-        shared = self._load_file(info, SHARED)
-        entries = shared.get("objects") if isinstance(shared, dict) else None
-        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
-            raise _UnloadableError(f"{SHARED} does not hold the expected objects table")
-        part = None
-        if self.rank < info.world_size:
-            name = rank_file(self.rank)
-            part = self._load_file(info, name)
-            if not isinstance(part, dict) or part.get("rank") != self.rank or "extra" not in part:
-                raise _UnloadableError(f"{name} is not this rank's part")
-            if not isinstance(part.get("rng"), dict):
-                raise _UnloadableError(f"{name} holds no RNG states")
-        if info.format == 1:
-            where, classes = self._format1_objects(info, plan, entries)
-        else:
-            where, classes = tuple(w for _, w in info.objects), [c for c, _ in info.objects]
-        if len(where) != len(objects):
-            raise _RefusedError(
-                f"{info.path} holds {len(where)} objects, {len(objects)} were given to restore"
-            )
-        states: dict[int, Any] = {}
-        for i, obj in enumerate(objects):
-            expected = plan.classes[i] if info.format >= 2 else type(unwrap(obj)).__qualname__
-            if classes[i] != expected:
-                raise _RefusedError(
-                    f"{info.path}: object {i} was a {classes[i]}, now a {expected}; "
-                    "pass the objects to restore in the order they were saved"
-                )
-            if where[i] == STATE_SHARED:
-                entry = entries.get(str(i))
-                if entry is None or "state" not in entry:
-                    raise _UnloadableError(f"{SHARED} has no state for object {i}")
-                if i in plan.sharded and not _is_empty_optimizer_state(entry["state"]):
-                    raise _RefusedError(
-                        f"{info.path}: object {i} ({classes[i]}) was saved replicated and is "
-                        f"sharded now ({plan.kinds[i]}); rvsup does not convert a replicated "
-                        "checkpoint to a sharded model"
-                    )
-                states[i] = entry["state"]
-            elif plan.group_of(i) is None:
-                raise _RefusedError(
-                    f"{info.path}: object {i} ({classes[i]}) was saved with the sharded state "
-                    "of a model, and no model given to resume() owns its parameters now"
-                )
-        if STATE_DCP in where:
-            self._check_sharded(info)
-        return _Read(tuple(where), states, part)
-
-    def _format1_objects(
-        self,
-        info: CheckpointInfo,
-        plan: StatePlan,
-        entries: Mapping[str, Any],
-    ) -> tuple[tuple[str, ...], list[str]]:
-        if plan.sharded:
-            first = min(plan.sharded)
-            raise _RefusedError(
-                f"{info.path} was written by an earlier rvsup, which saved only rank 0's shards "
-                f"of sharded state; object {first} ({plan.classes[first]}) is sharded "
-                f"({plan.kinds[first]}), so it cannot be restored correctly from it. Start from "
-                "a fresh checkpoint_dir"
-            )
-        classes = [str(entries.get(str(i), {}).get("class")) for i in range(len(entries))]
-        return tuple(STATE_SHARED for _ in entries), classes
-
-    def _check_sharded(self, info: CheckpointInfo) -> None:
-        """DCP unpickles: only from trusted files; and this rank's share of the CRCs."""
-        dcp_dir = info.path / DCP_DIR
-        paths = [self.directory, info.path, dcp_dir, *(info.path / n for n, _ in info.checksums)]
-        untrusted = _untrusted_paths(paths)
-        if untrusted is not None:
-            raise _RefusedError(
-                f"{dcp_dir} is not loaded: torch.distributed.checkpoint unpickles its files, "
-                f"and {untrusted}"
-            )
-        try:
-            _dcp.verify(info.path, info.checksums, self.rank, self.world_size)
-        except ValueError as e:
-            raise _UnloadableError(str(e)) from None
-
-    def _apply(
-        self, info: CheckpointInfo, plan: StatePlan, objects: Sequence[Stateful], read: _Read
-    ) -> None:
-        """Put the checked state into the objects (collective when some of it is sharded)."""
-        groups = _dcp_groups(plan, read.where)
-        if groups:
-            try:
-                _dcp.load(groups, info.path / DCP_DIR)
-            except Exception as e:
-                raise RuntimeError(
-                    f"cannot restore the sharded state of {info.path}: {type(e).__name__}: {e}"
-                ) from e
-        for i, state in read.states.items():
-            unwrap(objects[i]).load_state_dict(state)
-        if read.part is not None:
-            _rng.restore(read.part["rng"])
-        else:
-            _rng.seed_all(_rng.derived_seed(info.step, self.rank))
-
-    def _load_file(self, info: CheckpointInfo, name: str) -> Any:
-        """torch.load one file of a checkpoint, weights-only unless the files are trusted."""
-        try:
-            f = open(info.path / name, "rb")  # noqa: SIM115
-        except OSError as e:
-            raise _UnloadableError(f"cannot open {name}: {e.strerror}") from None
-        with f:
-            bad = _first_bad_record(f)
-            if bad is not None:
-                raise _UnloadableError(f"{name}: {bad}")
-            f.seek(0)
-            try:
-                return torch.load(f, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError as e:
-                refused = _weights_only_reason(str(e))
-            except Exception as e:
-                raise _UnloadableError(f"{name}: {type(e).__name__}: {e}") from None
-            untrusted = _untrusted_reason([self.directory, info.path], f)
-            if untrusted is not None:
-                raise _RefusedError(
-                    f"{info.path / name} holds objects that weights-only loading rejects "
-                    f"({refused}); it is not unpickled because {untrusted}"
-                )
-            f.seek(0)
-            try:
-                return torch.load(f, map_location="cpu", weights_only=False)
-            except Exception as e:
-                raise _UnloadableError(f"{name}: {type(e).__name__}: {e}") from None
-
-    # ------------------------------------------------------------------ process group
-    def _group_active(self) -> bool:
-        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return False
-        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-            raise RuntimeError(
-                f"Checkpointer(rank={self.rank}, world_size={self.world_size}) does not match the "
-                f"process group (rank {dist.get_rank()} of {dist.get_world_size()})"
-            )
-        return True
-
-
-def _dcp_groups(plan: StatePlan, where: Sequence[str]) -> list[_parallel.Group]:
-    """The groups whose module's state is in DCP, each with its optimizers that are too."""
-    return [
-        dataclasses.replace(
-            g,
-            optimizer_indices=tuple(i for i in g.optimizer_indices if where[i] == STATE_DCP),
-            optimizers=tuple(
-                o
-                for i, o in zip(g.optimizer_indices, g.optimizers, strict=True)
-                if where[i] == STATE_DCP
-            ),
-        )
-        for g in plan.groups
-        if where[g.module_index] == STATE_DCP
-    ]
-
-
-def _is_empty_optimizer_state(state: Any) -> bool:
-    return isinstance(state, dict) and state.get("state") == {} and "param_groups" in state
-
-
-def _write_durable(path: Path, payload: Any) -> None:
-    """torch.save to ``path`` via a partial name: the final name appears complete and durable."""
-    partial = path.with_name(path.name + ".partial")
-    with contextlib.suppress(FileNotFoundError):
-        partial.unlink()
-    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
-
-
-def _write_bytes_durable(path: Path, data: bytes) -> None:
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _first_bad_record(f: IO[bytes]) -> str | None:
-    """Check every zip record's CRC-32 (torch.load does not): the reason, or None if all good."""
-    try:
-        with zipfile.ZipFile(f) as archive:
-            for record in archive.infolist():
-                if record.CRC == 0 and record.file_size:
-                    continue  # written with torch's CRC computation switched off
-                with archive.open(record) as member:
-                    while member.read(_READ_CHUNK):
-                        pass
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
-        return f"damaged archive: {e}"
-    return None
-
-
-def _weights_only_reason(message: str) -> str:
-    for line in message.splitlines():
-        if "WeightsUnpickler error" in line:
-            return line.strip()
-    return message.splitlines()[0] if message else "weights-only load failed"
-
-
-def _untrusted_reason(directories: Sequence[Path], f: IO[bytes]) -> str | None:
-    """Why unpickling these files would be unsafe (others own or can write them), or None."""
-    checks = [(str(d), os.stat(d)) for d in directories] + [(f.name, os.fstat(f.fileno()))]
-    return _first_untrusted(checks)
-
-
-def _untrusted_paths(paths: Sequence[Path]) -> str | None:
-    """Like :func:`_untrusted_reason`, for paths (directories and files) not opened yet."""
-    try:
-        checks = [(str(p), os.stat(p)) for p in paths]
-    except OSError as e:
-        return f"{e.filename} cannot be checked: {e.strerror}"
-    return _first_untrusted(checks)
-
-
-def _first_untrusted(checks: Sequence[tuple[str, os.stat_result]]) -> str | None:
-    uid = os.geteuid()
-    for label, st in checks:
-        if st.st_uid != uid:
-            return f"{label} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-        if st.st_mode & 0o022:
-            return f"{label} is writable by group or others"
-    return None

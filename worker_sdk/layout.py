@@ -55,6 +55,7 @@ DCP_DIR: Final = "dcp"
 DCP_METADATA: Final = "dcp/.metadata"
 FORMAT: Final = 2  # what this release writes
 FORMATS: Final = frozenset({1, 2})  # what it loads
+SAVE_MODES: Final = ("sync", "async")  # a manifest's "mode"
 STATE_SHARED: Final = "shared"  # an object's state lives in shared.pt
 STATE_DCP: Final = "dcp"  # an object's state lives in dcp/ (torch.distributed.checkpoint)
 
@@ -76,6 +77,8 @@ class CheckpointInfo:
     # format 2: (class, where its state lives) of each object, in the order given to resume()
     objects: tuple[tuple[str, str], ...] = ()
     checksums: tuple[tuple[str, int], ...] = ()  # format 2: CRC-32 of the files in dcp/
+    mode: str | None = None  # "sync" | "async": how it was saved (None: before this was recorded)
+    blocked_s: float | None = None  # how long the training loop was blocked by the save
 
 
 class CorruptCheckpointError(Exception):
@@ -119,6 +122,10 @@ def is_rvsup_entry(name: str) -> bool:
 
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -249,8 +256,19 @@ def validate(path: Path) -> CheckpointInfo:
             raise CorruptCheckpointError(f"{name} is not a regular file")
         if st.st_size != size:
             raise CorruptCheckpointError(f"{name} is {st.st_size} bytes, {MANIFEST} says {size}")
+    mode = manifest.get("mode")
+    blocked = manifest.get("blocked_s")
     return CheckpointInfo(
-        step, path, world_size, sum(files.values()), float(created), fmt, objects, checksums
+        step,
+        path,
+        world_size,
+        sum(files.values()),
+        float(created),
+        fmt,
+        objects,
+        checksums,
+        mode=mode if mode in SAVE_MODES else None,
+        blocked_s=float(blocked) if _is_number(blocked) else None,
     )
 
 
@@ -323,8 +341,8 @@ def prune(directory: Path, keep_last: int, *, current_attempt_tag: str | None = 
     - valid committed checkpoints beyond the newest ``keep_last`` (at least the newest
       valid one is always kept, whatever ``keep_last`` says);
     - invalid committed directories older than the newest valid one;
-    - temporary directories of other attempts (those of ``current_attempt_tag`` may be
-      being written right now and are kept).
+    - temporary directories of other attempts, and those of ``current_attempt_tag`` older
+      than the newest commit (a failed save); the others may be being written right now.
 
     Names that are not rvsup entries are never touched. Removal is best-effort: an entry
     that cannot be removed is left for the next prune.
@@ -351,7 +369,11 @@ def prune(directory: Path, keep_last: int, *, current_attempt_tag: str | None = 
         return removed
     for name in names:
         m = TEMP_RE.match(name)
-        if not m or m.group(2) == current_attempt_tag:
+        if not m:
+            continue
+        # this attempt's: being written, unless older than the newest commit (saves end in
+        # step order, so such a one failed and was abandoned)
+        if m.group(2) == current_attempt_tag and (not valid or int(m.group(1)) >= valid[0].step):
             continue
         try:
             _remove_tree(directory / name)

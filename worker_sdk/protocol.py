@@ -38,6 +38,23 @@ def stacks_file(rank: int) -> str:
     return f"rank-{rank:05d}.stacks"
 
 
+def step_slot_file(rank: int) -> str:
+    """``rank-00001.step``: in the diagnostics folder, 8 bytes (signed, little-endian) that rank
+    ``rank`` overwrites with its last finished step after every step (through a shared mapping:
+    no syscall); -1 before the first. Whoever is on the rank's node reads it exactly."""
+    return f"rank-{rank:05d}.step"
+
+
+def read_step_slot(path: str | os.PathLike[str]) -> int | None:
+    """The step in a step slot file, or None if it is missing or short."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(8)
+    except OSError:
+        return None
+    return int.from_bytes(data, "little", signed=True) if len(data) == 8 else None
+
+
 # ---------------------------------------------------------------- environment variables
 ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to
 ENV_SECRET_FILE: Final = "RVSUP_SECRET_FILE"  # 0600 file holding the per-job secret
@@ -48,6 +65,7 @@ ENV_CHECKPOINT_DIR: Final = "RVSUP_CHECKPOINT_DIR"  # also read standalone (no s
 ENV_CKPT_EVERY_STEPS: Final = "RVSUP_CKPT_EVERY_STEPS"  # 0: never by step count
 ENV_CKPT_EVERY_S: Final = "RVSUP_CKPT_EVERY_S"  # standalone only; the supervisor drives time
 ENV_KEEP_LAST: Final = "RVSUP_KEEP_LAST"
+ENV_CKPT_ASYNC: Final = "RVSUP_CKPT_ASYNC"  # "1": asynchronous saves (background writer)
 ENV_HEARTBEAT_INTERVAL: Final = "RVSUP_HEARTBEAT_INTERVAL"  # seconds, float
 ENV_DIAGNOSTICS_DIR: Final = "RVSUP_DIAGNOSTICS_DIR"  # where stack dumps of this attempt go
 ENV_DUMP_SIGNAL: Final = "RVSUP_DUMP_SIGNAL"  # signal number that makes a rank dump stacks
@@ -76,7 +94,7 @@ class Kind(enum.IntEnum):
     HELLO = 1  # payload: host, local_rank, world_size
     HEARTBEAT = 2  # step: last finished step; value: longest step (s) since the last heartbeat
     SYNC = 3  # step: last finished step; the rank waits for CONTINUE or SAVE_AT
-    CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes (rank 0 only)
+    CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes, mode, blocked_s (rank 0)
     CKPT_SKIPPED = 5  # payload: path, reason (a torn or corrupt checkpoint passed over)
     FAILURE = 6  # step; payload: kind ("oom" | "exception"), type, message
     PHASE = 7  # payload: name, begin (bool)
@@ -85,7 +103,10 @@ class Kind(enum.IntEnum):
     # step: resume step; payload: path (or null on a fresh start), world_size (ranks that wrote
     # it, or null), resharded_from (that number when it differs from this job's, else null)
     LOADED = 10
-    RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host
+    RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host, last_step
+    # step: the save that failed; payload: reason. An asynchronous save's background write
+    # failed: nothing of it is committed, the previous checkpoint stays, training goes on
+    CKPT_FAILED = 12
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

@@ -88,9 +88,11 @@ _SECTIONS: Final[dict[str, type]] = {
     "restart": RestartSection,
     "slurm": SlurmSection,
 }
+# Fields whose TOML key is a Python keyword.
+_KEYWORD_KEYS: Final = {"async_save": "async"}
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
-    name: tuple(item.name.removesuffix("_s") for item in fields(cls))
+    name: tuple(_KEYWORD_KEYS.get(item.name, item.name.removesuffix("_s")) for item in fields(cls))
     for name, cls in _SECTIONS.items()
 }
 
@@ -248,6 +250,7 @@ def _read_checkpoint(t: _Table) -> CheckpointSection:
         every_steps=t.read("every_steps", 500, integer(0)),
         every_s=t.read("every", "30m", duration_or("off", off=True)),
         keep_last=t.read("keep_last", 3, integer(1)),
+        async_save=t.read("async", False, boolean),
     )
 
 
@@ -351,7 +354,8 @@ def render_config(cfg: JobConfig) -> str:
         values = getattr(cfg, section.name)
         for item in fields(values):
             value = getattr(values, item.name)
-            key = item.name.removesuffix("_s")  # every float is a duration in seconds
+            # every float is a duration in seconds
+            key = _KEYWORD_KEYS.get(item.name, item.name.removesuffix("_s"))
             if value is None:
                 value = "off" if key == "every" else "auto"
             elif isinstance(value, float):

@@ -156,11 +156,14 @@ class CheckpointSection:
     - ``every`` (default ``"30m"``): at most this long apart; ``0``, ``"off"`` or ``false``
       disables (``every_s`` is then None).
     - ``keep_last`` (default 3, >= 1): committed checkpoints kept; older ones are pruned.
+    - ``async`` (default false): training blocks only while the state is copied to shared
+      memory; a background process per rank writes, fsyncs and commits.
     """
 
     every_steps: int
     every_s: float | None
     keep_last: int
+    async_save: bool = False
 
 
 @dataclass(frozen=True, slots=True)

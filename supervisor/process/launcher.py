@@ -167,6 +167,7 @@ def rank_environment(
         p.ENV_CHECKPOINT_DIR: str(cfg.job.checkpoint_dir),
         p.ENV_CKPT_EVERY_STEPS: str(ck.every_steps),
         p.ENV_KEEP_LAST: str(ck.keep_last),
+        p.ENV_CKPT_ASYNC: "1" if ck.async_save else "0",
         p.ENV_HEARTBEAT_INTERVAL: repr(cfg.heartbeat.interval_s),
         p.ENV_DIAGNOSTICS_DIR: str(diagnostics_dir),
         p.ENV_DUMP_SIGNAL: str(int(signal.SIGUSR2)),

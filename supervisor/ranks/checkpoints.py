@@ -30,6 +30,8 @@ class Commit:
     source: str  # "sdk" | "watchdog"
     world_size: int
     format: int
+    mode: str | None = None  # "sync" | "async", from the manifest
+    blocked_s: float | None = None
 
 
 class CommitTracker:
@@ -63,7 +65,17 @@ class CommitTracker:
         if self.newest_step is None or step > self.newest_step:
             self.newest_step = step
             self.newest_world_size = info.world_size
-        return Commit(step, path, info.nbytes, seconds, source, info.world_size, info.format)
+        return Commit(
+            step,
+            path,
+            info.nbytes,
+            seconds,
+            source,
+            info.world_size,
+            info.format,
+            mode=info.mode,
+            blocked_s=info.blocked_s,
+        )
 
 
 class _Handler(FileSystemEventHandler):

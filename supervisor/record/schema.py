@@ -30,6 +30,7 @@ __all__ = [
     "EVENTS",
     "AttemptStarted",
     "CheckpointCommitted",
+    "CheckpointFailed",
     "CheckpointSkipped",
     "Entry",
     "Event",
@@ -127,7 +128,7 @@ class CheckpointCommitted(Event):
 
     NAME = "checkpoint_committed"
     LEVEL = "info"
-    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 4}
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 4, "blocked_s": 4}
     step: int
     """The checkpoint's step."""
     path: str
@@ -142,6 +143,24 @@ class CheckpointCommitted(Event):
     """The number of ranks that wrote it."""
     format: int | None = None
     """Its manifest's format: 1 replicated state only, 2 with sharded state (``dcp/``)."""
+    mode: str | None = None
+    """``"sync"`` (training waited for the commit) or ``"async"`` (written in the background)."""
+    blocked_s: float | None = None
+    """How long the training loop was blocked by the save (async: while the state was staged)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointFailed(Event):
+    """A background (asynchronous) save failed; nothing of it was committed, training went on."""
+
+    NAME = "checkpoint_failed"
+    LEVEL = "warning"
+    step: int
+    """The step whose checkpoint failed."""
+    rank: int
+    """The rank whose part failed."""
+    reason: str
+    """What went wrong (an exception, ENOSPC, the writer process killed)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,6 +323,7 @@ _CLASSES: Final = (
     JobStarted,
     AttemptStarted,
     CheckpointCommitted,
+    CheckpointFailed,
     CheckpointSkipped,
     FailureDetected,
     RestartScheduled,

@@ -10,14 +10,20 @@ Environment:
   ``LOAD_ONLY=1`` right after ``resume()`` (nothing is trained).
 - ``FAULT``: ``kill:<rank>:<step>`` (SIGKILL itself at the start of that step) or
   ``killsave:<rank>:<step>`` (FSDP: SIGKILL itself inside that step's save, once its DCP files
-  are written and before the ranks agree).
+  are written and before the ranks agree). With ``RVSUP_CKPT_ASYNC=1`` (asynchronous saves):
+  ``killstage:<rank>:<step>`` (SIGKILL inside that step's staging, its tensors half copied),
+  ``killwriting:<rank>:<step>`` (once the rank's writer process has written its part of that
+  step, before it tells rank 0's writer) and ``killrename:0:<step>`` (once rank 0's writer has
+  written the manifest, before the rename): the writer is frozen there, the rank kills itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import worker_sdk
-from worker_sdk import _dcp
+from worker_sdk import _arena, _dcp
 
 
 def fault() -> tuple[str, int, int] | None:
@@ -54,6 +60,38 @@ def arm_kill_in_save(step: int) -> None:
         return sums
 
     _dcp.write = write
+
+
+def arm_kill_in_staging(step: int, current: list[int]) -> None:
+    """SIGKILL this rank in the middle of staging the save of ``step``: after the first
+    tensor is copied into the shared-memory arena."""
+    real_stage = _arena.stage
+
+    def stage(payload: Any, arena: Any, start: int = 0) -> tuple[Any, int]:
+        if current[0] == step:
+            first = next(iter(_arena.tensors_in(payload)))
+            arena.bytes[: first.numel() * first.element_size()].view(first.dtype).copy_(
+                first.flatten()
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_stage(payload, arena, start)
+
+    _arena.stage = stage
+
+
+def kill_once_writer_paused() -> None:
+    """Wait until this rank's writer process froze itself (RVSUP_TEST_WRITER_PAUSE), then
+    SIGKILL this rank: the writer dies with it."""
+    import psutil
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() == psutil.STATUS_STOPPED:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.01)
+    raise RuntimeError("the writer never paused")
 
 
 def build(kind: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -99,8 +137,16 @@ def main() -> None:
     model, opt = build(kind, world)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
     f = fault()
+    current = [-1]
     if f is not None and f[0] == "killsave" and f[1] == rank:
         arm_kill_in_save(f[2])
+    if f is not None and f[0] == "killstage" and f[1] == rank:
+        arm_kill_in_staging(f[2], current)
+    paused_kill_step = -1
+    if f is not None and f[0] in ("killwriting", "killrename") and f[1] == rank:
+        phase = {"killwriting": "written", "killrename": "rename"}[f[0]]
+        os.environ["RVSUP_TEST_WRITER_PAUSE"] = f"{phase}:{f[2]}"
+        paused_kill_step = f[2]
     torch.manual_seed(1000 + rank)
     extra: dict[str, Any] = {"seen": torch.zeros(1)}
     start, extra = worker_sdk.resume(
@@ -127,7 +173,10 @@ def main() -> None:
         opt.step()
         sched.step()
         extra["seen"] += 1
+        current[0] = step
         worker_sdk.step(step, extra=extra)
+        if step == paused_kill_step:
+            kill_once_writer_paused()
     dump(out, model, opt, sched, extra)
     dist.destroy_process_group()
 

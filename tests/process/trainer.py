@@ -5,7 +5,8 @@ FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means ever
 torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP itself), mismatch
 (a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
 ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
-worker_sdk.phase("eval")), exit0 (leave early), hostoom (join the memory-limited cgroup OOM_CGROUP
+worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
+directory's file system with a file, remove it), hostoom (join the memory-limited cgroup OOM_CGROUP
 and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
 before resume() in attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every
 rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
@@ -56,6 +57,17 @@ def inject(kind: str, step: int) -> None:
             time.sleep(float(os.environ.get("PHASE_S", "5")))
     if kind == "exit0":
         os._exit(0)
+    if kind == "fill":  # fill the checkpoint directory's file system (a file named "filler")
+        filler = Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler"
+        with open(filler, "ab") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 2**16)
+                    f.flush()
+            except OSError:
+                pass
+    if kind == "unfill":
+        (Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler").unlink()
     if (
         kind == "hostoom"
     ):  # move into a memory-limited cgroup, then allocate until the kernel kills us

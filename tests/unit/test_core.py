@@ -291,3 +291,29 @@ def test_resume_on_another_world_size_is_recorded(tmp_path: Path) -> None:
     assert (started["resume_step"], started["resharded_from"]) == (5, 3)
     (commit,) = rig.named("checkpoint_committed")
     assert (commit["step"], commit["world_size"], commit["format"]) == (7, 2, 1)
+
+
+def test_a_failed_background_save_is_recorded_and_shown_and_the_job_goes_on(
+    tmp_path: Path,
+) -> None:
+    """CKPT_FAILED from a rank: a checkpoint_failed event (step, rank, reason), the failure in
+    ``rvsup status``, no failure of the attempt, and the job still succeeds."""
+    rig = Rig(tmp_path, [])
+    seen: list[dict[str, Any]] = []
+
+    async def save_fails(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(4))
+        ch.put(1, p.Kind.CKPT_FAILED, step=3, payload={"reason": "OSError: [Errno 28] No space"})
+        await clock.sleep(0.2)
+        assert rig.sup is not None
+        seen.extend(rig.sup.status()["checkpoint_failures"])
+        await train(ch, clock, range(4, 6))
+        tree.all_succeed()
+
+    rig.launches.scenarios.append(save_fails)
+    assert rig.run() == ExitCode.OK
+    (failed,) = rig.named("checkpoint_failed")
+    assert (failed["step"], failed["rank"], failed["level"]) == (3, 1, "warning")
+    assert "No space" in failed["reason"]
+    assert seen == [{"rank": 1, "step": 3, "reason": "OSError: [Errno 28] No space"}]
+    assert not rig.named("failure_detected")

@@ -18,6 +18,7 @@ from supervisor.record.schema import (
     EVENTS,
     AttemptStarted,
     CheckpointCommitted,
+    CheckpointFailed,
     CheckpointSkipped,
     Entry,
     Event,
@@ -41,7 +42,7 @@ from supervisor.rules.failures import FailureKind, StopReason
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ("timestamp", "event", "level", "job", "attempt")
-ADDED_SINCE_0_1 = frozenset({"resharded_from", "world_size", "format"})
+ADDED_SINCE_0_1 = frozenset({"resharded_from", "world_size", "format", "mode", "blocked_s"})
 """Optional fields added after 0.1: null when an old line is read back."""
 
 
@@ -119,6 +120,7 @@ SAMPLES: list[Event] = [
         restart_count=None,
     ),
     CheckpointCommitted(step=10, path="/c/step-10", seconds=1.2346, bytes=4096, source="sdk"),
+    CheckpointFailed(step=20, rank=1, reason="OSError: [Errno 28] No space left on device"),
     CheckpointSkipped(path="/c/step-20", reason="torn", rank=None),
     FailureDetected(
         kind="oom",

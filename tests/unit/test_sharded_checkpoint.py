@@ -267,7 +267,7 @@ def test_failure_before_the_sharded_write_commits_nothing(
     def disk_full(*args: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "_write_durable", disk_full)
+    monkeypatch.setattr(checkpoint, "write_durable", disk_full)
     with pytest.raises(OSError, match="disk full"):
         ck(tmp_path).save(1, list(t), extra="one")
     monkeypatch.undo()
