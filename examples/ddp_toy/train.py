@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import torch
@@ -37,6 +38,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="pretend steps are slower")
     parser.add_argument("--save-final", default="", help="rank 0 writes the final state here")
+    parser.add_argument(
+        "--kill-at-step",
+        type=int,
+        default=-1,
+        help="a fault to recover from: rank 1 SIGKILLs itself at this step of a fresh run",
+    )
     args = parser.parse_args()
 
     distributed = "RANK" in os.environ
@@ -56,9 +63,11 @@ def main() -> None:
 
     torch.manual_seed(0)  # identical initial weights on every rank
     model = build_model(args.width)
-    # find_unused_parameters=True keeps DDP's gradient buckets as first built, so a resumed run
-    # adds gradients in the same order as an uninterrupted one: bit-identical with 3+ ranks too
-    ddp = DistributedDataParallel(model, find_unused_parameters=True) if distributed else model
+    # with 3+ ranks, find_unused_parameters=True keeps DDP's gradient buckets as first built, so a
+    # resumed run adds gradients in the same order as an uninterrupted one (bit-identical)
+    ddp = (
+        DistributedDataParallel(model, find_unused_parameters=world >= 3) if distributed else model
+    )
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
     torch.manual_seed(1000 + rank)  # each rank draws its own data
@@ -68,6 +77,9 @@ def main() -> None:
     start, extra = worker_sdk.resume(ddp, optimizer, scheduler, extra={"samples": 0})
 
     for step in range(start, args.steps):
+        if rank == 1 and start == 0 and step == args.kill_at_step:
+            print(f"rank 1: killing itself at step {step} (--kill-at-step)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(args.batch, 64)
         y = x[:, :8].sum(dim=1, keepdim=True) + 0.1 * torch.randn(args.batch, 1)
         optimizer.zero_grad(set_to_none=True)
