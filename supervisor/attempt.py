@@ -24,10 +24,11 @@ from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.ranks.diagnostics import read_stacks, read_steps
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import CheckpointCommitted, CheckpointFailed, CheckpointSkipped
-from supervisor.rules import hangs
+from supervisor.rules import culprits, hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
@@ -115,6 +116,7 @@ class Attempt:
         self._first_sign_t: float | None = None
         self._noticed_at: float | None = None
         self._settling: asyncio.Task[None] | None = None
+        self._verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
         self._done: asyncio.Future[_Ending] | None = None
         self._stop_deadline = float("inf")
         self._t0 = self._last_commit_t = clock.monotonic()
@@ -135,6 +137,7 @@ class Attempt:
             ending = await run_beside(self._done, loops)
             if ending is _Ending.HANG:
                 diagnostics = await self.tree.collect_stacks(self.diag_dir)
+                self._verdict = culprits.judge(read_stacks(self.diag_dir, self.world_size))
             if ending in (_Ending.FAILED, _Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
         finally:
@@ -232,8 +235,8 @@ class Attempt:
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node
         (heartbeats, rate-limited, can be a second old)."""
-        for st in self.ranks:
-            self._exact_step(st.rank, p.read_step_slot(self.diag_dir / p.step_slot_file(st.rank)))
+        for rank, step in read_steps(self.diag_dir, [st.rank for st in self.ranks]).items():
+            self._exact_step(rank, step)
 
     def _exact_step(self, rank: int, step: object) -> None:
         if not isinstance(step, int) or isinstance(step, bool):
@@ -409,6 +412,8 @@ class Attempt:
             stderr_tail=self.tree.stderr_tail() if ending is not _Ending.SUCCEEDED else "",
             host_oom_kills=self.tree.host_oom_kills(),
             lost_nodes=lost,
+            hang_culprits=() if self._verdict is None else self._verdict.culprits,
+            hang_evidence="" if self._verdict is None else self._verdict.detail,
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
 from supervisor.config.torchrun import resolve_torchrun
-from supervisor.record import history, rundir
+from supervisor.record import history, rundir, summary
 from supervisor.record.schema import JobStopped
 from supervisor.rules.states import ExitCode
 from supervisor.service import control
@@ -173,12 +174,19 @@ def cmd_history(args: argparse.Namespace) -> int:
     path = cfg.job.run_dir / rundir.EVENTS_FILE
     past = history.read(path)
     rows = history.attempt_rows(past.entries)
+    total = summary.summarize(rows, datetime.datetime.now(datetime.timezone.utc))
     if args.json:
-        print(json.dumps(history.rows_to_json(rows), indent=2))
+        print(
+            json.dumps(
+                {"attempts": history.rows_to_json(rows), "summary": summary.summary_to_json(total)},
+                indent=2,
+            )
+        )
     elif not rows:
         print(f"{cfg.job.name}: no attempts recorded in {path}")
     else:
         print(history.render_table(rows))
+        print(summary.render_summary(total))
     if past.skipped:
         print(f"rvsup: skipped {past.skipped} unreadable line(s) of {path}", file=sys.stderr)
     if past.unknown:

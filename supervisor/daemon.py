@@ -2,8 +2,9 @@
 
 :func:`run_daemon` is ``rvsup start`` after the configuration passed its checks. In order: lock the
 run directory (one daemon per job), become the subreaper of the job's processes, write the per-job
-secret, bind the rank channel and the control socket, open the history and fold it into the
-restart budget, install the stop signals (handlers only enqueue), then run the supervisor with its
+secret, bind the rank channel and the control socket, open the history (closing the attempts of a
+daemon that died, ``attempt_closed``) and fold it into the restart budget, install the stop
+signals (handlers only enqueue), then run the supervisor with its
 loops beside it (systemd watchdog, Slurm time limit). A loop or the supervisor raising is a bug:
 it is recorded as ``supervisor_error`` with its traceback, the attempt's process tree is torn down
 (shielded from cancellation, on the way out of the attempt), and the daemon exits 1. Everything it
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import fcntl
 import os
 import signal
@@ -32,7 +34,7 @@ from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
 from supervisor.record import history, rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import JobStarted, SupervisorError
+from supervisor.record.schema import AttemptClosed, JobStarted, SupervisorError
 from supervisor.rules.budget import budget_of
 from supervisor.rules.failures import StopReason
 from supervisor.rules.states import ExitCode
@@ -94,7 +96,9 @@ async def _house(
         stack.callback(notifier.close)
         watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
         stack.callback(watch.close)
-        budget = budget_of(history.read(events.path).events)
+        past = history.read(events.path)
+        close_lost_attempts(events, history.attempt_rows(past.entries), run_dir)
+        budget = budget_of(past.events)
         liveness = Liveness()
         slurm_ids = SlurmIds(alloc.job_id, alloc.restart_count) if alloc else SlurmIds()
 
@@ -180,3 +184,31 @@ def _lock_run_dir(run_dir: Path) -> Any:
         yield f
     finally:
         f.close()
+
+
+def close_lost_attempts(events: EventLog, rows: list[history.AttemptRow], run_dir: Path) -> None:
+    """Log ``attempt_closed`` for every attempt whose end was never logged: this daemon holds
+    the job's lock, so their supervisor is gone (killed, or its node lost). What is known of
+    its end comes from the ranks' step slots left in its diagnostics folder."""
+    for row in history.unfinished(rows):
+        seen = row.ended or row.started
+        steps: list[int] = []
+        slots = rundir.diagnostics_dir(run_dir, row.attempt)
+        for slot in sorted(slots.glob("rank-*.step")) if slots.is_dir() else []:
+            step = p.read_step_slot(slot)
+            if step is not None and step >= 0:
+                steps.append(step)
+            with contextlib.suppress(OSError):
+                moment = datetime.datetime.fromtimestamp(
+                    slot.stat().st_mtime, datetime.timezone.utc
+                )
+                seen = max(seen, moment)
+        last = max([*steps, *([row.last_step] if row.last_step is not None else [])], default=None)
+        events.log(
+            AttemptClosed(
+                outcome="supervisor lost",
+                last_seen=history.format_timestamp(seen),
+                last_step=last,
+            ),
+            attempt=row.attempt,
+        )

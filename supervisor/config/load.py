@@ -97,6 +97,12 @@ _SECTION_KEYS: Final = {
 }
 
 
+def _shown(key: str) -> str:
+    """A key as TOML would write it: bare, or quoted when it holds other characters (a key with
+    a line break must not break the one-line-per-problem report)."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)  # ASCII: \u escapes
+
+
 class _Table:
     """One section of job.toml being read; every problem goes to the shared issue list."""
 
@@ -105,7 +111,7 @@ class _Table:
         self.failed: set[str] = set()
         for key in table:
             if key not in _SECTION_KEYS[section]:
-                self.report(key, unknown_name("key", key, _SECTION_KEYS[section]))
+                self.report(_shown(key), unknown_name("key", key, _SECTION_KEYS[section]))
 
     def report(self, key: str, message: str) -> None:
         """Record a problem with ``key`` (relative to this section)."""
@@ -299,7 +305,8 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     tables: dict[str, Mapping[str, Any]] = {key: {} for key in _SECTION_KEYS}
     for section, value in data.items():
         if section not in _SECTION_KEYS:
-            issues.append(ConfigIssue(section, unknown_name("section", section, _SECTION_KEYS)))
+            message = unknown_name("section", _shown(section), _SECTION_KEYS)
+            issues.append(ConfigIssue(_shown(section), message))
         elif not isinstance(value, Mapping):
             issues.append(ConfigIssue(section, f"expected a table, got {describe(value)}"))
         else:

@@ -44,7 +44,14 @@ class ConfigIssue:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.message}" if self.key else self.message
+        text = f"{self.key}: {self.message}" if self.key else self.message
+        return _one_line(text)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with unprintable characters escaped (a key or value from the file that holds a
+    line break must not split a problem's line)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class ConfigError(Exception):

@@ -1,4 +1,4 @@
-"""Evidence collected before a hung group is killed: the Python stacks of every rank.
+"""Evidence from the ranks' node: the Python stacks of a hung group, the ranks' step slots.
 
 The SDK arms faulthandler on ``protocol.DUMP_SIGNAL`` (SIGUSR2) in ``resume()``, writing every
 thread's stack to ``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler
@@ -12,13 +12,13 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from supervisor.process import proctree
 from worker_sdk import protocol as p
 
-__all__ = ["DUMP_WAIT_S", "collect_stacks"]
+__all__ = ["DUMP_WAIT_S", "collect_stacks", "read_stacks", "read_steps"]
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
 
@@ -46,6 +46,22 @@ async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | Non
             await asyncio.sleep(0.02)  # let a dump in progress finish
         waiting -= grown
     return str(directory) if directory.is_dir() else None
+
+
+def read_stacks(directory: Path, world_size: int) -> dict[int, str]:
+    """The dumped stacks of the ranks whose file is in ``directory`` (on another node's disk a
+    rank's file may not be: it is then left out)."""
+    dumps: dict[int, str] = {}
+    for rank in range(world_size):
+        with contextlib.suppress(OSError):
+            dumps[rank] = (directory / p.stacks_file(rank)).read_text(errors="replace")
+    return dumps
+
+
+def read_steps(directory: Path, ranks: Iterable[int]) -> dict[int, int]:
+    """The exact last finished step of each rank whose step slot is in ``directory``."""
+    steps = {rank: p.read_step_slot(directory / p.step_slot_file(rank)) for rank in ranks}
+    return {rank: step for rank, step in steps.items() if step is not None}
 
 
 def _size(path: Path) -> int:

@@ -94,11 +94,12 @@ class EventLog:
         )
         self.job = job
 
-    def log(self, event: Event) -> None:
-        """Append one event (with this log's ``job`` and current ``attempt``), flushed and
-        fsynced, then hand it to ``on_log``."""
+    def log(self, event: Event, *, attempt: int | None = None) -> None:
+        """Append one event (with this log's ``job`` and current ``attempt``, or the given one),
+        flushed and fsynced, then hand it to ``on_log``."""
         write = getattr(self._logger, event.LEVEL)
-        write(event.NAME, job=self.job, attempt=self.attempt, **schema.to_json(event))
+        number = self.attempt if attempt is None else attempt
+        write(event.NAME, job=self.job, attempt=number, **schema.to_json(event))
         if self.on_log is not None:
             self.on_log(event)
 

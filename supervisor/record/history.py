@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from supervisor.record import schema
 from supervisor.record.schema import (
+    AttemptClosed,
     AttemptStarted,
     CheckpointCommitted,
     Entry,
@@ -46,6 +47,7 @@ __all__ = [
     "read",
     "render_table",
     "rows_to_json",
+    "unfinished",
 ]
 
 _STOP_KINDS: Final = frozenset({"preempted", "timelimit", "stopped"})
@@ -65,7 +67,8 @@ class AttemptRow:
     outcome: str
     """``"running"``, ``"succeeded"``, a failure kind (``"crash"``, ``"oom"``, ``"hang"``,
     ``"preempted"``, ``"timelimit"``, ``"node_failure"``, ``"stopped"``), ``"gave up: <kind>"``,
-    or ``"unknown"`` for an earlier attempt whose end was never logged (the daemon died)."""
+    ``"supervisor lost"`` for one a later start closed (``attempt_closed``), or ``"unknown"`` for
+    an earlier attempt whose end was never logged (the daemon died)."""
     failure_kind: str | None
     detail: str | None
     resume_step: int | None
@@ -225,6 +228,12 @@ def attempt_rows(entries: Iterable[Entry]) -> list[AttemptRow]:
     ]
 
 
+def unfinished(rows: Sequence[AttemptRow]) -> list[AttemptRow]:
+    """The attempts whose end was never logged (``running`` or ``unknown``): at the start of a
+    daemon, which holds the job's lock, their supervisor is gone."""
+    return [row for row in rows if row.outcome in ("running", "unknown")]
+
+
 def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
     """The rows of a history given as JSON objects (``attempt_rows`` of their parsed entries)."""
     return attempt_rows(schema.parse_all(events).entries)
@@ -249,6 +258,10 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
         acc.backoff_s = event.backoff_s
     elif isinstance(event, JobSucceeded):
         acc.ending, acc.ending_reason, acc.ended_at = event.NAME, None, at
+        _add_step(acc, event.last_step)
+    elif isinstance(event, AttemptClosed):
+        acc.ending, acc.ending_reason = event.NAME, event.outcome
+        acc.ended_at = parse_timestamp(event.last_seen) or at
         _add_step(acc, event.last_step)
     elif isinstance(event, (JobGaveUp, JobStopped)):
         acc.ending, acc.ending_reason, acc.ended_at = event.NAME, event.reason or None, at
@@ -296,6 +309,8 @@ def _outcome(acc: _Attempt, *, is_last: bool) -> str:
         return "succeeded"
     if acc.ending == JobGaveUp.NAME:
         return f"gave up: {acc.failure_kind}" if acc.failure_kind else "gave up"
+    if acc.ending == AttemptClosed.NAME:
+        return acc.failure_kind or acc.ending_reason or "supervisor lost"
     if acc.ending == JobStopped.NAME:
         if acc.failure_kind:
             return acc.failure_kind

@@ -28,6 +28,7 @@ from supervisor.record import typed_json
 
 __all__ = [
     "EVENTS",
+    "AttemptClosed",
     "AttemptStarted",
     "CheckpointCommitted",
     "CheckpointFailed",
@@ -319,6 +320,21 @@ class SupervisorError(Event):
     """Its formatted traceback."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptClosed(Event):
+    """A later ``rvsup start`` closed an attempt whose supervisor died before it could log the
+    attempt's end (SIGKILL, a lost node); the line's ``attempt`` is the closed one."""
+
+    NAME = "attempt_closed"
+    LEVEL = "warning"
+    outcome: str
+    """How it ended, as far as can be known: ``"supervisor lost"``."""
+    last_seen: str | None
+    """When it was last known alive (its last event, or its ranks' last step), ISO-8601 UTC."""
+    last_step: int | None
+    """The last step any of its ranks on this node finished (their step slots), if known."""
+
+
 _CLASSES: Final = (
     JobStarted,
     AttemptStarted,
@@ -335,6 +351,7 @@ _CLASSES: Final = (
     RequeueFailed,
     TimeLeftUnknown,
     SupervisorError,
+    AttemptClosed,
 )
 EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
     {cls.NAME: cls for cls in _CLASSES}

@@ -161,6 +161,10 @@ class Observation:
     """New ``oom_kill`` count from the cgroup's ``memory.events`` during this attempt."""
     lost_nodes: tuple[str, ...] = ()
     """Nodes whose srun task or slurmd went away."""
+    hang_culprits: tuple[int, ...] = ()
+    """In a hang, the ranks that were not in a collective while others were (their stacks)."""
+    hang_evidence: str = ""
+    """What the stacks said, e.g. ``"rank 1 is not in a collective (...); rank 0 waits in ..."``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +275,11 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
 
 def _hang(obs: Observation, last_step: int | None) -> Failure:
     ranks = sorted(set(obs.silent_ranks), key=lambda r: (obs.last_steps.get(r, -1), r))
+    if obs.hang_culprits:
+        waited = f" for {obs.hang_timeout_s:g}s" if obs.hang_timeout_s is not None else ""
+        ranks = [*obs.hang_culprits, *(r for r in ranks if r not in obs.hang_culprits)]
+        detail = f"{_ranks_text(ranks)} made no progress{waited}; {obs.hang_evidence}"
+        return Failure(FailureKind.HANG, tuple(ranks), (), (), last_step, detail)
     behind = ranks[0]
     step = obs.last_steps.get(behind)
     waited = f" for {obs.hang_timeout_s:g}s" if obs.hang_timeout_s is not None else ""

@@ -276,16 +276,20 @@ def test_history_with_empty_events_file(tmp_path: Path) -> None:
     assert res.returncode == 0
     assert res.stdout.startswith("toy: no attempts recorded in ")
     res = rvsup("history", str(job), "--json")
-    assert (res.returncode, json.loads(res.stdout)) == (0, [])
+    assert res.returncode == 0
+    assert json.loads(res.stdout)["attempts"] == []
+    assert json.loads(res.stdout)["summary"]["attempts"] == 0
 
 
 def test_history_json_rows(tmp_path: Path) -> None:
-    """history --json prints one row per attempt, folded from a hand-written events.jsonl."""
+    """history --json prints one row per attempt, folded from a hand-written events.jsonl, and
+    the summary (failures by kind, steps redone, time lost)."""
     job = _job(tmp_path)
     _write_history(tmp_path / "run", "this line is not JSON")
     res = rvsup("history", str(job), "--json")
     assert res.returncode == 0
-    rows = json.loads(res.stdout)
+    answer = json.loads(res.stdout)
+    rows = answer["attempts"]
     assert [r["attempt"] for r in rows] == [1, 2]
     first, second = rows
     assert first["outcome"] == "crash"
@@ -298,18 +302,22 @@ def test_history_json_rows(tmp_path: Path) -> None:
     assert second["outcome"] == "succeeded"
     assert (second["resume_step"], second["last_step"], second["steps_lost"]) == (10, 59, 0)
     assert "skipped 1 unreadable line(s)" in res.stderr
+    total = answer["summary"]
+    assert (total["attempts"], total["failures"], total["steps_redone"]) == (2, {"crash": 1}, 5)
+    assert total["time_lost_s"] == pytest.approx(5.5)
 
 
 def test_history_table(tmp_path: Path) -> None:
-    """history without --json prints a header and one line per attempt."""
+    """history without --json prints a header, one line per attempt and the summary."""
     job = _job(tmp_path)
     _write_history(tmp_path / "run")
     res = rvsup("history", str(job))
     assert res.returncode == 0
     assert res.stderr == ""
-    header, *rows = res.stdout.splitlines()
+    header, *rows, total = res.stdout.splitlines()
     assert header.split()[:2] == ["attempt", "started"]
     assert len(rows) == 2
+    assert total.startswith("2 attempts (1 crash); 5 steps redone; 5.5s lost of ")
     assert rows[0].split()[0] == "1" and "crash" in rows[0]
     assert rows[1].split()[0] == "2" and "succeeded" in rows[1]
 

@@ -61,9 +61,14 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
     tmp_path: Path, fault: str, culprit: int, where: str | None
 ) -> None:
     """SIGSTOP, a sleep in the loop, mismatched collectives (a real gloo hang): each is caught within
-    hang_timeout + 1 s, every rank's stack is on disk, and the restarted job completes."""
+    hang_timeout + 1 s, every rank's stack is on disk, the restarted job completes, and where one
+    rank is outside any collective while the other waits in one, that rank is named first."""
     evs = _run_hanging_job(tmp_path, fault, f'"{HANG_TIMEOUT}s"')
     hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=culprit)
+    if not fault.startswith("mismatch"):  # there both ranks wait in c10d (recv, all-reduce)
+        assert hang["ranks"] == [1, 0], hang
+        assert "rank 1 is not in a collective" in str(hang["detail"]), hang["detail"]
+        assert "rank 0 waits in" in str(hang["detail"]), hang["detail"]
     if where is not None:
         assert where in (Path(str(hang["diagnostics"])) / "rank-00001.stacks").read_text()
 

@@ -21,6 +21,7 @@ _PURE_IMPORTS = frozenset(
         "dataclasses",
         "enum",
         "math",
+        "re",  # parsing text handed in (stack dumps)
         "signal",  # signal names only (signal.Signals); nothing is sent
         "sys",  # version checks only
         "types",

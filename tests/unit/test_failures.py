@@ -174,6 +174,21 @@ ROWS = {
         "ranks 1, 0, 3 made no progress for 300s; rank 1 is furthest behind, at step 41",
         last_step=50,
     ),
+    "hang-culprit-from-stacks-first": Row(
+        Observation(
+            silent_ranks=(0, 1),
+            hang_timeout_s=5,
+            last_steps={0: 50, 1: 50},
+            hang_culprits=(1,),
+            hang_evidence="rank 1 is not in a collective (train.py:42 in inject); rank 0 waits "
+            "in all_reduce",
+        ),
+        K.HANG,
+        (1, 0),
+        "ranks 1, 0 made no progress for 5s; rank 1 is not in a collective (train.py:42 in "
+        "inject); rank 0 waits in all_reduce",
+        last_step=50,
+    ),
     "hang-beats-crash": Row(
         Observation(exits=(code(0, 1),), silent_ranks=(1,), hang_timeout_s=12.5, last_steps={1: 9}),
         K.HANG,

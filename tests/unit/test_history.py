@@ -387,3 +387,34 @@ def test_stop_during_backoff_keeps_the_failure() -> None:
     (row,) = rows(lines)
     assert (row.outcome, row.ended, row.last_step) == ("crash", at(2), 4)
     assert row.seconds_lost == 2.0  # 1 s from the commit to the failure, plus the 1 s backoff
+
+
+def test_an_attempt_closed_by_a_later_start_ends_where_it_was_last_seen() -> None:
+    """An attempt whose daemon died is ``unknown`` (and listed by ``unfinished``) until the next
+    start logs ``attempt_closed``: then it is ``supervisor lost``, ended when last seen, its steps
+    since the checkpoint lost, and nothing is unfinished any more."""
+    from supervisor.record.history import unfinished
+    from supervisor.record.schema import AttemptClosed
+
+    before = [
+        ev(0, 0, job_started()),
+        ev(1, 1, attempt_started(0)),
+        ev(5, 1, committed(9)),
+        ev(30, 0, job_started()),
+    ]
+    assert [(r.attempt, r.outcome) for r in unfinished(rows(before))] == [(1, "unknown")]
+    closed = AttemptClosed(
+        outcome="supervisor lost", last_seen=format_timestamp(at(12)), last_step=15
+    )
+    after = [
+        *before,
+        ev(30.5, 1, closed),
+        ev(31, 2, attempt_started(10)),
+        ev(40, 2, JobSucceeded(last_step=19)),
+    ]
+    first, second = rows(after)
+    assert (first.outcome, first.ended, first.last_step) == ("supervisor lost", at(12), 15)
+    assert first.steps_lost == 6
+    assert first.seconds_lost == pytest.approx(7.0)
+    assert second.outcome == "succeeded"
+    assert unfinished(rows(after)) == []

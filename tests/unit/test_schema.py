@@ -16,6 +16,7 @@ from supervisor.record.events import EventLog
 from supervisor.record.rundir import EVENTS_FILE
 from supervisor.record.schema import (
     EVENTS,
+    AttemptClosed,
     AttemptStarted,
     CheckpointCommitted,
     CheckpointFailed,
@@ -144,6 +145,7 @@ SAMPLES: list[Event] = [
     RequeueFailed(job_id="12", error="no"),
     TimeLeftUnknown(error="squeue"),
     SupervisorError(error="KeyError: 3", traceback="Traceback (most recent call last): ..."),
+    AttemptClosed(outcome="supervisor lost", last_seen="2026-01-01T00:00:09.000000Z", last_step=41),
 ]
 
 
