@@ -17,7 +17,7 @@ from typing import Final
 __all__ = ["Frame", "Verdict", "collective_of", "judge", "main_thread", "where"]
 
 _FRAME_RE: Final = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_THREAD_RE: Final = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
+_THREAD_RE: Final = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+", re.MULTILINE)
 # where a rank waits for the others: c10d's collectives, DDP/FSDP, autograd (DDP's reduction
 # is awaited at the end of backward()), DCP's collectives
 _WAITING_IN: Final = (
@@ -84,6 +84,10 @@ def where(frames: Sequence[Frame]) -> str:
     return "no stack"
 
 
+def _cut_short(dump: str) -> bool:
+    return bool(_THREAD_RE.search(dump)) and "Current thread" not in dump
+
+
 def judge(dumps: Mapping[int, str]) -> Verdict | None:
     """The culprits of a hang from every rank's dump (rank -> text), or None when the stacks do
     not single anyone out (all wait in collectives, none does, or too few answered)."""
@@ -91,7 +95,10 @@ def judge(dumps: Mapping[int, str]) -> Verdict | None:
     answered = {rank: frames for rank, frames in stacks.items() if frames}
     waiting = {r: c for r, f in answered.items() if (c := collective_of(f)) is not None}
     elsewhere = sorted(set(answered) - set(waiting))
-    silent = sorted(set(stacks) - set(answered))
+    # no Python frame in the main thread, or no dump at all: it could not answer (stopped,
+    # stuck outside Python); other threads but not the main one: a dump cut short (the main
+    # thread comes last), which says nothing
+    silent = sorted(r for r in set(stacks) - set(answered) if not _cut_short(dumps[r]))
     culprits = [*elsewhere, *silent]
     if not waiting or not culprits:
         return None

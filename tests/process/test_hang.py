@@ -67,8 +67,11 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
     hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=culprit)
     if not fault.startswith("mismatch"):  # there both ranks wait in c10d (recv, all-reduce)
         assert hang["ranks"] == [1, 0], hang
-        assert "rank 1 is not in a collective" in str(hang["detail"]), hang["detail"]
-        assert "rank 0 waits in" in str(hang["detail"]), hang["detail"]
+        detail = str(hang["detail"])
+        # a stopped rank, continued to dump, may not finish its dump within the wait
+        named_first = ("rank 1 is not in a collective", "rank 1 wrote no stack")
+        assert any(text in detail for text in named_first), detail
+        assert "rank 0 waits in" in detail, detail
     if where is not None:
         assert where in (Path(str(hang["diagnostics"])) / "rank-00001.stacks").read_text()
 
