@@ -24,7 +24,7 @@ from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
-from supervisor.ranks.diagnostics import read_stacks, read_steps
+from supervisor.ranks.diagnostics import read_stacks, read_steps, read_stopped
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import CheckpointCommitted, CheckpointFailed, CheckpointSkipped
@@ -137,7 +137,10 @@ class Attempt:
             ending = await run_beside(self._done, loops)
             if ending is _Ending.HANG:
                 diagnostics = await self.tree.collect_stacks(self.diag_dir)
-                self._verdict = culprits.judge(read_stacks(self.diag_dir, self.world_size))
+                self._verdict = culprits.judge(
+                    read_stacks(self.diag_dir, self.world_size),
+                    read_stopped(self.diag_dir, self.world_size),
+                )
             if ending in (_Ending.FAILED, _Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
         finally:
@@ -266,8 +269,8 @@ class Attempt:
         assert self.commits is not None
         while True:
             path = await self.commits.get()
-            began = [st.saving_since for st in self.ranks if st.saving_since is not None]
-            seconds = self.clock.monotonic() - min(began) if began else None
+            began = self.ranks.save_began(self.tracker.step_of(path))
+            seconds = self.clock.monotonic() - began if began is not None else None
             self._on_commit(path, seconds=seconds, source="watchdog")
 
     def _on_commit(self, path: Path, *, seconds: float | None, source: str) -> None:

@@ -62,7 +62,7 @@ mypy
 mypy --python-version 3.10
 if [ -n "$py310" ]; then
   echo "tests/run.sh: unit tests on $("$VENV310/bin/python" -V) without torch ($VENV310)"
-  "$VENV310/bin/python" -m pytest -q -p no:cacheprovider tests/unit
+  "$VENV310/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/fuzz
   # the process tests run the daemon from this environment too (test_isolated_install.py)
   RVSUP_TORCHLESS_PYTHON="$(cd "$VENV310/bin" && pwd)/python"
   export RVSUP_TORCHLESS_PYTHON

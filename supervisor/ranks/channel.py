@@ -8,6 +8,7 @@ message can raise out of :meth:`HeartbeatEndpoint.receive`.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import socket
@@ -141,6 +142,17 @@ class RankTable:
             if st.saving_since is not None and st.saving_step <= step:
                 st.saving_since = None
 
+    def save_began(self, step: int | None) -> float | None:
+        """When the first rank began saving ``step``, if some rank is still saving it. Only a save
+        of that very step counts: with async saves, or a stop's save waiting for the one in
+        flight, the ranks may already be saving a later step."""
+        began = [
+            st.saving_since
+            for st in self.ranks.values()
+            if st.saving_since is not None and st.saving_step == step
+        ]
+        return min(began) if began else None
+
     def _add_step_time(self, st: RankState, seconds: float) -> None:
         if len(st.step_times) == st.step_times.maxlen:
             self.step_times.remove(st.step_times[0])  # the deque drops it on append
@@ -223,25 +235,36 @@ class HeartbeatEndpoint:
         self._last_seq.clear()
 
     async def receive(self) -> tuple[bytes, p.Message]:
-        """Wait for the next acceptable message, dropping and counting the rest."""
+        """Wait for the next acceptable message, dropping and counting the rest.
+
+        Awaiting a frame that is already queued does not yield to the event loop: every
+        ``_BATCH`` dropped frames it is yielded to explicitly, so that a flood of garbage cannot
+        starve the daemon's other tasks (the hang check, the control socket, process exits).
+        """
+        dropped = 0
         while True:
             frames = await self._sock.recv_multipart(copy=True)
             checked = self._check(frames)
             if checked is not None:
                 return checked
+            dropped += 1
+            if dropped % _BATCH == 0:
+                await asyncio.sleep(0)
 
     async def receive_batch(self, limit: int = _BATCH) -> list[tuple[bytes, p.Message]]:
-        """Wait for the next acceptable message, then take (without waiting) up to ``limit`` - 1
-        more that are already queued: one wake-up of the event loop for a burst of heartbeats."""
+        """Wait for the next acceptable message, then look (without waiting) at up to ``limit``
+        - 1 more frames that are already queued: one wake-up of the event loop for a burst of
+        heartbeats. When frames are left, the event loop gets a turn before the batch returns."""
         batch = [await self.receive()]
-        while len(batch) < limit:
+        for _ in range(limit - 1):
             try:
                 frames = self._drain.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
-                break
+                return batch
             checked = self._check(frames)
             if checked is not None:
                 batch.append(checked)
+        await asyncio.sleep(0)  # more may be queued: let the other tasks run first
         return batch
 
     def _check(self, frames: list[bytes]) -> tuple[bytes, p.Message] | None:

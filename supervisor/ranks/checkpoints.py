@@ -49,6 +49,12 @@ class CommitTracker:
         """Where the committed checkpoint of ``step`` lives (``worker_sdk.layout`` names it)."""
         return self.directory / layout.committed_name(step)
 
+    @staticmethod
+    def step_of(path: Path) -> int | None:
+        """The step a committed checkpoint's name says, or None for another name."""
+        m = layout.COMMITTED_RE.match(path.name)
+        return int(m.group(1)) if m else None
+
     def observe(self, path: Path, *, seconds: float | None, source: str) -> Commit | None:
         """A commit to report, or None if already reported or not a valid checkpoint."""
         m = layout.COMMITTED_RE.match(path.name)

@@ -18,33 +18,46 @@ from pathlib import Path
 from supervisor.process import proctree
 from worker_sdk import protocol as p
 
-__all__ = ["DUMP_WAIT_S", "collect_stacks", "read_stacks", "read_steps"]
+__all__ = ["DUMP_WAIT_S", "collect_stacks", "read_stacks", "read_steps", "read_stopped"]
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
+_SETTLE_S = 0.05  # a dump is complete once its file has not grown for this long
+
+
+def stopped_file(rank: int) -> str:
+    """``rank-00001.stopped``: written when rank ``rank`` was found stopped (state T)."""
+    return f"rank-{rank:05d}.stopped"
 
 
 async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | None:
     """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S.
 
-    A stopped rank is continued so that it can answer; to keep that window (in which it runs
-    again) short, the files are polled and the wait ends as soon as every rank has written.
-    Returns the directory, or None when nothing was written.
+    A stopped rank is noted (``rank-NNNNN.stopped``: it is a culprit whatever its dump says) and
+    continued so that it can answer; to keep that window (in which it runs again) short, the
+    files are polled and the wait ends as soon as every rank's file has grown and then stayed
+    the same for a moment (a dump in progress is not read half written). Returns the directory,
+    or None when nothing was written.
     """
     files = {pid: directory / p.stacks_file(rank) for pid, rank in ranks.items()}
-    before = {pid: _size(path) for pid, path in files.items()}
-    for pid in ranks:
+    sizes = {pid: _size(path) for pid, path in files.items()}
+    for pid, rank in ranks.items():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, p.DUMP_SIGNAL)
             if proctree.is_stopped(pid):
+                _note_stopped(directory, rank)
                 os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
     deadline = time.monotonic() + DUMP_WAIT_S
     waiting = set(files)
+    grew_at: dict[int, float] = {}
     while waiting and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-        grown = {pid for pid in waiting if _size(files[pid]) > before[pid]}
-        if grown:
-            await asyncio.sleep(0.02)  # let a dump in progress finish
-        waiting -= grown
+        now = time.monotonic()
+        for pid in list(waiting):
+            size = _size(files[pid])
+            if size != sizes[pid]:
+                sizes[pid], grew_at[pid] = size, now
+            elif pid in grew_at and now - grew_at[pid] >= _SETTLE_S:
+                waiting.discard(pid)  # written, and no longer growing: the dump is complete
     return str(directory) if directory.is_dir() else None
 
 
@@ -58,10 +71,23 @@ def read_stacks(directory: Path, world_size: int) -> dict[int, str]:
     return dumps
 
 
+def read_stopped(directory: Path, world_size: int) -> frozenset[int]:
+    """The ranks :func:`collect_stacks` found stopped by a signal (SIGSTOP, SIGTSTP, a debugger)."""
+    return frozenset(r for r in range(world_size) if (directory / stopped_file(r)).exists())
+
+
 def read_steps(directory: Path, ranks: Iterable[int]) -> dict[int, int]:
     """The exact last finished step of each rank whose step slot is in ``directory``."""
     steps = {rank: p.read_step_slot(directory / p.step_slot_file(rank)) for rank in ranks}
     return {rank: step for rank, step in steps.items() if step is not None}
+
+
+def _note_stopped(directory: Path, rank: int) -> None:
+    with contextlib.suppress(OSError):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / stopped_file(rank)).write_text(
+            "stopped by a signal (process state T) when the hang was caught; continued to dump\n"
+        )
 
 
 def _size(path: Path) -> int:

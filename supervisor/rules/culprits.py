@@ -10,7 +10,7 @@ the main thread the training loop runs in. Pure: text in, verdict out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -88,23 +88,28 @@ def _cut_short(dump: str) -> bool:
     return bool(_THREAD_RE.search(dump)) and "Current thread" not in dump
 
 
-def judge(dumps: Mapping[int, str]) -> Verdict | None:
-    """The culprits of a hang from every rank's dump (rank -> text), or None when the stacks do
-    not single anyone out (all wait in collectives, none does, or too few answered)."""
-    stacks = {rank: main_thread(text) for rank, text in dumps.items()}
+def judge(dumps: Mapping[int, str], stopped: Collection[int] = ()) -> Verdict | None:
+    """The culprits of a hang from every rank's dump (rank -> text) and the ranks found stopped
+    by a signal, or None when they do not single anyone out (all wait in collectives, none
+    does, or too few answered). A stopped rank is a culprit whatever its dump says: continued
+    only to dump, it may have written it after the others were read, or only in part."""
+    stopped = sorted(set(stopped))
+    stacks = {rank: main_thread(text) for rank, text in dumps.items() if rank not in stopped}
     answered = {rank: frames for rank, frames in stacks.items() if frames}
     waiting = {r: c for r, f in answered.items() if (c := collective_of(f)) is not None}
     elsewhere = sorted(set(answered) - set(waiting))
-    # no Python frame in the main thread, or no dump at all: it could not answer (stopped,
-    # stuck outside Python); other threads but not the main one: a dump cut short (the main
-    # thread comes last), which says nothing
+    # no Python frame in the main thread, or no dump at all: it could not answer (stuck
+    # outside Python); other threads but not the main one: a dump cut short (the main thread
+    # comes last), which says nothing
     silent = sorted(r for r in set(stacks) - set(answered) if not _cut_short(dumps[r]))
-    culprits = [*elsewhere, *silent]
+    culprits = [*stopped, *elsewhere, *silent]
     if not waiting or not culprits:
         return None
-    parts = [f"rank {r} is not in a collective ({where(answered[r])})" for r in elsewhere] + [
-        f"rank {r} wrote no stack (stopped or stuck outside Python)" for r in silent
-    ]
+    parts = (
+        [f"rank {r} was stopped by a signal (SIGSTOP, SIGTSTP or a debugger)" for r in stopped]
+        + [f"rank {r} is not in a collective ({where(answered[r])})" for r in elsewhere]
+        + [f"rank {r} wrote no stack (stopped or stuck outside Python)" for r in silent]
+    )
     names = sorted(set(waiting.values()))
     verb = "waits" if len(waiting) == 1 else "wait"
     ranks = ", ".join(str(r) for r in sorted(waiting))

@@ -27,43 +27,71 @@ __all__ = [
     "write_daemon_file",
 ]
 
-_MAX_REQUEST = 4096
+_MAX_REQUEST = 4096  # bytes of one request line, its newline included
+_MAX_CLIENTS = 32  # connections served at once; more are answered "busy" and closed
+_READ_TIMEOUT_S = 5.0
+_BUSY_READ_S = 0.1  # how long the request of a connection beyond _MAX_CLIENTS is waited for
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class ControlServer:
-    """Serves requests with ``handler`` until closed."""
+    """Serves requests with ``handler`` until closed.
+
+    Whatever a client sends (garbage, a partial line, an endless one, nothing at all) it gets one
+    answer line, ``{"ok": false, "error": ...}`` when the request was not a small JSON object,
+    and its connection is closed; at most ``_MAX_CLIENTS`` connections are held at once, each
+    for at most ``_READ_TIMEOUT_S`` before its request line is complete.
+    """
 
     def __init__(self, path: Path, handler: Handler) -> None:
         self.path = path
         self._handler = handler
         self._server: asyncio.AbstractServer | None = None
+        self._clients = 0
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=str(self.path), limit=_MAX_REQUEST
+        )
         os.chmod(self.path, 0o600)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        busy = self._clients >= _MAX_CLIENTS
+        self._clients += 1
         try:
-            line = await asyncio.wait_for(reader.readline(), timeout=5)
-            if len(line) > _MAX_REQUEST:
-                raise ValueError("request too long")
-            request = json.loads(line or b"{}")
-            if not isinstance(request, dict):
-                raise ValueError("request must be a JSON object")
-            answer = await self._handler(request)
-        except (ValueError, TimeoutError) as exc:
-            answer = {"ok": False, "error": str(exc)}
-        try:
+            try:
+                if busy:  # its request is read (briefly), or closing would reset the connection
+                    with contextlib.suppress(_RefusedError):
+                        await _read_line(reader, timeout_s=_BUSY_READ_S)
+                    raise _RefusedError(f"busy: {_MAX_CLIENTS} requests already open")
+                answer = await self._answer(await _read_line(reader, timeout_s=_READ_TIMEOUT_S))
+            except _RefusedError as exc:
+                answer = _error(str(exc))
             writer.write(json.dumps(answer, default=str).encode() + b"\n")
             await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
+            self._clients -= 1
             writer.close()
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        """The answer to one request line; raises :class:`_RefusedError` for a bad one."""
+        try:
+            request = json.loads(line or b"{}")
+        except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nested deeply
+            raise _RefusedError(f"not JSON: {exc}") from None
+        if not isinstance(request, dict):
+            raise _RefusedError("request must be a JSON object")
+        try:
+            return await self._handler(request)
+        except ValueError as exc:
+            raise _RefusedError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a client gets an answer whatever went wrong
+            raise _RefusedError(f"internal error: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
         if self._server is not None:
@@ -71,6 +99,28 @@ class ControlServer:
             await self._server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+class _RefusedError(Exception):
+    """A request answered with an error; the message says why."""
+
+
+async def _read_line(reader: asyncio.StreamReader, *, timeout_s: float) -> bytes:
+    """One request line (its newline included, if it came); raises :class:`_RefusedError`."""
+    line: bytes | None
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout=timeout_s)
+    except asyncio.TimeoutError:  # on Python 3.10 not the built-in TimeoutError
+        raise _RefusedError(f"no complete request line within {timeout_s:g}s") from None
+    except ValueError:  # longer than the reader's limit, without a newline in it
+        line = None
+    if line is None or len(line) > _MAX_REQUEST:
+        raise _RefusedError(f"request too long (at most {_MAX_REQUEST} bytes)")
+    return line
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
 
 
 def write_daemon_file(run_dir: Path, *, pid: int, control: Path, endpoint: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -141,6 +142,13 @@ def status(job: Path) -> dict[str, Any] | None:
         return None
     answer: dict[str, Any] = json.loads(res.stdout)
     return answer
+
+
+def dropped_since(before: dict[str, int], now: dict[str, Any]) -> collections.Counter[str]:
+    """The frames dropped (by reason) between the ``before`` counts and the status ``now``."""
+    counts = collections.Counter({k: int(v) for k, v in now["messages"]["dropped"].items()})
+    counts.subtract(before)
+    return +counts
 
 
 def wait_progress(job: Path, *, min_step: int, timeout: float = 90) -> dict[str, Any]:

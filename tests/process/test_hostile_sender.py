@@ -23,6 +23,7 @@ from worker_sdk import protocol as p
 from .harness import (
     REPO,
     assert_same_state,
+    dropped_since,
     events,
     load_final,
     named,
@@ -138,12 +139,6 @@ def _send_raw_tcp(endpoint: str) -> None:
         conn.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(4096))
 
 
-def _dropped_since(before: dict[str, int], now: dict[str, Any]) -> collections.Counter[str]:
-    counts = collections.Counter({k: int(v) for k, v in now["messages"]["dropped"].items()})
-    counts.subtract(before)
-    return +counts
-
-
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_hostile_frames_are_dropped_counted_and_harmless(
     tmp_path: Path, reference_final: Path, transport: str
@@ -174,11 +169,11 @@ def test_hostile_frames_are_dropped_counted_and_harmless(
 
         def all_counted() -> dict[str, Any] | None:
             st = status(job)
-            dropped = _dropped_since(before, st) if st else collections.Counter()
+            dropped = dropped_since(before, st) if st else collections.Counter()
             return st if st and dropped.total() >= expected.total() else None
 
         st = wait_for(all_counted, timeout=30, what="every hostile frame counted", interval=0.2)
-        assert _dropped_since(before, st) == expected
+        assert dropped_since(before, st) == expected
         if transport == "tcp":
             # libzmq reads a peer without a ZMTP greeting as ZMTP 1.0 and frames its bytes: how
             # many frames is zmq's business, but each can only be dropped as unreadable
@@ -187,7 +182,7 @@ def test_hostile_frames_are_dropped_counted_and_harmless(
             st = status(job)
             assert st is not None, "the daemon stopped answering"
             unreadable = {"truncated", "oversized", "unauthenticated", "malformed"}
-            assert set(_dropped_since(before, st) - expected) <= unreadable
+            assert set(dropped_since(before, st) - expected) <= unreadable
         assert proc.poll() is None, "the daemon died"
 
         def real_ranks_again() -> dict[str, Any] | None:

@@ -96,8 +96,20 @@ def torchrun(
                     p.kill()
             proc.kill()
             proc.communicate(timeout=30)
-    assert (proc.returncode != 0) == fails, output[-6000:]
+    assert (proc.returncode != 0) == fails, _failure_text(proc.returncode, output)
     return Run(out, output, nproc)
+
+
+def _failure_text(returncode: int, output: str) -> str:
+    """Why a run ended unexpectedly: its exit code and the lines that say why first (a
+    truncated report still shows them), then the end of its output."""
+    telling = [
+        line
+        for line in output.splitlines()
+        if any(word in line for word in ("Error", "error:", "exitcode", "Signal", "Killed"))
+    ]
+    summary = "\n".join(telling[:20])
+    return f"torchrun exited {returncode}\n{summary}\n--- output:\n{output[-6000:]}"
 
 
 @pytest.fixture(autouse=True)

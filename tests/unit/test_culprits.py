@@ -108,3 +108,31 @@ def test_judge(dumps: dict[int, str], culprits: tuple[int, ...] | None, detail: 
         assert verdict is not None
         assert verdict.culprits == culprits
         assert detail is None or verdict.detail == detail
+
+
+@pytest.mark.parametrize(
+    ("dumps", "stopped", "culprits"),
+    [
+        # its dump cut short or not yet written: being stopped is enough
+        ({0: WAITING_IN_ALL_REDUCE, 1: "Thread 0x2 (most recent call first):\n"}, {1}, (1,)),
+        ({0: WAITING_IN_ALL_REDUCE}, {1}, (1,)),
+        # continued to dump, it may already wait in the collective itself: still the culprit
+        ({0: WAITING_IN_ALL_REDUCE, 1: WAITING_IN_BACKWARD}, {1}, (1,)),
+        # stopped ranks first, then the others not in a collective
+        ({0: SLEEPING, 1: WAITING_IN_ALL_REDUCE, 2: ""}, {2}, (2, 0)),
+        # nobody waits for them: no verdict
+        ({0: SLEEPING}, {1}, None),
+    ],
+)
+def test_a_stopped_rank_is_a_culprit_whatever_its_dump(
+    dumps: dict[int, str], stopped: set[int], culprits: tuple[int, ...] | None
+) -> None:
+    """A rank the supervisor found stopped by a signal is named first, whether its dump is
+    missing, cut short or (continued to dump) already shows it waiting in a collective."""
+    verdict = judge(dumps, stopped)
+    if culprits is None:
+        assert verdict is None
+    else:
+        assert verdict is not None
+        assert verdict.culprits == culprits
+        assert "stopped by a signal" in verdict.detail

@@ -333,3 +333,17 @@ def test_a_commit_ends_every_rank_s_save() -> None:
     table.observe(b"y", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=374), 1.0)
     table.commit_seen(299)
     assert [st.saving_since for st in table] == [None, None, 1.0]
+
+
+def test_a_save_is_timed_from_its_own_step_only() -> None:
+    """The start of the save of step S is the earliest CKPT_BEGIN of S; a rank already saving a
+    later step (an async save, a stop's save waiting for the one in flight) does not time S, so
+    a commit seen by the watchdog is never credited with a later save's shorter duration."""
+    table = RankTable()
+    table.observe(b"x", _msg(p.Kind.CKPT_BEGIN, rank=0, pid=100, step=20), 3.0)
+    table.observe(b"y", _msg(p.Kind.CKPT_BEGIN, rank=1, pid=101, step=10), 2.0)
+    table.observe(b"z", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=10), 1.5)
+    assert table.save_began(10) == 1.5
+    assert table.save_began(20) == 3.0
+    assert table.save_began(30) is None
+    assert table.save_began(None) is None

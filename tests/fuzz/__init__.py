@@ -1,0 +1,1 @@
+"""Fuzz tests (hypothesis): what the daemon reads from outside, generated and mutated."""
