@@ -27,7 +27,12 @@ from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_stacks, read_steps, read_stopped
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import CheckpointCommitted, CheckpointFailed, CheckpointSkipped
+from supervisor.record.schema import (
+    CheckpointCommitted,
+    CheckpointFailed,
+    CheckpointLoaded,
+    CheckpointSkipped,
+)
 from supervisor.rules import culprits, hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
@@ -111,6 +116,7 @@ class Attempt:
         # (rank, step, reason) of each failed background save, for ``rvsup status``
         self.checkpoint_failures: list[tuple[int, int, str]] = []
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
+        self._loaded_logged = False  # checkpoint_loaded: once, from the first rank that reports
         self._silent: tuple[int, ...] = ()
         self._hang_silence_s: float | None = None
         self._first_sign_t: float | None = None
@@ -203,6 +209,16 @@ class Attempt:
                 self.sync.answer(self.channel, identity, msg)
         elif kind in (p.Kind.CKPT_COMMITTED, p.Kind.CKPT_FAILED, p.Kind.CKPT_SKIPPED):
             self._on_checkpoint_message(msg)
+        elif kind is p.Kind.LOADED and not self._loaded_logged:
+            self._loaded_logged = True  # every rank loads the one checkpoint they all agreed on
+            path, saved_by = msg.payload.get("path"), msg.payload.get("world_size")
+            self.events.log(
+                CheckpointLoaded(
+                    resume_step=msg.step,
+                    checkpoint=None if path is None else str(path),
+                    world_size=saved_by if isinstance(saved_by, int) else None,
+                )
+            )
         elif kind is p.Kind.FAILURE:
             self._reports.append(
                 RankReport(

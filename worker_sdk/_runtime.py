@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from . import protocol as p
 from ._settings import Settings
-from .checkpoint import Checkpointer, LoadResult, Stateful
+from .checkpoint import Checkpointer, LoadResult, SaveError, Stateful
 from .heartbeat import Channel
 
 if TYPE_CHECKING:
@@ -246,9 +246,15 @@ class Runtime:
                     self._report(previous)
             else:
                 self._finish_async(close=False)  # a stop's save waits for the one in flight
-                result = ck.save(step, self.objects, extra)
-                if result.committed:
-                    self._committed(step, result.seconds, result.path, result.nbytes, "sync")
+                try:
+                    result = ck.save(step, self.objects, extra)
+                except SaveError as e:
+                    if stopping:  # the stop has no checkpoint to leave on: a failure
+                        raise
+                    self._save_failed(step, str(e))
+                else:
+                    if result.committed:
+                        self._committed(step, result.seconds, result.path, result.nbytes, "sync")
         now = time.monotonic()
         if self.save_due_t != math.inf and self.settings.every_s:
             self.save_due_t = now + self.settings.every_s
@@ -260,18 +266,19 @@ class Runtime:
         if coordinated:
             self._leave_if_stopping(step)
 
+    def _save_failed(self, step: int, reason: str) -> None:
+        print(
+            f"rvsup: rank {self.rank}: the checkpoint of step {step} failed and is not "
+            f"committed (training goes on): {reason}",
+            file=sys.stderr,
+        )
+        if self.channel is not None:
+            self.channel.send(p.Kind.CKPT_FAILED, step=step, payload={"reason": reason})
+
     def _report(self, outcome: Outcome) -> None:
         """Tell the supervisor how an asynchronous save ended."""
         if outcome.failed is not None:
-            print(
-                f"rvsup: rank {self.rank}: the checkpoint of step {outcome.step} failed and is "
-                f"not committed (training goes on): {outcome.failed}",
-                file=sys.stderr,
-            )
-            if self.channel is not None:
-                self.channel.send(
-                    p.Kind.CKPT_FAILED, step=outcome.step, payload={"reason": outcome.failed}
-                )
+            self._save_failed(outcome.step, outcome.failed)
         elif outcome.committed:
             self._committed(
                 outcome.step,

@@ -70,11 +70,17 @@ from .layout import (
     temp_name,
 )
 
-__all__ = ["Checkpointer", "LoadResult", "SaveResult", "Stateful", "unwrap"]
+__all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
 _PAYLOAD_FORMAT: Final = 1  # of shared.pt and the rank files (their layout is unchanged)
 _PART_WAIT_S: Final = 600.0  # without a process group: how long rank 0 waits for the parts
 _READ_CHUNK: Final = 4 << 20
+
+
+class SaveError(RuntimeError):
+    """A save every rank agreed had failed on storage (a full disk, an I/O error): nothing of it
+    is committed, the previous checkpoint stays valid, and every rank raises this at the same
+    point, so training may go on. Any other error of a rank's own part is raised as it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +168,12 @@ class Checkpointer(Restorer):
         failed, tables = self._agree_parts_written(
             step, error is None, sums if sharded else [], 1 + _dcp.THREADS if sharded else 0
         )
+        if isinstance(error, OSError):
+            raise SaveError(f"step {step} is not committed: {error}") from error
         if error is not None:
             raise error
         if failed:
-            raise RuntimeError(f"rank(s) {failed} could not write step {step}; it is not committed")
+            raise SaveError(f"rank(s) {failed} could not write step {step}; it is not committed")
         committed, nbytes = False, 0
         if self.rank == 0:
             assert snap is not None
@@ -176,12 +184,14 @@ class Checkpointer(Restorer):
             except Exception as e:
                 commit_error = e
             self._share_commit_outcome(committed, nbytes)
+            if isinstance(commit_error, OSError):
+                raise SaveError(f"step {step} is not committed: {commit_error}") from commit_error
             if commit_error is not None:
                 raise commit_error
         else:
             ok, nbytes = self._share_commit_outcome(False, 0)
             if not ok:
-                raise RuntimeError(f"rank 0 could not commit step {step} (see its error)")
+                raise SaveError(f"rank 0 could not commit step {step}; it is not committed")
         return SaveResult(step, final, time.monotonic() - began, nbytes, committed)
 
     def stage_async(

@@ -107,8 +107,9 @@ class Kind(enum.IntEnum):
     # it, or null), resharded_from (that number when it differs from this job's, else null)
     LOADED = 10
     RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host, last_step
-    # step: the save that failed; payload: reason. An asynchronous save's background write
-    # failed: nothing of it is committed, the previous checkpoint stays, training goes on
+    # step: the save that failed; payload: reason. A background write failed, or a synchronous
+    # one on storage (ENOSPC, EIO): nothing of it is committed, the previous checkpoint stays,
+    # training goes on
     CKPT_FAILED = 12
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step

@@ -27,6 +27,7 @@ from supervisor.record.schema import (
     AttemptClosed,
     AttemptStarted,
     CheckpointCommitted,
+    CheckpointLoaded,
     Entry,
     Event,
     FailureDetected,
@@ -245,6 +246,8 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
         acc.started = at
         acc.resume_step = event.resume_step
         acc.slurm_job_id = event.slurm_job_id or acc.slurm_job_id
+    elif isinstance(event, CheckpointLoaded):  # what the ranks really loaded
+        acc.resume_step = event.resume_step
     elif isinstance(event, CheckpointCommitted):
         if acc.checkpoint_step is None or event.step >= acc.checkpoint_step:
             acc.checkpoint_step, acc.checkpoint_at = event.step, at

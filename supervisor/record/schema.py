@@ -32,6 +32,7 @@ __all__ = [
     "AttemptStarted",
     "CheckpointCommitted",
     "CheckpointFailed",
+    "CheckpointLoaded",
     "CheckpointSkipped",
     "Entry",
     "Event",
@@ -152,7 +153,8 @@ class CheckpointCommitted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointFailed(Event):
-    """A background (asynchronous) save failed; nothing of it was committed, training went on."""
+    """A save failed (on storage, or its background writer); nothing of it was committed,
+    training went on."""
 
     NAME = "checkpoint_failed"
     LEVEL = "warning"
@@ -176,6 +178,21 @@ class CheckpointSkipped(Event):
     """What was wrong with it."""
     rank: int | None
     """The rank that found out; None if unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointLoaded(Event):
+    """What the ranks loaded, as they report it; differs from attempt_started's when that one
+    proved corrupt on reading."""
+
+    NAME = "checkpoint_loaded"
+    LEVEL = "info"
+    resume_step: int
+    """The first step the ranks run: the loaded checkpoint's step + 1, or 0."""
+    checkpoint: str | None
+    """The checkpoint loaded; None when the ranks start from scratch."""
+    world_size: int | None = None
+    """The number of ranks that wrote it; None when unknown or from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -341,6 +358,7 @@ _CLASSES: Final = (
     CheckpointCommitted,
     CheckpointFailed,
     CheckpointSkipped,
+    CheckpointLoaded,
     FailureDetected,
     RestartScheduled,
     StopRequested,
@@ -450,7 +468,8 @@ def describe() -> str:
     """The events as a Markdown table (README's list): name, level, meaning, fields and types."""
     lines = ["| event | level | what | fields |", "|---|---|---|---|"]
     for name, cls in EVENTS.items():
-        doc = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
+        first_paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]
+        doc = " ".join(first_paragraph.split()).replace("``", "`")
         specs = ", ".join(f"`{s.name}` ({s.json_type})" for s in typed_json.specs(cls))
         lines.append(f"| `{name}` | {cls.LEVEL} | {doc} | {specs} |")
     return "\n".join(lines)

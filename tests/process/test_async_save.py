@@ -100,11 +100,11 @@ def test_kill9_in_each_phase_of_an_async_save_never_loads_it(
     assert run.ranks() == references[kind].ranks()
 
 
-def _async_job(tmp: Path, final: Path, **env: str) -> Path:
+def _async_job(tmp: Path, final: Path, *, asynchronous: bool = True, **env: str) -> Path:
     return write_rvsup_job(
         tmp,
         env={"FINAL": str(final), **env},
-        checkpoint="every_steps = 10\nasync = true",
+        checkpoint=f"every_steps = 10\nasync = {str(asynchronous).lower()}",
     )
 
 
@@ -159,14 +159,22 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_fails_one_async_save_and_nothing_is_lost(
-    tmp_path: Path, small_tmpfs: Path, reference_final: Path
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
+def test_a_full_disk_fails_one_save_and_nothing_is_lost(
+    tmp_path: Path, small_tmpfs: Path, reference_final: Path, asynchronous: bool
 ) -> None:
-    """ENOSPC in the checkpoint directory during a background write: checkpoint_failed (step,
-    rank, reason), nothing of that step committed, the previous checkpoint kept and valid,
-    training goes on, the next save (disk freed) commits, and the job ends bit-identical."""
+    """ENOSPC in the checkpoint directory during a save (a background write, or a synchronous
+    one that every rank agrees failed): checkpoint_failed (step, rank, reason), nothing of that
+    step committed, the previous checkpoint kept and valid, no failure, training goes on, the
+    next save (disk freed) commits, and the job ends bit-identical."""
     final = tmp_path / "final.pt"
-    job = _async_job(tmp_path, final, FAULT="fill:0:26,unfill:0:35", STEP_SLEEP="0.05")
+    job = _async_job(
+        tmp_path,
+        final,
+        asynchronous=asynchronous,
+        FAULT="fill:0:26,unfill:0:35",
+        STEP_SLEEP="0.05",
+    )
     text = job.read_text().replace('checkpoint_dir = "ckpt"', f'checkpoint_dir = "{small_tmpfs}"')
     job.write_text(text)
     res = rvsup("start", str(job), timeout=180)

@@ -59,11 +59,10 @@ def inject(kind: str, step: int) -> None:
         os._exit(0)
     if kind == "fill":  # fill the checkpoint directory's file system (a file named "filler")
         filler = Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler"
-        with open(filler, "ab") as f:
+        with open(filler, "ab", buffering=0) as f:  # unbuffered: closing it cannot fail
             try:
                 while True:
                     f.write(b"\0" * 2**16)
-                    f.flush()
             except OSError:
                 pass
     if kind == "unfill":

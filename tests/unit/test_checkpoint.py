@@ -326,7 +326,9 @@ def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:
 
 
 def test_failure_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """If writing a part fails, the step is not committed and the previous one stays newest."""
+    """If writing a part fails with a storage error, save() raises SaveError (which the runtime
+    reports as checkpoint_failed and trains on), the step is not committed and the previous one
+    stays newest."""
     t = Trainer(seed=1)
     make(tmp_path).save(1, t.objects, extra="one")
     real_save = torch.save
@@ -337,8 +339,9 @@ def test_failure_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.Mo
         real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr("torch.save", dies_on_rank_file)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(checkpoint.SaveError, match="step 2 is not committed: disk full") as err:
         make(tmp_path).save(2, t.objects, extra="two")
+    assert isinstance(err.value.__cause__, OSError)
     monkeypatch.undo()
     assert not (tmp_path / committed_name(2)).exists()
     assert make(tmp_path, tag="a2").load_latest(t.objects, None).extra == "one"

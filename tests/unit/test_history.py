@@ -23,6 +23,8 @@ from supervisor.record.history import (
 from supervisor.record.schema import (
     AttemptStarted,
     CheckpointCommitted,
+    CheckpointLoaded,
+    CheckpointSkipped,
     Event,
     FailureDetected,
     JobGaveUp,
@@ -418,3 +420,24 @@ def test_an_attempt_closed_by_a_later_start_ends_where_it_was_last_seen() -> Non
     assert first.seconds_lost == pytest.approx(7.0)
     assert second.outcome == "succeeded"
     assert unfinished(rows(after)) == []
+
+
+def test_the_resume_step_is_what_the_ranks_loaded() -> None:
+    """attempt_started announced step-149, which proved corrupt when read: the ranks fell back to
+    step-99 (checkpoint_loaded), so the row resumes at 100 and the crash before it lost the 50
+    steps redone, not 0."""
+    lines = [
+        ev(0, 0, job_started()),
+        ev(1, 1, attempt_started(0)),
+        ev(20, 1, committed(99)),
+        ev(30, 1, committed(149)),
+        ev(40, 1, failed("crash", 150, "rank 1 killed by SIGKILL at step 150", ranks=(1,))),
+        ev(41, 1, restart(0.5)),
+        ev(42, 2, attempt_started(150)),
+        ev(43, 2, CheckpointSkipped(path="/c/step-149", reason="damaged", rank=0)),
+        ev(44, 2, CheckpointLoaded(resume_step=100, checkpoint="/c/step-99", world_size=2)),
+        ev(60, 2, JobSucceeded(last_step=199)),
+    ]
+    first, second = rows(lines)
+    assert second.resume_step == 100
+    assert first.steps_lost == 51  # 150 - (100 - 1)

@@ -20,6 +20,7 @@ from supervisor.record.schema import (
     AttemptStarted,
     CheckpointCommitted,
     CheckpointFailed,
+    CheckpointLoaded,
     CheckpointSkipped,
     Entry,
     Event,
@@ -123,6 +124,7 @@ SAMPLES: list[Event] = [
     CheckpointCommitted(step=10, path="/c/step-10", seconds=1.2346, bytes=4096, source="sdk"),
     CheckpointFailed(step=20, rank=1, reason="OSError: [Errno 28] No space left on device"),
     CheckpointSkipped(path="/c/step-20", reason="torn", rank=None),
+    CheckpointLoaded(resume_step=11, checkpoint="/c/step-10", world_size=2),
     FailureDetected(
         kind="oom",
         ranks=(1, 0),

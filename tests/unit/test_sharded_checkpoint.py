@@ -268,8 +268,9 @@ def test_failure_before_the_sharded_write_commits_nothing(
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint, "write_durable", disk_full)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(checkpoint.SaveError, match="disk full") as err:
         ck(tmp_path).save(1, list(t), extra="one")
+    assert isinstance(err.value.__cause__, OSError)
     monkeypatch.undo()
     assert not (tmp_path / committed_name(1)).exists()
     assert not list(tmp_path.glob(".tmp-step-0000000001-*/dcp/*"))

@@ -1,0 +1,136 @@
+"""``python -m tests.chaos``: a seeded campaign of random fault schedules against real jobs.
+
+    python -m tests.chaos --runs 200 --seed 1        # a campaign; prints every run and a summary
+    python -m tests.chaos --smoke                    # the regression schedules and one drawn
+    python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
+
+Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
+its schedule line, which ``--replay`` runs again. Needs root for the ``enospc`` fault (a small
+tmpfs); without it that kind is left out, and the summary says so. Exit 0 when every invariant
+held in every run, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.process.harness import assert_same_state, load_final
+
+from .execute import Observed, execute, reference
+from .invariants import check
+from .schedule import KINDS, Schedule, draw, parse
+
+REGRESSIONS = (
+    # a crash, a stop by SIGTERM, the stop's checkpoint corrupted before the next start
+    "max_restarts=2 kill:1:13:1 term:-:20:2 corrupt:-:0:2",
+    # a SIGSTOPped rank, then a kill aimed at a save spends the budget: rvsup gives up (exit 3)
+    "max_restarts=1 sigstop:0:12:1 savekill:1:30:2",
+    # two ranks failing at one step, a full disk, rvsup killed and its checkpoint truncated
+    "max_restarts=2 kill:0:8:1 raise:1:8:1 enospc:0:9:2 daemonkill:-:30:2 truncate:-:0:2",
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    kinds = [k for k in KINDS if k != "enospc" or _can_mount()]
+    if args.replay:
+        schedules = [parse(args.replay)]
+    elif args.smoke:
+        drawn = draw(random.Random(f"{args.seed}:0"), kinds=kinds, max_endings=2)
+        schedules = [*(parse(t) for t in REGRESSIONS), drawn]
+    else:
+        schedules = [draw(random.Random(f"{args.seed}:{i}"), kinds=kinds) for i in range(args.runs)]
+    if not _can_mount():
+        print("not root: enospc faults (a full tmpfs) left out", flush=True)
+        schedules = [s for s in schedules if not s.needs_tmpfs]
+    root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
+    try:
+        ref = load_final(reference(root / "reference"))
+        results = [_one(i, s, root / f"run-{i:04d}", ref) for i, s in enumerate(schedules)]
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    summary = _summary(schedules, results)
+    print(json.dumps(summary, indent=1) if args.json else _table(summary), flush=True)
+    return 1 if summary["failed_runs"] else 0
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--smoke", action="store_true", help="regression schedules + 1 drawn")
+    mode.add_argument("--replay", metavar="SCHEDULE", help="run one schedule line")
+    p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument("--json", action="store_true", help="the summary as JSON")
+    return p.parse_args(argv)
+
+
+def _can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def _one(index: int, s: Schedule, workdir: Path, ref: Any) -> list[str]:
+    seen = execute(s, workdir)
+    problems = [*seen.errors, *_violations(s, seen, ref)]
+    verdict = "ok" if not problems else "FAIL"
+    print(f"run {index:4d} {seen.seconds:6.1f}s {verdict:4s} {s.text()}", flush=True)
+    for p in problems:
+        print(f"    {p}", flush=True)
+    if problems:
+        print(f"    replay: python -m tests.chaos --replay '{s.text()}'", flush=True)
+    return problems
+
+
+def _violations(s: Schedule, seen: Observed, ref: Any) -> list[str]:
+    out = check(
+        s,
+        exit_codes=seen.exit_codes,
+        events=seen.events,
+        save_killed=seen.save_killed,
+        damaged=seen.damaged,
+        history=seen.history,
+    )
+    out += [f"left behind: {line}" for line in seen.leftovers]
+    if not s.gives_up:
+        if seen.final is None or not seen.final.exists():
+            out.append("no final state written")
+        else:
+            try:
+                assert_same_state(ref, load_final(seen.final))
+            except AssertionError as e:
+                out.append(f"final state differs from the uninterrupted run: {e}")
+    return out
+
+
+def _summary(schedules: Sequence[Schedule], results: Sequence[list[str]]) -> dict[str, Any]:
+    faults = collections.Counter(f.kind for s in schedules for f in s.faults)
+    return {
+        "runs": len(schedules),
+        "faults": sum(faults.values()),
+        "faults_by_kind": dict(sorted(faults.items())),
+        "gave_up_as_expected": sum(1 for s in schedules if s.gives_up),
+        "failed_runs": sum(1 for r in results if r),
+        "violations": sum(len(r) for r in results),
+    }
+
+
+def _table(summary: dict[str, Any]) -> str:
+    lines = [f"{k:22s} {v}" for k, v in summary.items() if k != "faults_by_kind"]
+    lines += [f"  {k:20s} {v}" for k, v in summary["faults_by_kind"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

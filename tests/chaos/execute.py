@@ -1,0 +1,244 @@
+"""Run one schedule for real: ``rvsup start`` (again after every stop or kill of rvsup), the faults
+from outside aimed at their step, checkpoints damaged between starts; what happened, recorded.
+
+Every process of a run carries ``RVSUP_CHAOS_MARK`` (a fresh value per run) in its environment,
+so whatever outlives the run is found, reported and killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
+
+from .schedule import TOTAL_STEPS, Fault, Schedule
+
+__all__ = ["MARK", "Observed", "execute", "reference"]
+
+MARK = "RVSUP_CHAOS_MARK"
+STEP_SLEEP = "0.04"
+HANG_TIMEOUT = "4s"
+TMPFS_SIZE = "4m"  # a few dozen of the trainer's checkpoints
+BALLAST_MB = "48"  # makes a save last long enough to be aimed at
+RUN_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Observed:
+    """What one run did: exit code of every ``rvsup start``, its history, and the facts the
+    runner itself caused (the step each aimed kill struck, the checkpoints it damaged)."""
+
+    exit_codes: list[int] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    save_killed: dict[int, int] = field(default_factory=dict)
+    """attempt -> step of the checkpoint being written when a rank was killed."""
+    damaged: dict[int, str] = field(default_factory=dict)
+    """attempt -> checkpoint directory damaged after that attempt."""
+    leftovers: list[str] = field(default_factory=list)
+    history: str = ""
+    final: Path | None = None
+    errors: list[str] = field(default_factory=list)
+    """What went wrong in the runner itself (an aim missed, a timeout)."""
+    seconds: float = 0.0
+
+
+def reference(workdir: Path) -> Path:
+    """The final state of the chaos job run without faults."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    final = workdir / "final.pt"
+    job = _job(workdir, Schedule(0, ()), ckpt="ckpt", final=final)
+    res = rvsup("start", str(job), timeout=RUN_TIMEOUT_S)
+    if res.returncode != 0:
+        raise RuntimeError(f"the fault-free reference run failed: {res.stderr[-2000:]}")
+    return final
+
+
+def execute(schedule: Schedule, workdir: Path) -> Observed:
+    """Run ``schedule`` in ``workdir`` (created); never leaves a process behind."""
+    workdir.mkdir(parents=True)
+    final = workdir / "final.pt"
+    seen = Observed(final=final)
+    started = time.monotonic()
+    mark = uuid.uuid4().hex
+    with _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt:
+        job = _job(workdir, schedule, ckpt=str(ckpt), final=final)
+        try:
+            _invocations(schedule, job, ckpt, mark, seen, deadline=started + RUN_TIMEOUT_S)
+        except (TimeoutError, subprocess.TimeoutExpired) as e:
+            seen.errors.append(f"timed out: {e}")
+        finally:
+            seen.leftovers = _reap_marked(mark)
+    seen.events = events(workdir / "run")
+    seen.history = rvsup("history", str(job), timeout=60).stdout
+    seen.seconds = time.monotonic() - started
+    return seen
+
+
+def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
+    env = {"FINAL": str(final), "STEP_SLEEP": STEP_SLEEP, "FAULT": schedule.trainer_faults()}
+    if schedule.aims_at_saves:
+        env["BALLAST_MB"] = BALLAST_MB
+    job = write_job(
+        workdir,
+        name="chaos",
+        total=TOTAL_STEPS,
+        env=env,
+        heartbeat=f'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "{HANG_TIMEOUT}"',
+        restart=(
+            f'max_restarts = {schedule.max_restarts}\nbackoff = "0.1s"\nbackoff_max = "0.5s"\n'
+            "max_no_progress = 99"
+        ),
+    )
+    job.write_text(job.read_text().replace('checkpoint_dir = "ckpt"', f'checkpoint_dir = "{ckpt}"'))
+    return job
+
+
+def _invocations(
+    schedule: Schedule, job: Path, ckpt: Path, mark: str, seen: Observed, *, deadline: float
+) -> None:
+    outside = [f for f in schedule.faults if f.kind in ("term", "usr1", "daemonkill", "savekill")]
+    env = {**rvsup_env(), MARK: mark}
+    while True:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "start", str(job)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            ended_by_us = False
+            while outside and not ended_by_us:
+                fault = outside.pop(0)
+                ended_by_us = _strike(fault, proc, job, ckpt, seen, deadline)
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            seen.exit_codes.append(proc.returncode)
+            if proc.returncode not in (0, 3, 75, -signal.SIGKILL):
+                seen.errors.append(f"rvsup exited {proc.returncode}: {err[-1500:]}")
+        finally:
+            kill_tree(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=10)
+        if not ended_by_us:
+            return
+        for damage in schedule.in_attempt(fault.attempt):
+            if damage.kind in ("corrupt", "truncate"):
+                seen.damaged[damage.attempt] = _damage(ckpt, damage.kind)
+
+
+def _strike(
+    fault: Fault,
+    proc: subprocess.Popen[str],
+    job: Path,
+    ckpt: Path,
+    seen: Observed,
+    deadline: float,
+) -> bool:
+    """Wait for ``fault``'s attempt and step, then strike; True when rvsup itself was stopped."""
+    st = _wait_step(job, proc, fault, deadline)
+    if st is None:
+        seen.errors.append(f"{fault.text()}: rvsup ended before the fault's step")
+        return False
+    if fault.kind == "savekill":
+        saving = _wait_save(ckpt, proc, deadline)
+        if saving is None:
+            seen.errors.append(f"{fault.text()}: no save to aim at")
+            return False
+        victim = next(r["pid"] for r in st["ranks"] if r["rank"] == fault.rank)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+        seen.save_killed[fault.attempt] = saving
+        return False
+    sig = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "daemonkill": signal.SIGKILL}
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, sig[fault.kind])
+    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    if fault.kind == "daemonkill":
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        if alive:
+            seen.errors.append(f"survived the killed daemon: {[p.pid for p in alive]}")
+    return True
+
+
+def _wait_step(
+    job: Path, proc: subprocess.Popen[str], fault: Fault, deadline: float
+) -> dict[str, Any] | None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        st = status(job)
+        ranks = st["ranks"] if st else []
+        if (
+            st
+            and st["attempt"] == fault.attempt
+            and len(ranks) == 2
+            and min(r["last_step"] for r in ranks) >= fault.step
+        ):
+            return st
+        time.sleep(0.05)
+    raise TimeoutError(f"waiting for step {fault.step} of attempt {fault.attempt}")
+
+
+def _wait_save(ckpt: Path, proc: subprocess.Popen[str], deadline: float) -> int | None:
+    """The step of the first checkpoint seen being written."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        for tmp in ckpt.glob(".tmp-step-*"):
+            return int(tmp.name.split("-")[2])
+        time.sleep(0.002)
+    return None
+
+
+def _damage(ckpt: Path, kind: str) -> str:
+    """Flip bytes in the middle of (or truncate) the largest file of the newest checkpoint."""
+    newest = max(ckpt.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    victim = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if kind == "truncate":
+        victim.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+        victim.write_bytes(data)
+    return str(newest)
+
+
+@contextlib.contextmanager
+def _checkpoint_dir(workdir: Path, *, tmpfs: bool) -> Any:
+    path = workdir / "ckpt"
+    path.mkdir()
+    if not tmpfs:
+        yield path
+        return
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs", str(path)]
+    subprocess.run(mount, check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _reap_marked(mark: str) -> list[str]:
+    """Command lines of the processes still carrying ``mark`` (killed, then waited for)."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get(MARK) == mark:
+                found.append(p)
+    lines = []
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            lines.append(" ".join(p.cmdline())[:200])
+            p.kill()
+    psutil.wait_procs(found, timeout=10)
+    return lines

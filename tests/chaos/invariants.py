@@ -1,0 +1,174 @@
+"""What must hold after a chaos run, whatever was injected: a pure function of the schedule and
+what was observed, returning every violation in words.
+
+- every ``rvsup start`` exits as its ending demands (75 after SIGTERM/SIGUSR1, killed after
+  SIGKILL, then 0, or 3 when the budget runs out);
+- one ``attempt_started`` per attempt; its ranks report (``checkpoint_loaded``) a checkpoint
+  that was committed, resuming at its step + 1, never a damaged or torn one; a damaged
+  checkpoint is reported skipped;
+- each attempt ends as its fault demands: the failure kind, the rank named first, the last step
+  within one step of where the fault struck; a stop as ``job_stopped``; a lost daemon as
+  ``attempt_closed`` "supervisor lost";
+- the budget arithmetic: one charged ``restart_scheduled`` per charged failure (none for the one
+  that spends the budget), ``restarts_left`` counting down from ``max_restarts``;
+- a full disk shows as ``checkpoint_failed`` ("No space left") in its window, and nothing else;
+- the job ends with ``job_succeeded`` or ``job_gave_up``; ``rvsup history`` has no attempt
+  left ``unknown`` or ``running``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, Schedule
+
+__all__ = ["check", "expected_exit_codes"]
+
+_STOPS = {"term": 75, "usr1": 75, "daemonkill": -9}
+_STOP_KINDS = frozenset({"preempted", "timelimit", "stopped"})
+
+
+def expected_exit_codes(s: Schedule) -> list[int]:
+    """Exit code of every ``rvsup start`` of the run, in order."""
+    codes = []
+    for attempt in range(1, s.attempts + 1):
+        ending = s.ending(attempt)
+        if ending and ending[0].kind in _STOPS:
+            codes.append(_STOPS[ending[0].kind])
+    return [*codes, s.exit_code]
+
+
+def check(
+    s: Schedule,
+    *,
+    exit_codes: Sequence[int],
+    events: Sequence[Mapping[str, Any]],
+    save_killed: Mapping[int, int],
+    damaged: Mapping[int, str],
+    history: str,
+) -> list[str]:
+    """Every invariant ``events`` (the run's ``events.jsonl``) and the rest break."""
+    out: list[str] = []
+    want = expected_exit_codes(s)
+    if list(exit_codes) != want:
+        out.append(f"exit codes {list(exit_codes)}, expected {want}")
+    out += _resumes(s, events, damaged)
+    for attempt in range(1, s.attempts + 1):
+        out += _ending(s, attempt, events, save_killed)
+        out += _full_disk(s, attempt, events)
+    out += _budget(s, events)
+    final = "job_gave_up" if s.gives_up else "job_succeeded"
+    if not _named(events, final):
+        out.append(f"no {final} event")
+    if "unknown" in history or "running" in history:
+        out.append("rvsup history leaves an attempt unknown or running")
+    return out
+
+
+def _named(events: Sequence[Mapping[str, Any]], name: str, attempt: int | None = None) -> list[Any]:
+    return [
+        e for e in events if e["event"] == name and (attempt is None or e.get("attempt") == attempt)
+    ]
+
+
+def _resumes(
+    s: Schedule, events: Sequence[Mapping[str, Any]], damaged: Mapping[int, str]
+) -> list[str]:
+    out = []
+    started = sorted(e["attempt"] for e in _named(events, "attempt_started"))
+    if started != list(range(1, s.attempts + 1)):
+        out.append(f"attempts started {started}, expected 1..{s.attempts}")
+    committed = {e["path"]: e["step"] for e in _named(events, "checkpoint_committed")}
+    skipped = {e["path"] for e in _named(events, "checkpoint_skipped")}
+    for attempt in started:
+        loaded = _named(events, "checkpoint_loaded", attempt)
+        if len(loaded) != 1:
+            out.append(f"attempt {attempt}: {len(loaded)} checkpoint_loaded events, expected 1")
+            continue
+        path, resume = loaded[0]["checkpoint"], loaded[0]["resume_step"]
+        if path is None:
+            if resume != 0:
+                out.append(f"attempt {attempt} resumes at {resume} from no checkpoint")
+            continue
+        if committed.get(path) != resume - 1:
+            out.append(f"attempt {attempt} resumes from {path}, never committed as its step")
+        bad = [a for a, p in damaged.items() if p == path and a < attempt]
+        if bad:
+            out.append(f"attempt {attempt} loads {path}, damaged after attempt {bad[0]}")
+    for attempt, path in damaged.items():
+        if path not in skipped:
+            out.append(f"the checkpoint damaged after attempt {attempt} is not reported skipped")
+    return out
+
+
+def _ending(
+    s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]], save_killed: Mapping[int, int]
+) -> list[str]:
+    ending = s.ending(attempt)
+    failures = _named(events, "failure_detected", attempt)
+    where = f"attempt {attempt}"
+    if not ending:
+        return [f"{where}: unexpected failure {f['kind']}: {f['detail']}" for f in failures]
+    kind = ending[0].kind
+    if kind in ("term", "usr1"):
+        out = [
+            f"{where}: failure {f['kind']} during a stop"
+            for f in failures
+            if f["kind"] not in _STOP_KINDS
+        ]
+        if not _named(events, "job_stopped", attempt):
+            out.append(f"{where}: no job_stopped")
+        return out
+    if kind == "daemonkill":
+        closed = [e["outcome"] for e in _named(events, "attempt_closed", attempt)]
+        out = [f"{where}: unexpected failure {f['kind']}" for f in failures]
+        return out if closed == ["supervisor lost"] else [*out, f"{where}: closed as {closed}"]
+    if len(failures) != 1:
+        return [f"{where}: {len(failures)} failure_detected events, expected 1 ({kind})"]
+    (f,) = failures
+    out = []
+    want = FAILURE_KIND[kind]
+    if f["kind"] != want:
+        out.append(f"{where}: {kind} reported as {f['kind']} ({f['detail']}), expected {want}")
+    ranks = {g.rank for g in ending}
+    if not f["ranks"] or not set(f["ranks"]) <= {0, 1}:
+        out.append(f"{where}: ranks {f['ranks']}")
+    elif len(ending) == 1 and f["ranks"][0] not in ranks:
+        out.append(f"{where}: {kind} of rank {ending[0].rank} blames ranks {f['ranks']}")
+    struck = save_killed.get(attempt, ending[0].step) if kind == "savekill" else ending[0].step
+    if f["last_step"] not in (struck - 1, struck):
+        out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
+    return out
+
+
+def _full_disk(s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for f in s.in_attempt(attempt):
+        if f.kind != "enospc":
+            continue
+        window = range(f.step, f.step + ENOSPC_STEPS + 1)
+        failed = [
+            e
+            for e in _named(events, "checkpoint_failed", attempt)
+            if e["step"] in window and "No space left" in e["reason"]
+        ]
+        if not failed:
+            out.append(f"attempt {attempt}: no checkpoint_failed (No space left) in {window}")
+    return out
+
+
+def _budget(s: Schedule, events: Sequence[Mapping[str, Any]]) -> list[str]:
+    charged_endings = sum(
+        1 for a in range(1, s.attempts + 1) if s.ending(a) and s.ending(a)[0].kind in CHARGED
+    )
+    want_restarts = charged_endings - (1 if s.gives_up else 0)
+    restarts = [e for e in _named(events, "restart_scheduled") if e["charged"]]
+    out = []
+    if len(restarts) != want_restarts:
+        out.append(f"{len(restarts)} charged restarts, expected {want_restarts}")
+    left = [e["restarts_left"] for e in restarts]
+    want_left = [s.max_restarts - k for k in range(1, len(restarts) + 1)]
+    if left != want_left:
+        out.append(f"restarts_left {left}, expected {want_left}")
+    return out
