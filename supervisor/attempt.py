@@ -24,7 +24,7 @@ from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
-from supervisor.ranks.diagnostics import read_stacks, read_steps, read_stopped
+from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
@@ -123,6 +123,7 @@ class Attempt:
         self._noticed_at: float | None = None
         self._settling: asyncio.Task[None] | None = None
         self._verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
+        self._steps_final = False  # last steps fixed when a hang was caught
         self._done: asyncio.Future[_Ending] | None = None
         self._stop_deadline = float("inf")
         self._t0 = self._last_commit_t = clock.monotonic()
@@ -142,10 +143,15 @@ class Attempt:
             self.tree.start(self._on_launcher_exit, self._on_rank_exit)
             ending = await run_beside(self._done, loops)
             if ending is _Ending.HANG:
+                # the steps as they were when the hang was caught: a stopped rank continued to
+                # dump its stacks goes on training while the diagnostics are collected
+                self.refresh_steps()
+                self._steps_final = True
                 diagnostics = await self.tree.collect_stacks(self.diag_dir)
                 self._verdict = culprits.judge(
                     read_stacks(self.diag_dir, self.world_size),
                     read_stopped(self.diag_dir, self.world_size),
+                    read_flights(self.diag_dir, self.world_size),
                 )
             if ending in (_Ending.FAILED, _Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
@@ -258,7 +264,7 @@ class Attempt:
             self._exact_step(rank, step)
 
     def _exact_step(self, rank: int, step: object) -> None:
-        if not isinstance(step, int) or isinstance(step, bool):
+        if self._steps_final or not isinstance(step, int) or isinstance(step, bool):
             return
         for st in self.ranks:
             if st.rank == rank and step > st.last_step:

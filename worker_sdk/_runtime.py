@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from . import _flight
 from . import protocol as p
 from ._settings import Settings
 from .checkpoint import Checkpointer, LoadResult, SaveError, Stateful
@@ -165,6 +166,7 @@ class Runtime:
         faulthandler.register(
             self.settings.dump_signal, file=self._dump_file, all_threads=True, chain=False
         )
+        _flight.arm(diag, self.rank)
 
     def _set_periodic(self, last_finished: int) -> None:
         n = self.settings.every_steps

@@ -41,6 +41,23 @@ def stacks_file(rank: int) -> str:
     return f"rank-{rank:05d}.stacks"
 
 
+FLIGHT_RECORDER_ENV: Final = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""c10d's flight-recorder sizes (entries), the current name first; above 0 it records."""
+FLIGHT_RECORDER_ENTRIES: Final = 2000
+"""The size rvsup gives the ranks when the job sets neither variable (0 there turns it off)."""
+
+
+def flight_fifo_file(rank: int) -> str:
+    """``rank-00001.flight.fifo``: a FIFO in the diagnostics folder; a byte written to it makes
+    rank ``rank`` dump torch's flight recorder (see worker_sdk._flight)."""
+    return f"rank-{rank:05d}.flight.fifo"
+
+
+def flight_file(rank: int) -> str:
+    """``rank-00001.flight.json``: rank ``rank``'s flight-recorder dump (torch's JSON)."""
+    return f"rank-{rank:05d}.flight.json"
+
+
 def step_slot_file(rank: int) -> str:
     """``rank-00001.step``: in the diagnostics folder, 8 bytes (signed, little-endian) that rank
     ``rank`` overwrites with its last finished step after every step (through a shared mapping:

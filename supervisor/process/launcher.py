@@ -115,6 +115,9 @@ def build_plan(
     env.update(cfg.job.env)
     env.update(rank_env)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if not any(name in env for name in p.FLIGHT_RECORDER_ENV):
+        # c10d records collectives (gloo too): a hang's diagnostics get the flight recorders
+        env[p.FLIGHT_RECORDER_ENV[0]] = str(p.FLIGHT_RECORDER_ENTRIES)
     nnodes, nproc = resolve_sizes(cfg, alloc, env)
     log_dir = rundir.logs_dir(cfg.job.run_dir, attempt)
     tr = [

@@ -20,7 +20,7 @@ import psutil
 from supervisor.loops import shielded
 from supervisor.process import launcher, proctree
 from supervisor.process.launcher import LaunchPlan
-from supervisor.ranks import diagnostics
+from supervisor.ranks import diagnostics, native
 from supervisor.ranks.exits import ExitLedger
 from supervisor.rules.failures import RankExit
 from supervisor.slurm import commands as slurm
@@ -115,8 +115,11 @@ class AttemptTree:
             self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
 
     async def collect_stacks(self, directory: Path) -> str | None:
-        """Every known rank's Python stacks into ``directory`` (at most a second)."""
-        return await diagnostics.collect_stacks(self._ledger.known_ranks(), directory)
+        """Every known rank's Python stacks and flight recorder into ``directory`` (at most a
+        second), and its native stacks where py-spy is installed (a few seconds at most)."""
+        return await diagnostics.collect_stacks(
+            self._ledger.known_ranks(), directory, native.find_py_spy()
+        )
 
     async def lost_nodes(self) -> tuple[str, ...]:
         """The allocation's nodes Slurm says are gone (a probe step: seconds); () off Slurm."""

@@ -1,8 +1,12 @@
-"""Evidence from the ranks' node: the Python stacks of a hung group, the ranks' step slots.
+"""Evidence from the ranks' node: the Python stacks and flight recorders of a hung group, the
+ranks' step slots.
 
 The SDK arms faulthandler on ``protocol.DUMP_SIGNAL`` (SIGUSR2) in ``resume()``, writing every
 thread's stack to ``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler
 is C code, so it answers even while the rank blocks in a collective or holds the GIL in a loop.
+Where c10d records collectives, a byte written to ``rank-NNNNN.flight.fifo`` makes the rank dump
+torch's flight recorder to ``rank-NNNNN.flight.json`` (see worker_sdk._flight). Where py-spy
+is installed, ``rank-NNNNN.native`` holds the native stacks (see :mod:`supervisor.ranks.native`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from supervisor.process import proctree
+from supervisor.ranks import native
 from worker_sdk import protocol as p
 
-__all__ = ["DUMP_WAIT_S", "collect_stacks", "read_stacks", "read_steps", "read_stopped"]
+__all__ = [
+    "DUMP_WAIT_S",
+    "collect_stacks",
+    "read_flights",
+    "read_stacks",
+    "read_steps",
+    "read_stopped",
+    "request_flight",
+]
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
 _SETTLE_S = 0.05  # a dump is complete once its file has not grown for this long
@@ -29,8 +42,12 @@ def stopped_file(rank: int) -> str:
     return f"rank-{rank:05d}.stopped"
 
 
-async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | None:
-    """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S.
+async def collect_stacks(
+    ranks: Mapping[int, int], directory: Path, py_spy: str | None = None
+) -> str | None:
+    """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S;
+    ask the ranks that serve one for their flight recorder; with ``py_spy``, take every rank's
+    native stacks meanwhile (at most native.NATIVE_WAIT_S).
 
     A stopped rank is noted (``rank-NNNNN.stopped``: it is a culprit whatever its dump says) and
     continued so that it can answer; to keep that window (in which it runs again) short, the
@@ -46,10 +63,20 @@ async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | Non
             if proctree.is_stopped(pid):
                 _note_stopped(directory, rank)
                 os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
+    flights = {
+        path: _identity(path)
+        for rank in ranks.values()
+        if request_flight(directory, rank)
+        for path in [directory / p.flight_file(rank)]
+    }
+    natives = None
+    if py_spy is not None and ranks:
+        directory.mkdir(parents=True, exist_ok=True)
+        natives = asyncio.ensure_future(native.collect_native(ranks, directory, py_spy))
     deadline = time.monotonic() + DUMP_WAIT_S
     waiting = set(files)
     grew_at: dict[int, float] = {}
-    while waiting and time.monotonic() < deadline:
+    while (waiting or flights) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
         now = time.monotonic()
         for pid in list(waiting):
@@ -58,7 +85,37 @@ async def collect_stacks(ranks: Mapping[int, int], directory: Path) -> str | Non
                 sizes[pid], grew_at[pid] = size, now
             elif pid in grew_at and now - grew_at[pid] >= _SETTLE_S:
                 waiting.discard(pid)  # written, and no longer growing: the dump is complete
+        for path, before in list(flights.items()):
+            if _identity(path) != before:
+                del flights[path]  # renamed into place: complete
+    if natives is not None:
+        await natives  # each py-spy is bounded (and killed) by its own deadline
     return str(directory) if directory.is_dir() else None
+
+
+def request_flight(directory: Path, rank: int) -> bool:
+    """Ask rank ``rank`` for a flight-recorder dump; False when it does not serve one (the
+    FIFO is missing or has no reader: collectives not recorded, or an older SDK)."""
+    try:
+        fd = os.open(directory / p.flight_fifo_file(rank), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader; ENOENT: no FIFO
+        return False
+    try:
+        os.write(fd, b"d")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def read_flights(directory: Path, world_size: int) -> dict[int, str]:
+    """The flight-recorder dumps (torch's JSON) of the ranks that wrote one in ``directory``."""
+    dumps: dict[int, str] = {}
+    for rank in range(world_size):
+        with contextlib.suppress(OSError):
+            dumps[rank] = (directory / p.flight_file(rank)).read_text(errors="replace")
+    return dumps
 
 
 def read_stacks(directory: Path, world_size: int) -> dict[int, str]:
@@ -88,6 +145,14 @@ def _note_stopped(directory: Path, rank: int) -> None:
         (directory / stopped_file(rank)).write_text(
             "stopped by a signal (process state T) when the hang was caught; continued to dump\n"
         )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def _size(path: Path) -> int:

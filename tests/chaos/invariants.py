@@ -137,7 +137,10 @@ def _ending(
     elif len(ending) == 1 and f["ranks"][0] not in ranks:
         out.append(f"{where}: {kind} of rank {ending[0].rank} blames ranks {f['ranks']}")
     struck = save_killed.get(attempt, ending[0].step) if kind == "savekill" else ending[0].step
-    if f["last_step"] not in (struck - 1, struck):
+    # within one step: the step before, the one struck or, for a kill aimed at a save (which
+    # lands a moment after the save was seen), the step the rank went on to run
+    near = (struck - 1, struck, struck + 1) if kind == "savekill" else (struck - 1, struck)
+    if f["last_step"] not in near:
         out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
     return out
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.ranks import native
+
 from .harness import events, named, rvsup, write_job
 
 pytestmark = pytest.mark.process
@@ -61,11 +63,27 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
     tmp_path: Path, fault: str, culprit: int, where: str | None
 ) -> None:
     """SIGSTOP, a sleep in the loop, mismatched collectives (a real gloo hang): each is caught within
-    hang_timeout + 1 s, every rank's stack is on disk, the restarted job completes, and where one
-    rank is outside any collective while the other waits in one, that rank is named first."""
+    hang_timeout + 1 s, every rank's Python and native stacks and flight recorder are on disk, the
+    restarted job
+    completes, and the culprit is named first: the rank outside any collective while the other
+    waits in one or, where both wait inside torch (a receive, an all-reduce), the rank that the
+    flight recorders show a collective behind."""
     evs = _run_hanging_job(tmp_path, fault, f'"{HANG_TIMEOUT}s"')
     hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=culprit)
-    if not fault.startswith("mismatch"):  # there both ranks wait in c10d (recv, all-reduce)
+    diag = Path(str(hang["diagnostics"]))
+    assert {f.name for f in diag.glob("rank-*.flight.json")} == {
+        "rank-00000.flight.json",
+        "rank-00001.flight.json",
+    }, diag
+    if native.find_py_spy() is not None:  # the test extra installs it: the daemon finds it too
+        stacks = {f.name: f.read_text() for f in diag.glob("rank-*.native")}
+        assert set(stacks) == {"rank-00000.native", "rank-00001.native"}, diag
+        assert all("Thread" in text for text in stacks.values()), stacks
+    if fault.startswith("mismatch"):  # both wait in c10d: the stacks cannot tell
+        assert hang["ranks"] == [0, 1], hang
+        assert "flight recorder: rank 0 enqueued collective" in str(hang["detail"]), hang
+        assert "rank 1 waits in collective" in str(hang["detail"]), hang
+    else:
         assert hang["ranks"] == [1, 0], hang
         detail = str(hang["detail"])
         named_first = "rank 1 was stopped by a signal" if "sigstop" in fault else "rank 1 is not"

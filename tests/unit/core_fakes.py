@@ -122,6 +122,9 @@ class FakeTree:
     started: bool = False
     torn_down: bool = False
     stacks_collected: bool = False
+    steps_while_dumping: int | None = None
+    """A step every rank's slot says once the stacks are collected (a stopped rank continued to
+    dump goes on training)."""
     watched: dict[int, int] = field(default_factory=dict)
     _exits: list[RankExit] = field(default_factory=list)
     _on_launcher_exit: Callable[[int], None] | None = None
@@ -155,6 +158,11 @@ class FakeTree:
 
     async def collect_stacks(self, directory: Path) -> str | None:
         self.stacks_collected = True
+        if self.steps_while_dumping is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            for rank in range(WORLD):
+                slot = directory / p.step_slot_file(rank)
+                slot.write_bytes(self.steps_while_dumping.to_bytes(8, "little", signed=True))
         return str(directory)
 
     async def lost_nodes(self) -> tuple[str, ...]:

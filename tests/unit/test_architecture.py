@@ -20,6 +20,7 @@ _PURE_IMPORTS = frozenset(
         "collections.abc",
         "dataclasses",
         "enum",
+        "json",  # parsing text handed in (flight-recorder dumps)
         "math",
         "re",  # parsing text handed in (stack dumps)
         "signal",  # signal names only (signal.Signals); nothing is sent
@@ -28,6 +29,7 @@ _PURE_IMPORTS = frozenset(
         "typing",
         "sortedcontainers",
         "supervisor.record.schema",  # the history's event dataclasses (pure: test_schema.py)
+        "supervisor.record.typed_json",  # the schema's readers of JSON values (pure)
         "worker_sdk.protocol",  # exit codes and names shared with the SDK
     }
 )

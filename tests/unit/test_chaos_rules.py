@@ -129,3 +129,20 @@ def test_kinds_are_partitioned() -> None:
     """Every ending kind is either inside a rank or from outside."""
     assert set(ENDING) == set(IN_RANK) | set(EXTERNAL)
     assert not set(IN_RANK) & set(EXTERNAL)
+
+
+@pytest.mark.parametrize(("last_step", "ok"), [(8, True), (9, True), (10, True), (11, False)])
+def test_a_kill_aimed_at_a_save_may_land_in_the_next_step(last_step: int, ok: bool) -> None:
+    """A kill aimed at the save of step 9 lands a moment after the save was seen: the failure
+    may name step 8, 9 or the step 10 the rank went on to run, never 11."""
+    events = _crash_then_success()
+    events[3] = {**events[3], "last_step": last_step}
+    found = check(
+        parse("max_restarts=2 savekill:1:5:1"),
+        exit_codes=[0],
+        events=events,
+        save_killed={1: 9},
+        damaged={},
+        history="1 crash\n2 succeeded",
+    )
+    assert (not any("reported at last step" in v for v in found)) is ok, found

@@ -145,6 +145,22 @@ def test_hang_found_in_virtual_time(tmp_path: Path) -> None:
     assert tree.stacks_collected and tree.torn_down
 
 
+def test_a_hang_names_the_steps_seen_when_it_was_caught(tmp_path: Path) -> None:
+    """Steps the ranks finish while their stacks are collected (a stopped rank is continued to
+    dump, and trains on) are not the hang's: ``last_step`` is the step when it was caught."""
+
+    async def silent_then_trains_while_dumping(
+        tree: FakeTree, ch: FakeChannel, clock: FakeClock
+    ) -> None:
+        tree.steps_while_dumping = 40
+        await falls_silent(tree, ch, clock)
+
+    rig = Rig(tmp_path, [silent_then_trains_while_dumping, succeeds])
+    assert rig.run() == ExitCode.OK
+    (failure,) = rig.named("failure_detected")
+    assert (failure["kind"], failure["last_step"]) == ("hang", 3)
+
+
 def test_a_loop_raising_ends_the_run_and_tears_down(tmp_path: Path) -> None:
     """An exception in the receive loop does not leave the attempt waiting: run() raises
     LoopFailedError naming the loop, after the attempt's tree was torn down."""

@@ -1,10 +1,23 @@
-"""A hang's culprits from the ranks' faulthandler dumps: the ranks not waiting in a collective."""
+"""A hang's culprits from the ranks' faulthandler dumps (the ranks not waiting in a collective)
+and from their flight recorders (the ranks behind the others)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from supervisor.rules.culprits import Frame, collective_of, judge, main_thread, where
+from supervisor.rules.culprits import (
+    FlightStatus,
+    Frame,
+    Verdict,
+    collective_of,
+    flight_status,
+    flight_verdict,
+    judge,
+    main_thread,
+    where,
+)
 
 SITE = "/venv/lib/python3.11/site-packages"
 
@@ -101,13 +114,7 @@ def test_judge(dumps: dict[int, str], culprits: tuple[int, ...] | None, detail: 
     """Culprits only when some ranks wait in a collective and others do not; a rank that wrote
     no stack next to waiting ones is a culprit too, one whose dump was cut short is left out;
     otherwise no verdict."""
-    verdict = judge(dumps)
-    if culprits is None:
-        assert verdict is None
-    else:
-        assert verdict is not None
-        assert verdict.culprits == culprits
-        assert detail is None or verdict.detail == detail
+    _check(judge(dumps), culprits, detail)
 
 
 @pytest.mark.parametrize(
@@ -136,3 +143,112 @@ def test_a_stopped_rank_is_a_culprit_whatever_its_dump(
         assert verdict is not None
         assert verdict.culprits == culprits
         assert "stopped by a signal" in verdict.detail
+
+
+def flight(enqueued: int, completed: int, *ops: str, group: str = "0") -> str:
+    """A flight-recorder dump in torch 2.13's JSON: collectives ``ops`` recorded in ``group``,
+    the last of them number ``enqueued`` (gloo records no point-to-point receives)."""
+    first = enqueued - len(ops) + 1
+    entries = [
+        {
+            "record_id": i,
+            "collective_seq_id": first + i,
+            "process_group": [group, "default_pg"],
+            "profiling_name": op,
+            "state": "scheduled",
+        }
+        for i, op in enumerate(ops)
+    ]
+    status = {
+        group: {
+            "last_enqueued_collective": str(enqueued),
+            "last_completed_collective": str(completed),
+            "last_started_collective": "-1",
+        }
+    }
+    return json.dumps({"version": "2.10", "entries": entries, "pg_status": status})
+
+
+@pytest.mark.parametrize(
+    ("flights", "culprits", "detail"),
+    [
+        # rank 1 waits in collective 41, which rank 0 (blocked in a receive) never enqueued
+        (
+            {0: flight(40, 40, "gloo:all_reduce"), 1: flight(41, 40, "gloo:all_reduce")},
+            (0,),
+            (
+                "flight recorder: rank 0 enqueued collective 40 last (gloo:all_reduce, "
+                "completed); rank 1 waits in collective 41 (gloo:all_reduce) of group 0"
+            ),
+        ),
+        (
+            {0: flight(7, 6, "a"), 1: flight(5, 4, "b"), 2: flight(7, 6, "a"), 3: flight(4, 4)},
+            (1, 3),
+            (
+                "flight recorder: rank 1 enqueued collective 5 last (b, not completed); "
+                "rank 3 enqueued collective 4 last (completed); "
+                "ranks 0, 2 wait in collective 7 (a) of group 0"
+            ),
+        ),
+        # everybody in the same collective, or all done: nobody singled out
+        ({0: flight(9, 8, "a"), 1: flight(9, 8, "a")}, None, None),
+        ({0: flight(9, 9, "a"), 1: flight(8, 8, "a")}, None, None),
+        # one dump, or dumps that are not torch's JSON
+        ({0: flight(9, 8, "a")}, None, None),
+        ({0: "not json", 1: "{}", 2: "[]"}, None, None),
+        # a subgroup only one rank dumped is skipped; the default group decides
+        (
+            {0: flight(3, 2, "x", group="1"), 1: flight(3, 3, "y", group="1")},
+            None,
+            None,
+        ),
+    ],
+)
+def test_flight_verdict(
+    flights: dict[int, str], culprits: tuple[int, ...] | None, detail: str | None
+) -> None:
+    """By the flight recorders, the culprits are the ranks that enqueued fewer collectives of a
+    group than those waiting in the next one."""
+    _check(flight_verdict(flights), culprits, detail)
+
+
+def test_the_flight_recorder_names_what_the_stacks_cannot() -> None:
+    """Both ranks inside torch (a receive nobody sends, an all-reduce): the stacks single nobody
+    out, the flight recorders name rank 0."""
+    dumps = {0: WAITING_IN_ALL_REDUCE, 1: WAITING_IN_BACKWARD}
+    flights = {0: flight(40, 40, "gloo:all_reduce"), 1: flight(41, 40, "gloo:all_reduce")}
+    assert judge(dumps) is None
+    verdict = judge(dumps, (), flights)
+    assert verdict is not None
+    assert verdict.culprits == (0,)
+    assert verdict.detail.startswith("flight recorder: rank 0")
+
+
+def test_stacks_first_then_the_flight_recorders() -> None:
+    """When both name culprits, the stacks' come first and the flight recorders' are added; the
+    detail says both."""
+    dumps = {0: WAITING_IN_ALL_REDUCE, 1: SLEEPING, 2: WAITING_IN_ALL_REDUCE}
+    flights = {0: flight(5, 4, "a"), 1: flight(4, 4, "a"), 2: flight(4, 4, "b")}
+    verdict = judge(dumps, (), flights)
+    assert verdict is not None
+    assert verdict.culprits == (1, 2)
+    assert verdict.detail.startswith("rank 1 is not in a collective")
+    assert "; flight recorder: rank 1 enqueued collective 4 last" in verdict.detail
+
+
+def test_flight_status_reads_every_group() -> None:
+    """Per group: last enqueued, last completed, the last enqueued collective's name."""
+    text = flight(12, 11, "gloo:broadcast", "gloo:all_reduce")
+    assert flight_status(text) == {"0": FlightStatus(12, 11, "gloo:all_reduce")}
+    assert flight_status(flight(12, 12)) == {"0": FlightStatus(12, 12, "")}
+    assert flight_status('{"pg_status": {"0": {"last_enqueued_collective": "x"}}}') == {}
+
+
+def _check(verdict: Verdict | None, culprits: tuple[int, ...] | None, detail: str | None) -> None:
+    """No verdict where ``culprits`` is None; else these culprits (and ``detail`` unless None)."""
+    if culprits is None:
+        assert verdict is None
+    else:
+        assert verdict is not None
+        assert verdict.culprits == culprits
+        assert detail is None or verdict.detail == detail
