@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -47,36 +48,54 @@ async def collect_stacks(
 ) -> str | None:
     """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S;
     ask the ranks that serve one for their flight recorder; with ``py_spy``, take every rank's
-    native stacks meanwhile (at most native.NATIVE_WAIT_S).
+    native stacks then (at most native.NATIVE_WAIT_S).
 
     A stopped rank is noted (``rank-NNNNN.stopped``: it is a culprit whatever its dump says) and
-    continued so that it can answer; to keep that window (in which it runs again) short, the
-    files are polled and the wait ends as soon as every rank's file has grown and then stayed
-    the same for a moment (a dump in progress is not read half written). Returns the directory,
-    or None when nothing was written.
+    answers last: first the running ranks dump (they cannot progress while it is stopped), then
+    they are stopped in turn and the stopped ranks continued to answer, then stopped again. So no
+    rank finishes a step or commits a checkpoint after the hang was caught (the teardown
+    continues every rank it terminates). Files are polled, and the wait ends as soon as every
+    rank's file has grown and then stayed the same for a moment (a dump in progress is not read
+    half written). Returns the directory, or None when nothing was written.
     """
+    stopped = {pid: rank for pid, rank in ranks.items() if proctree.is_stopped(pid)}
+    running = {pid: rank for pid, rank in ranks.items() if pid not in stopped}
+    for rank in stopped.values():
+        _note_stopped(directory, rank)
+    await _dump(running, directory, py_spy)
+    if stopped:
+        _signal_all(running, signal.SIGSTOP)
+        await _dump(stopped, directory, py_spy, continued=True)
+        _signal_all(stopped, signal.SIGSTOP)
+    return str(directory) if directory.is_dir() else None
+
+
+async def _dump(
+    ranks: Mapping[int, int], directory: Path, py_spy: str | None, *, continued: bool = False
+) -> None:
+    """Stacks, flight recorders and native stacks of ``ranks``; with ``continued``, the ranks
+    are stopped and continued once signalled (they handle the pending signal then)."""
+    if not ranks:
+        return
     files = {pid: directory / p.stacks_file(rank) for pid, rank in ranks.items()}
     sizes = {pid: _size(path) for pid, path in files.items()}
-    for pid, rank in ranks.items():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, p.DUMP_SIGNAL)
-            if proctree.is_stopped(pid):
-                _note_stopped(directory, rank)
-                os.kill(pid, signal.SIGCONT)  # it handles the pending signal once continued
-    flights = {
-        path: _identity(path)
-        for rank in ranks.values()
-        if request_flight(directory, rank)
-        for path in [directory / p.flight_file(rank)]
-    }
-    natives = None
-    if py_spy is not None and ranks:
-        directory.mkdir(parents=True, exist_ok=True)
-        natives = asyncio.ensure_future(native.collect_native(ranks, directory, py_spy))
+    _signal_all(ranks, p.DUMP_SIGNAL)
+    if continued:
+        _signal_all(ranks, signal.SIGCONT)
+    flights: dict[Path, tuple[int, int] | None] = {}
+    unasked = set(ranks.values())  # a rank continued just now may not be reading its FIFO yet
     deadline = time.monotonic() + DUMP_WAIT_S
     waiting = set(files)
     grew_at: dict[int, float] = {}
-    while (waiting or flights) and time.monotonic() < deadline:
+    while (waiting or flights or unasked) and time.monotonic() < deadline:
+        for rank in list(unasked):
+            path = directory / p.flight_file(rank)
+            before = _identity(path)
+            asked = request_flight(directory, rank)
+            if asked is not None:
+                unasked.discard(rank)
+            if asked:
+                flights[path] = before
         await asyncio.sleep(0.01)
         now = time.monotonic()
         for pid in list(waiting):
@@ -88,22 +107,29 @@ async def collect_stacks(
         for path, before in list(flights.items()):
             if _identity(path) != before:
                 del flights[path]  # renamed into place: complete
-    if natives is not None:
-        await natives  # each py-spy is bounded (and killed) by its own deadline
-    return str(directory) if directory.is_dir() else None
+    if py_spy is not None:  # after the dumps: py-spy suspends a rank while it reads it
+        directory.mkdir(parents=True, exist_ok=True)
+        await native.collect_native(ranks, directory, py_spy)  # each py-spy has a deadline
 
 
-def request_flight(directory: Path, rank: int) -> bool:
-    """Ask rank ``rank`` for a flight-recorder dump; False when it does not serve one (the
-    FIFO is missing or has no reader: collectives not recorded, or an older SDK)."""
+def _signal_all(ranks: Mapping[int, int], sig: signal.Signals) -> None:
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def request_flight(directory: Path, rank: int) -> bool | None:
+    """Ask rank ``rank`` for a flight-recorder dump: True when asked; False when it does not
+    serve one (no FIFO: collectives not recorded, or an older SDK); None when nobody reads the
+    FIFO right now (a stopped rank's read is interrupted until it is continued): ask again."""
     try:
         fd = os.open(directory / p.flight_fifo_file(rank), os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # ENXIO: no reader; ENOENT: no FIFO
-        return False
+    except OSError as e:
+        return None if e.errno == errno.ENXIO else False
     try:
         os.write(fd, b"d")
     except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
     return True
@@ -143,7 +169,8 @@ def _note_stopped(directory: Path, rank: int) -> None:
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / stopped_file(rank)).write_text(
-            "stopped by a signal (process state T) when the hang was caught; continued to dump\n"
+            "stopped by a signal (process state T) when the hang was caught; continued to dump, then"
+            " stopped again\n"
         )
 
 

@@ -41,6 +41,9 @@ REGRESSIONS = (
     # a rank blocked in a receive while the other waits in an all-reduce, twice: both stacks
     # are inside torch; only the flight recorders name rank 1
     "max_restarts=1 stuck:1:10:1 stuck:1:25:2",
+    # a SIGSTOPped rank continued to dump its stacks trained on and committed a checkpoint after
+    # the hang was caught; the next attempt resumed from it, past the step that fills the disk
+    "max_restarts=2 sigstop:1:4:1 enospc:0:6:2 term:-:29:2",
 )
 
 

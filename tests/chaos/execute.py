@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
+from worker_sdk import layout
 
 from .schedule import TOTAL_STEPS, Fault, Schedule
 
@@ -151,7 +152,7 @@ def _strike(
         seen.errors.append(f"{fault.text()}: rvsup ended before the fault's step")
         return False
     if fault.kind == "savekill":
-        saving = _wait_save(ckpt, proc, deadline)
+        saving = _wait_save(ckpt, proc, deadline, fault.step)
         if saving is None:
             seen.errors.append(f"{fault.text()}: no save to aim at")
             return False
@@ -190,11 +191,16 @@ def _wait_step(
     raise TimeoutError(f"waiting for step {fault.step} of attempt {fault.attempt}")
 
 
-def _wait_save(ckpt: Path, proc: subprocess.Popen[str], deadline: float) -> int | None:
-    """The step of the first checkpoint seen being written."""
+def _wait_save(
+    ckpt: Path, proc: subprocess.Popen[str], deadline: float, from_step: int
+) -> int | None:
+    """The step of the first checkpoint seen being written at ``from_step`` or later (not an
+    old checkpoint that a prune renamed aside to remove it)."""
     while time.monotonic() < deadline and proc.poll() is None:
         for tmp in ckpt.glob(".tmp-step-*"):
-            return int(tmp.name.split("-")[2])
+            m = layout.TEMP_RE.match(tmp.name)
+            if m and not m.group(2).startswith("rm-") and int(m.group(1)) >= from_step:
+                return int(m.group(1))
         time.sleep(0.002)
     return None
 

@@ -72,6 +72,15 @@ def _named(events: Sequence[Mapping[str, Any]], name: str, attempt: int | None =
     ]
 
 
+def _recommitted(events: Sequence[Mapping[str, Any]], path: str, after: int, before: int) -> bool:
+    """Whether ``path`` was committed again by an attempt between ``after`` and ``before`` (a
+    damaged checkpoint that a later attempt wrote anew is whole again)."""
+    return any(
+        e["path"] == path and after < e["attempt"] < before
+        for e in _named(events, "checkpoint_committed")
+    )
+
+
 def _resumes(
     s: Schedule, events: Sequence[Mapping[str, Any]], damaged: Mapping[int, str]
 ) -> list[str]:
@@ -93,7 +102,11 @@ def _resumes(
             continue
         if committed.get(path) != resume - 1:
             out.append(f"attempt {attempt} resumes from {path}, never committed as its step")
-        bad = [a for a, p in damaged.items() if p == path and a < attempt]
+        bad = [
+            a
+            for a, p in damaged.items()
+            if p == path and a < attempt and not _recommitted(events, path, a, attempt)
+        ]
         if bad:
             out.append(f"attempt {attempt} loads {path}, damaged after attempt {bad[0]}")
     for attempt, path in damaged.items():

@@ -116,6 +116,26 @@ def test_each_lie_in_the_history_is_named(
     assert any(violation in v for v in _judge(events, **kw)), _judge(events, **kw)
 
 
+@pytest.mark.parametrize(("rewritten", "ok"), [(True, True), (False, False)])
+def test_a_damaged_checkpoint_written_anew_may_be_loaded(rewritten: bool, ok: bool) -> None:
+    """A checkpoint damaged after attempt 1 and committed again by attempt 2 (which resumed from
+    an older one) is whole when attempt 3 loads it; without the new commit, loading it is a
+    violation."""
+    events = [
+        *_crash_then_success()[:5],
+        _ev("attempt_started", 2),
+        _ev("checkpoint_loaded", 2, resume_step=0, checkpoint=None),
+        *([_ev("checkpoint_committed", 2, step=9, path="/c/step-9")] if rewritten else []),
+        _ev("failure_detected", 2, kind="crash", ranks=[1], last_step=12, detail="rank 1"),
+        _ev("restart_scheduled", 2, charged=True, restarts_left=0),
+        _ev("attempt_started", 3),
+        _ev("checkpoint_loaded", 3, resume_step=10, checkpoint="/c/step-9"),
+        _ev("job_succeeded", 3),
+    ]
+    found = _judge(events, damaged={1: "/c/step-9"})
+    assert (not any("loads /c/step-9, damaged" in v for v in found)) is ok, found
+
+
 def test_budget_arithmetic_is_checked() -> None:
     """A restart that was not charged, or a countdown that skips, is a violation."""
     events = _crash_then_success()

@@ -64,10 +64,11 @@ def test_recording(env: dict[str, str], recording: bool) -> None:
 
 
 def test_nobody_serves_without_a_reader(tmp_path: Path) -> None:
-    """No FIFO, or a FIFO nobody reads: the request says no at once instead of blocking."""
-    assert not diagnostics.request_flight(tmp_path, 0)
+    """No FIFO: the rank serves no dump (False); a FIFO nobody reads now: ask again later (None);
+    both at once instead of blocking."""
+    assert diagnostics.request_flight(tmp_path, 0) is False
     os.mkfifo(tmp_path / p.flight_fifo_file(0))
-    assert not diagnostics.request_flight(tmp_path, 0)
+    assert diagnostics.request_flight(tmp_path, 0) is None
 
 
 def test_a_request_is_answered_with_a_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
