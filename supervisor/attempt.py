@@ -22,13 +22,12 @@ from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report
-from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.checkpoints import CommitTracker, commit_event
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
-    CheckpointCommitted,
     CheckpointFailed,
     CheckpointLoaded,
     CheckpointSkipped,
@@ -301,19 +300,7 @@ class Attempt:
             return
         self.ranks.commit_seen(commit.step)
         self._last_commit_t = self.clock.monotonic()
-        self.events.log(
-            CheckpointCommitted(
-                step=commit.step,
-                path=str(commit.path),
-                seconds=commit.seconds,
-                bytes=commit.nbytes,
-                source=commit.source,
-                world_size=commit.world_size,
-                format=commit.format,
-                mode=commit.mode,
-                blocked_s=commit.blocked_s,
-            )
-        )
+        self.events.log(commit_event(commit))
         if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
             self.sync = None
             self._set_state(JobState.RUNNING)

@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,10 +31,16 @@ from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
-from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch
+from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
 from supervisor.record import history, rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import AttemptClosed, JobStarted, SupervisorError
+from supervisor.record.schema import (
+    AttemptClosed,
+    CheckpointCommitted,
+    Entry,
+    JobStarted,
+    SupervisorError,
+)
 from supervisor.rules.budget import budget_of
 from supervisor.rules.failures import StopReason
 from supervisor.rules.states import ExitCode
@@ -43,6 +49,7 @@ from supervisor.service.sdnotify import Notifier
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
 from supervisor.supervisor import SlurmIds, Supervisor
+from worker_sdk import layout
 from worker_sdk import protocol as p
 
 __all__ = ["STOP_SIGNALS", "AlreadyRunningError", "run_daemon"]
@@ -97,7 +104,7 @@ async def _house(
         watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
         stack.callback(watch.close)
         past = history.read(events.path)
-        close_lost_attempts(events, history.attempt_rows(past.entries), run_dir)
+        close_lost_attempts(events, past.entries, run_dir, cfg.job.checkpoint_dir)
         budget = budget_of(past.events)
         liveness = Liveness()
         slurm_ids = SlurmIds(alloc.job_id, alloc.restart_count) if alloc else SlurmIds()
@@ -186,11 +193,19 @@ def _lock_run_dir(run_dir: Path) -> Any:
         f.close()
 
 
-def close_lost_attempts(events: EventLog, rows: list[history.AttemptRow], run_dir: Path) -> None:
+def close_lost_attempts(
+    events: EventLog, past: Sequence[Entry], run_dir: Path, checkpoint_dir: Path
+) -> None:
     """Log ``attempt_closed`` for every attempt whose end was never logged: this daemon holds
     the job's lock, so their supervisor is gone (killed, or its node lost). What is known of
-    its end comes from the ranks' step slots left in its diagnostics folder."""
-    for row in history.unfinished(rows):
+    its end comes from the ranks' step slots left in its diagnostics folder. Checkpoints the
+    last of them committed after its supervisor last logged one (the ranks outlive it by a few
+    steps) are logged first, as ``checkpoint_committed`` with source ``"found"``: the history
+    then names every checkpoint a later attempt may resume from."""
+    lost = history.unfinished(history.attempt_rows(past))
+    if lost:
+        _log_found_commits(events, past, checkpoint_dir, attempt=lost[-1].attempt)
+    for row in lost:
         seen = row.ended or row.started
         steps: list[int] = []
         slots = rundir.diagnostics_dir(run_dir, row.attempt)
@@ -212,3 +227,19 @@ def close_lost_attempts(events: EventLog, rows: list[history.AttemptRow], run_di
             ),
             attempt=row.attempt,
         )
+
+
+def _log_found_commits(
+    events: EventLog, past: Sequence[Entry], checkpoint_dir: Path, *, attempt: int
+) -> None:
+    """``checkpoint_committed`` for the valid checkpoints newer than any the history names."""
+    logged = [e.event.step for e in past if isinstance(e.event, CheckpointCommitted)]
+    newest = max(logged, default=-1)
+    tracker = CommitTracker(checkpoint_dir)
+    infos, _skipped = layout.scan(checkpoint_dir)
+    for info in sorted(infos, key=lambda i: i.step):
+        if info.step <= newest:
+            continue
+        commit = tracker.observe(info.path, seconds=None, source="found")
+        if commit is not None:
+            events.log(commit_event(commit), attempt=attempt)

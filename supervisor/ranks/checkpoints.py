@@ -16,9 +16,10 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from supervisor.record.schema import CheckpointCommitted
 from worker_sdk import layout
 
-__all__ = ["Commit", "CommitTracker", "DirectoryWatch"]
+__all__ = ["Commit", "CommitTracker", "DirectoryWatch", "commit_event"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +28,26 @@ class Commit:
     path: Path
     nbytes: int
     seconds: float | None
-    source: str  # "sdk" | "watchdog"
+    source: str  # "sdk" | "watchdog" | "found"
     world_size: int
     format: int
     mode: str | None = None  # "sync" | "async", from the manifest
     blocked_s: float | None = None
+
+
+def commit_event(commit: Commit) -> CheckpointCommitted:
+    """The history's line for a commit."""
+    return CheckpointCommitted(
+        step=commit.step,
+        path=str(commit.path),
+        seconds=commit.seconds,
+        bytes=commit.nbytes,
+        source=commit.source,
+        world_size=commit.world_size,
+        format=commit.format,
+        mode=commit.mode,
+        blocked_s=commit.blocked_s,
+    )
 
 
 class CommitTracker:

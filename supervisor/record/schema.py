@@ -140,7 +140,8 @@ class CheckpointCommitted(Event):
     bytes: int
     """Its size on disk."""
     source: str
-    """Who saw the commit first: ``"sdk"`` (a rank's report) or ``"watchdog"`` (the directory)."""
+    """Who saw the commit first: ``"sdk"`` (a rank's report), ``"watchdog"`` (the directory) or
+    ``"found"`` (on disk at the next start: the attempt's supervisor was lost before it saw it)."""
     world_size: int | None = None
     """The number of ranks that wrote it."""
     format: int | None = None

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.process
 def test_chaos_smoke_holds_every_invariant() -> None:
     """``python -m tests.chaos --smoke`` exits 0: for a corrupted stop checkpoint, a SIGSTOPped
     rank then a kill aimed at a save that spends the budget, two ranks failing at once, a full
-    disk and a killed daemon with its checkpoint truncated, and a drawn schedule, the exit
-    codes, the resumes, the failures named, the budget and the final state are all as
-    injected."""
+    disk and a killed daemon with its checkpoint truncated, a rank stuck in a receive twice, a
+    stopped rank's hang before a full disk, a killed daemon whose ranks committed what it never
+    logged, and a drawn schedule, the exit codes, the resumes, the failures named, the budget
+    and the final state are all as injected."""
     res = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--smoke", "--seed", "1"],
         cwd=REPO,
