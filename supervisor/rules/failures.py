@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import signal
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -297,7 +297,19 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
     ranks = _unique(e.rank for e in failing if e.rank is not None)
     codes, sigs = _codes_and_signals(failing)
     exceptions = {r.rank: r for r in obs.reports if r.kind != "oom"}
-    if failing:
+    unread = _unread_first(obs.exits)
+    if failing and unread is not None and unread.rank is not None:
+        # its parent reaped it before rvsup read its status: the first to end, it is the likelier
+        # culprit than the peers whose failures followed
+        ranks = _unique([unread.rank, *ranks])
+        report = exceptions.get(unread.rank)
+        if report is not None:
+            how = f"raised{_at_step(_report_step(obs, report))} ({_summary(report)})"
+        else:
+            where = _step_of(obs, unread.rank, fallback=None)
+            how = f"ended first, its exit status unknown (reaped before rvsup read it){_at_step(where)}"
+        detail = f"{_who(unread)} {how}; then {_who(failing[0])} {_how(failing[0])}"
+    elif failing:
         culprit = failing[0]
         report = exceptions.get(culprit.rank) if culprit.rank is not None else None
         where = _step_of(obs, culprit.rank, fallback=None)
@@ -339,6 +351,16 @@ def _signal_from_status(status: int | None) -> int | None:
         return -status
     if _SHELL_SIGNAL_BASE < status <= _SHELL_SIGNAL_BASE + _MAX_SIGNAL:
         return status - _SHELL_SIGNAL_BASE
+    return None
+
+
+def _unread_first(exits: Sequence[RankExit]) -> RankExit | None:
+    """The first exit seen, if it came before any failing one and its status could not be read."""
+    for e in exits:
+        if _failed(e):
+            return None
+        if e.exit_code is None and e.rank is not None:
+            return e
     return None
 
 

@@ -211,6 +211,39 @@ ROWS = {
         signals=("SIGKILL",),
         last_step=57,
     ),
+    "crash-status-unread-first": Row(
+        Observation(
+            exits=(RankExit(1, 1001, None, None, None), code(0, 1)),
+            reports=(RankReport(0, "exception", "DistBackendError", "Connection reset", 57),),
+            last_steps={0: 57, 1: 57},
+        ),
+        K.CRASH,
+        (1, 0),
+        "rank 1 ended first, its exit status unknown (reaped before rvsup read it) at step 57; "
+        "then rank 0 exited with code 1",
+        exit_codes=(1,),
+        last_step=57,
+    ),
+    "crash-status-unread-after-a-failure": Row(
+        Observation(exits=(sig(1, 9), RankExit(0, 1000, None, None, None)), last_steps={1: 57}),
+        K.CRASH,
+        (1,),
+        "rank 1 killed by SIGKILL at step 57",
+        signals=("SIGKILL",),
+        last_step=57,
+    ),
+    "crash-status-unread-of-a-rank-that-raised": Row(
+        Observation(
+            exits=(RankExit(1, 1001, None, None, None), code(0, 1)),
+            reports=(RankReport(1, "exception", "ValueError", "bad", 5),),
+            last_steps={0: 5, 1: 5},
+        ),
+        K.CRASH,
+        (1, 0),
+        "rank 1 raised at step 5 (ValueError: bad); then rank 0 exited with code 1",
+        exit_codes=(1,),
+        last_step=5,
+    ),
     "crash-shell-128-plus-n": Row(
         Observation(exits=(code(1, 137),), last_steps={1: 57}),
         K.CRASH,
