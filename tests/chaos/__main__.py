@@ -1,6 +1,7 @@
 """``python -m tests.chaos``: a seeded campaign of random fault schedules against real jobs.
 
     python -m tests.chaos --runs 200 --seed 1        # a campaign; prints every run and a summary
+    python -m tests.chaos --runs 200 --seed 1 --start 111   # the same campaign's runs 111..199
     python -m tests.chaos --smoke                    # the regression schedules and one drawn
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
 
@@ -62,13 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedules = [*(parse(t) for t in REGRESSIONS), drawn]
     else:
         schedules = [draw(random.Random(f"{args.seed}:{i}"), kinds=kinds) for i in range(args.runs)]
+    numbered = list(enumerate(schedules))[args.start :]
     if not _can_mount():
         print("not root: enospc faults (a full tmpfs) left out", flush=True)
-        schedules = [s for s in schedules if not s.needs_tmpfs]
+        numbered = [(i, s) for i, s in numbered if not s.needs_tmpfs]
+    schedules = [s for _, s in numbered]
     root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
     try:
         ref = load_final(reference(root / "reference"))
-        results = [_one(i, s, root / f"run-{i:04d}", ref) for i, s in enumerate(schedules)]
+        results = [_one(i, s, root / f"run-{i:04d}", ref) for i, s in numbered]
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -81,12 +84,22 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        metavar="I",
+        help="begin at run I: the rest of a campaign that was cut short, same schedules",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="regression schedules + 1 drawn")
     mode.add_argument("--replay", metavar="SCHEDULE", help="run one schedule line")
     p.add_argument("--keep", action="store_true", help="keep the run directories")
     p.add_argument("--json", action="store_true", help="the summary as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0 <= args.start < max(args.runs, 1):
+        p.error(f"--start must be in 0..{args.runs - 1}, got {args.start}")
+    return args
 
 
 def _can_mount() -> bool:
