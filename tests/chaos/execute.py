@@ -23,12 +23,15 @@ import psutil
 from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
 from worker_sdk import layout
 
-from .schedule import TOTAL_STEPS, Fault, Schedule
+from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
 
 __all__ = ["MARK", "Observed", "execute", "reference"]
 
 MARK = "RVSUP_CHAOS_MARK"
 STEP_SLEEP = "0.04"
+# the last steps a fault may aim at, slower: a signal sent to rvsup after the runner saw that
+# step (through `rvsup status`, tenths of a second under load) lands before the training ends
+TAIL_SLEEP = "0.25"
 HANG_TIMEOUT = "4s"
 TMPFS_SIZE = "4m"  # a few dozen of the trainer's checkpoints
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
@@ -87,7 +90,13 @@ def execute(schedule: Schedule, workdir: Path) -> Observed:
 
 
 def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
-    env = {"FINAL": str(final), "STEP_SLEEP": STEP_SLEEP, "FAULT": schedule.trainer_faults()}
+    env = {
+        "FINAL": str(final),
+        "STEP_SLEEP": STEP_SLEEP,
+        "TAIL_FROM": str(LAST_STEP),
+        "TAIL_SLEEP": TAIL_SLEEP,
+        "FAULT": schedule.trainer_faults(),
+    }
     if schedule.aims_at_saves:
         env["BALLAST_MB"] = BALLAST_MB
     job = write_job(

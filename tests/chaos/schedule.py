@@ -31,6 +31,7 @@ __all__ = [
     "EXTERNAL",
     "IN_RANK",
     "KINDS",
+    "LAST_STEP",
     "TOTAL_STEPS",
     "Fault",
     "Schedule",
@@ -62,7 +63,8 @@ FAILURE_KIND = {
 
 _FIRST_STEP = 3  # the first attempt has finished a few steps before anything strikes
 _AFTER_EXTERNAL = 15  # an outside fault lands a few steps after its aim; the next one waits
-_LAST_STEP = TOTAL_STEPS - 8
+LAST_STEP = TOTAL_STEPS - 8
+"""The last step a fault aims at (the runner slows the steps from here on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +175,13 @@ def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int =
     previous = 0  # the step the previous attempt's fault struck at
     attempt = 1
     for _ in range(rng.randint(1, max_endings)):
-        if full_disk and rng.random() < 0.5 and low + ENOSPC_STEPS + 2 < _LAST_STEP:
-            fill = rng.randint(low, min(low + 6, _LAST_STEP - ENOSPC_STEPS - 2))
+        if full_disk and rng.random() < 0.5 and low + ENOSPC_STEPS + 2 < LAST_STEP:
+            fill = rng.randint(low, min(low + 6, LAST_STEP - ENOSPC_STEPS - 2))
             faults.append(Fault("enospc", attempt, fill, 0))
             low = fill + ENOSPC_STEPS + 1
-        if low > _LAST_STEP:
+        if low > LAST_STEP:
             break
-        step = rng.randint(low, min(low + 10, _LAST_STEP))
+        step = rng.randint(low, min(low + 10, LAST_STEP))
         kind = rng.choice(ending_kinds)
         if kind in ("sigstop", "stuck"):  # a step done first, else the startup timeout applies
             step = max(step, previous + 2)

@@ -8,7 +8,8 @@ ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
 directory's file system with a file, remove it), hostoom (join the memory-limited cgroup OOM_CGROUP
 and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
-before resume() in attempt n. STEP_SLEEP=seconds slows every step; BALLAST_MB=n adds n MB to every
+before resume() in attempt n. STEP_SLEEP=seconds slows every step, TAIL_SLEEP=seconds the steps from
+TAIL_FROM on (room for an outside fault aimed near the end); BALLAST_MB=n adds n MB to every
 rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
 """
 
@@ -85,6 +86,8 @@ def main() -> None:
     attempt = int(os.environ.get("RVSUP_ATTEMPT", "0"))
     total = int(os.environ.get("TOTAL_STEPS", "60"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
+    tail_from = int(os.environ.get("TAIL_FROM", str(total)))
+    tail_sleep = float(os.environ.get("TAIL_SLEEP", str(step_sleep)))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     ddp = DistributedDataParallel(
@@ -111,8 +114,9 @@ def main() -> None:
         opt.step()
         sched.step()
         extra["seen"] += 1
-        if step_sleep:
-            time.sleep(step_sleep)
+        pause = tail_sleep if step >= tail_from else step_sleep
+        if pause:
+            time.sleep(pause)
         worker_sdk.step(step, extra=extra)
     final = os.environ.get("FINAL")
     if rank == 0 and final:
