@@ -144,7 +144,9 @@ def _invocations(
             return
         for damage in schedule.in_attempt(fault.attempt):
             if damage.kind in ("corrupt", "truncate"):
-                seen.damaged[damage.attempt] = _damage(ckpt, damage.kind)
+                damaged = _damage(ckpt, damage.kind)
+                if damaged is not None:
+                    seen.damaged[damage.attempt] = damaged
 
 
 def _strike(
@@ -214,9 +216,13 @@ def _wait_save(
     return None
 
 
-def _damage(ckpt: Path, kind: str) -> str:
-    """Flip bytes in the middle of (or truncate) the largest file of the newest checkpoint."""
-    newest = max(ckpt.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+def _damage(ckpt: Path, kind: str) -> str | None:
+    """Flip bytes in the middle of (or truncate) the largest file of the newest checkpoint; None
+    when no checkpoint was committed yet (a fault struck before the first save)."""
+    committed = list(ckpt.glob("step-*"))
+    if not committed:
+        return None
+    newest = max(committed, key=lambda p: int(p.name.split("-")[1]))
     victim = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     if kind == "truncate":
