@@ -33,6 +33,7 @@ from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
     AttemptStarted,
+    ColdStart,
     Event,
     FailureDetected,
     JobGaveUp,
@@ -71,6 +72,7 @@ class LaunchSource(Protocol):
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan: ...
     def tree(self, plan: LaunchPlan) -> ProcessTree: ...
     def warm_up(self, plan: LaunchPlan) -> None: ...
+    def cold_starts(self) -> list[ColdStart]: ...
     def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None: ...
 
 
@@ -145,6 +147,11 @@ class Supervisor:
         self.notifier.status(f"{new.name.lower()} (attempt {self.attempt_no})")
         if new is JobState.RUNNING and self.current is not None:
             self.launches.warm_up(self.current.plan)  # every rank runs: ready the next launcher
+            self._log_cold_starts()
+
+    def _log_cold_starts(self) -> None:
+        for event in self.launches.cold_starts():
+            self.events.log(event)
 
     # ------------------------------------------------------------------ the attempt loop
     async def run(self) -> ExitCode:
@@ -240,6 +247,7 @@ class Supervisor:
             return await self.current.run()
         finally:
             self.current = None
+            self._log_cold_starts()
             if dict(self.channel.dropped) != dropped_before:
                 self.events.log(MessagesDropped(counts=dict(self.channel.dropped)))
 

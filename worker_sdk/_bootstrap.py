@@ -8,6 +8,11 @@ with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it cost
 
 On multi-node attempts (``RVSUP_REPORT_EXIT=1``) it forks instead of exec'ing and stays behind
 as the rank's parent, to tell the supervisor how the rank ended (see ``_exit_report``).
+
+``python -m worker_sdk._bootstrap --zygote NAME CMD [ARGS...]``: the rank is forked from the
+node's zygote ``NAME``, which imported torch already, and this process stands in for it (see
+``_zygote_client``); when the zygote cannot serve ``CMD`` as a cold start would run it, the rank
+starts cold as above, with a line on stderr saying why.
 """
 
 from __future__ import annotations
@@ -30,16 +35,26 @@ def arm_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 
 def main(argv: list[str]) -> int:
     """Entry point: exec ``argv`` with the parent-death signal armed."""
+    zygote = None
+    if argv[:1] == ["--zygote"] and len(argv) > 2:
+        zygote, argv = argv[1], argv[2:]
     if not argv:
-        print("usage: python -m worker_sdk._bootstrap CMD [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m worker_sdk._bootstrap [--zygote NAME] CMD [ARGS...]", file=sys.stderr
+        )
         return 2
     parent = os.getppid()
     arm_parent_death_signal()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
-    from ._exit_report import ReportTo, run_and_report  # multi-node only
+    from ._exit_report import ReportTo, run_and_report  # multi-node or zygote only
 
     report_to = ReportTo.from_env(os.environ)
+    if zygote:  # forked from the zygote; returns only when the rank must start cold
+        from ._zygote_client import run as run_forked
+
+        why = run_forked(argv, zygote, report_to)
+        print(f"rvsup: rank starts cold: {why}", file=sys.stderr, flush=True)
     if report_to is not None:
         run_and_report(argv, report_to, arm_parent_death_signal)
     try:

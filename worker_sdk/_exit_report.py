@@ -92,20 +92,30 @@ def run_and_report(
         _become_rank(argv, old_mask, me, arm_pdeathsig)
     channel = _connect(to)
     status = _wait_passing_signals(child, waited)
-    if channel is not None:
-        code = os.waitstatus_to_exitcode(status)
-        channel.send(
-            p.Kind.RANK_EXIT,
-            payload={
-                "pid": child,
-                "code": code if code >= 0 else None,
-                "signal": -code if code < 0 else None,
-                "host": socket.gethostname(),
-                "last_step": None if to.step_slot is None else p.read_step_slot(to.step_slot),
-            },
-        )
-        channel.close(linger_s=_LINGER_S)
-    _end_like(status)
+    _send_report(channel, to, child, status)
+    end_like(status)
+
+
+def report(to: ReportTo, pid: int, status: int) -> None:
+    """Tell the supervisor that rank process ``pid`` ended with wait status ``status``."""
+    _send_report(_connect(to), to, pid, status)
+
+
+def _send_report(channel: Channel | None, to: ReportTo, pid: int, status: int) -> None:
+    if channel is None:
+        return
+    code = os.waitstatus_to_exitcode(status)
+    channel.send(
+        p.Kind.RANK_EXIT,
+        payload={
+            "pid": pid,
+            "code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "host": socket.gethostname(),
+            "last_step": None if to.step_slot is None else p.read_step_slot(to.step_slot),
+        },
+    )
+    channel.close(linger_s=_LINGER_S)
 
 
 def _become_rank(
@@ -150,7 +160,7 @@ def _wait_passing_signals(child: int, waited: set[signal.Signals]) -> int:
             os.kill(child, info.si_signo)
 
 
-def _end_like(status: int) -> NoReturn:
+def end_like(status: int) -> NoReturn:
     """Exit with the child's code, or die of the child's signal (without a core dump)."""
     code = os.waitstatus_to_exitcode(status)
     if code >= 0:

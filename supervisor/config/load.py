@@ -232,6 +232,11 @@ def _read_launch(t: _Table, base: Path) -> LaunchSection:
     warm_standby = t.read("warm_standby", True, boolean)
     torchrun = _read_torchrun(t, base)
     min_nnodes = t.read("min_nnodes", "auto", auto_count)
+    zygote = t.read("zygote", True, boolean)
+    preload = t.strings("preload") or ()
+    for index, module in enumerate(preload):
+        if not all(part.isidentifier() for part in module.split(".")):
+            t.report(f"preload[{index}]", f"{module!r} is not a module name (a.b.c)")
     if (
         min_nnodes is not None
         and nnodes is not None
@@ -248,6 +253,8 @@ def _read_launch(t: _Table, base: Path) -> LaunchSection:
         warm_standby,
         torchrun,
         min_nnodes,
+        zygote,
+        preload,
     )
 
 

@@ -143,6 +143,14 @@ class LaunchSection:
     - ``min_nnodes`` (default ``"auto"``: ``nnodes``, never fewer): after a node failure with no spare node
       left in the allocation, go on with as many nodes as are left if that is at least this many
       (torchrun's ``--nnodes=MIN:MAX`` in spirit); the checkpoint is resharded onto fewer ranks.
+    - ``zygote`` (default ``true``): fork every rank from a process per node that imported torch
+      once (:mod:`supervisor.process.zygote`), so that starts and restarts do not pay for the
+      interpreter and the imports again; ranks it cannot start as a cold exec would start them
+      (another interpreter, interpreter options, import-time variables that differ) start
+      cold, with a ``cold_start`` event. Single-node attempts only, for now.
+    - ``preload`` (default ``[]``): more modules for the zygote to import (the model's code, a
+      tokenizer), from the script's folder and ``sys.path``; a module that fails to import, or
+      that starts threads or initialises CUDA while importing, makes every rank start cold.
     """
 
     nproc_per_node: int | None
@@ -153,6 +161,8 @@ class LaunchSection:
     warm_standby: bool = True
     torchrun: tuple[str, ...] | None = None
     min_nnodes: int | None = None
+    zygote: bool = True
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

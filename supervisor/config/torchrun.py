@@ -40,6 +40,7 @@ __all__ = [
     "TORCHRUN_MODULE",
     "Torchrun",
     "is_python",
+    "job_python",
     "resolve_torchrun",
     "script_python",
     "torchrun_issue",
@@ -175,6 +176,17 @@ def resolve_torchrun(
     if found is None:
         return None
     return Torchrun((found,), script_python(found, paths), origin)
+
+
+def job_python(cfg: JobConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """``job.command[0]`` as an absolute path when it is a Python interpreter (the zygote's),
+    else None."""
+    command = cfg.job.command
+    if not command or not is_python(command[0]):
+        return None
+    return _program(
+        command[0], cfg.job.workdir, _paths(cfg, os.environ if environ is None else environ)
+    )
 
 
 def _not_found(cfg: JobConfig, environ: Mapping[str, str]) -> str:

@@ -46,6 +46,7 @@ class LaunchPlan:
     nnodes: int
     nproc_per_node: int
     alloc: Allocation | None = None  # the Slurm allocation a multi-node attempt runs on
+    forked: bool = False  # the ranks are forked from the node's zygote (their clients report)
 
 
 __all__ = [
@@ -107,9 +108,11 @@ def build_plan(
     alloc: Allocation | None = None,
     rdzv_port: int = 29400,
     base_env: Mapping[str, str] | None = None,
+    zygote: str | None = None,
 ) -> LaunchPlan:
     """The command line and environment of attempt ``attempt``; ``torchrun`` is the job's
-    (:func:`resolve_torchrun`)."""
+    (:func:`resolve_torchrun`). ``zygote``: the name of the node's zygote the ranks of a
+    single-node attempt are forked from."""
     env = dict(os.environ if base_env is None else base_env)
     child_env_cleanup(env)  # torchrun must not talk to systemd in our name
     env.update(cfg.job.env)
@@ -138,14 +141,18 @@ def build_plan(
             f"--rdzv-id={cfg.job.name}-{attempt}",
         ]
     tr += [f"--log-dir={log_dir}", "--redirects=3", "--tee=3", *cfg.launch.torchrun_args]
-    tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *cfg.job.command]
+    forked = zygote is not None and nnodes == 1
+    if forked:
+        env[p.ENV_REPORT_EXIT] = "1"  # the zygote is the rank's parent: its client reports
+    via = ["--zygote", zygote] if forked and zygote is not None else []
+    tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *via, *cfg.job.command]
     argv = tr
     if nnodes > 1 and alloc is not None:
         from supervisor.slurm.commands import srun_argv
 
         argv = srun_argv(alloc, tr, job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None
-    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi)
+    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi, forked)
 
 
 def rank_environment(

@@ -10,13 +10,17 @@ torchrun to run and whether a warm standby launcher is kept ready, and it builds
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from collections.abc import Iterable, Mapping
 
 from supervisor.config import JobConfig
+from supervisor.config.torchrun import job_python
 from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import AttemptTree
+from supervisor.process.zygote import Zygote
+from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation
 
@@ -37,6 +41,15 @@ class Launches:
         """After a node failure, the job goes on with as few as this many nodes."""
         self.lost_nodes: set[str] = set()
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
+        self.zygote: Zygote | None = None
+        self._cold: list[ColdStart] = []
+        if cfg.launch.zygote and not self.multi_node:
+            python = job_python(cfg)
+            if python is None:
+                why = f"job.command[0] ({cfg.job.command[0]!r}) is not a Python interpreter"
+                self._cold.append(ColdStart(ranks=(), reason=why))
+            else:
+                self.zygote = Zygote(python, cfg.launch.preload, path=_script_folder(cfg))
 
     @property
     def multi_node(self) -> bool:
@@ -57,18 +70,40 @@ class Launches:
         return len(self.nodes_left()), self.nodes_minimum
 
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
-        """Attempt ``attempt``'s command line and environment."""
+        """Attempt ``attempt``'s command line and environment (with the zygote started, for a
+        single-node attempt, if it is not running)."""
         alloc = None
         if self.alloc is not None:
             alloc = dataclasses.replace(self.alloc, nodes=self.nodes_left())
+        port = free_port()
+        plan = launcher.build_plan(
+            self.cfg,
+            attempt=attempt,
+            torchrun=self.torchrun,
+            rank_env=rank_env,
+            alloc=alloc,
+            rdzv_port=port,
+        )
+        if self.zygote is None or plan.nnodes > 1:
+            return plan
+        self._cold += self.zygote.cold_starts()  # its death, before it is started again
+        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node)
         return launcher.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
             rank_env=rank_env,
             alloc=alloc,
-            rdzv_port=free_port(),
+            rdzv_port=port,
+            zygote=self.zygote.name,
         )
+
+    def cold_starts(self) -> list[ColdStart]:
+        """Ranks that started cold since last asked, and why."""
+        out, self._cold = self._cold, []
+        if self.zygote is not None:
+            out += self.zygote.cold_starts()
+        return out
 
     def tree(self, plan: LaunchPlan) -> AttemptTree:
         """The process tree that will run ``plan`` (through the warm standby when there is one)."""
@@ -83,6 +118,17 @@ class Launches:
     def close(self) -> None:
         if self.standby is not None:
             self.standby.close()
+        if self.zygote is not None:
+            self.zygote.close()
+
+
+def _script_folder(cfg: JobConfig) -> str | None:
+    """The folder of the job's script (``python [-u] script.py``): where ``preload`` modules
+    are imported from, as the script itself would."""
+    args = [a for a in cfg.job.command[1:] if a != "-u"]
+    if not args or args[0].startswith("-"):
+        return None
+    return os.path.dirname(os.path.realpath(os.path.join(cfg.job.workdir, args[0])))
 
 
 def free_port() -> int:

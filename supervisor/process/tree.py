@@ -63,7 +63,9 @@ class AttemptTree:
         self._popen: subprocess.Popen[bytes] | None = None
         self._on_launcher_exit: Callable[[int], None] = _ignore
         self._on_rank_exit: Callable[[RankExit], None] = _ignore
-        self._ledger = ExitLedger(self._on_pid_exit, reports_expected=plan.alloc is not None)
+        self._ledger = ExitLedger(
+            self._on_pid_exit, reports_expected=plan.alloc is not None or plan.forked
+        )
         self._oom_baseline = proctree.host_oom_kill_count()
         self.launcher_rc: int | None = None
         """The launcher's exit status once it ended (negative: killed by that signal)."""
@@ -98,8 +100,9 @@ class AttemptTree:
         return self._ledger.any_left_cleanly()
 
     def scan(self) -> None:
-        """Watch the launcher's children that have not said hello yet (single node only)."""
-        if self._popen is None or self.plan.nnodes > 1:
+        """Watch the launcher's children that have not said hello yet (single node only; forked
+        ranks are not the launcher's children: their clients report how they end)."""
+        if self._popen is None or self.plan.nnodes > 1 or self.plan.forked:
             return
         try:
             children = psutil.Process(self._popen.pid).children()

@@ -206,6 +206,8 @@ class HeartbeatEndpoint:
         self._key = secret
         self.attempt = 0
         self.dropped: collections.Counter[str] = collections.Counter()
+        self.late_reports = 0
+        """Exit reports of an earlier attempt's ranks that came after it ended (not dropped)."""
         self.accepted = 0
         self._last_seq: dict[tuple[int, int], int] = {}
         self._ctx = zmq.asyncio.Context()
@@ -281,7 +283,11 @@ class HeartbeatEndpoint:
             self.dropped["wrong direction"] += 1
             return None
         if msg.attempt != self.attempt:
-            self.dropped["other attempt"] += 1
+            if msg.kind == p.Kind.RANK_EXIT and msg.attempt < self.attempt:
+                # a rank's client reporting after its attempt was torn down: late, not hostile
+                self.late_reports += 1
+            else:
+                self.dropped["other attempt"] += 1
             return None
         sender = (msg.rank, msg.pid)
         if msg.seq <= self._last_seq.get(sender, 0):

@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointFailed",
     "CheckpointLoaded",
     "CheckpointSkipped",
+    "ColdStart",
     "Entry",
     "Event",
     "FailureDetected",
@@ -194,6 +195,19 @@ class CheckpointLoaded(Event):
     """The checkpoint loaded; None when the ranks start from scratch."""
     world_size: int | None = None
     """The number of ranks that wrote it; None when unknown or from scratch."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ColdStart(Event):
+    """Ranks started cold instead of forked from the node's zygote, and why (another interpreter,
+    an import-time variable that differs, an unsafe import, the zygote's death)."""
+
+    NAME = "cold_start"
+    LEVEL = "warning"
+    ranks: tuple[int, ...]
+    """The ranks concerned; empty: every rank of the node."""
+    reason: str
+    """One human sentence."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -360,6 +374,7 @@ _CLASSES: Final = (
     CheckpointFailed,
     CheckpointSkipped,
     CheckpointLoaded,
+    ColdStart,
     FailureDetected,
     RestartScheduled,
     StopRequested,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from supervisor.config import JobConfig, load_config
 from supervisor.process.launcher import LaunchPlan
+from supervisor.record.schema import ColdStart
 from supervisor.rules.failures import RankExit
 from worker_sdk import protocol as p
 
@@ -233,6 +234,9 @@ class FakeLaunches:
 
     def warm_up(self, plan: LaunchPlan) -> None:
         return None
+
+    def cold_starts(self) -> list[ColdStart]:
+        return []
 
     def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None:
         self.lost.update(nodes)

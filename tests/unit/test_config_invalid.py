@@ -32,8 +32,8 @@ def with_section(section: str, body: str) -> str:
 
 
 VALID_LAUNCH_KEYS = (
-    "valid keys: min_nnodes, nnodes, nproc_per_node, stop_timeout, term_timeout, torchrun, torchrun_args, "
-    "warm_standby"
+    "valid keys: min_nnodes, nnodes, nproc_per_node, preload, stop_timeout, term_timeout, torchrun, "
+    "torchrun_args, warm_standby, zygote"
 )
 NOT_A_DURATION = "expected a duration like 90s, 5m, 2h or a number of seconds"
 
@@ -153,6 +153,15 @@ INVALID: list[Any] = [
         with_section("launch", 'warm_standby = "yes"'),
         [("launch.warm_standby", "expected true or false, got string 'yes'")],
         id="boolean",
+    ),
+    pytest.param(
+        with_section("launch", 'zygote = 1\npreload = ["model", "my-tokenizer", "a..b"]'),
+        [
+            ("launch.zygote", "expected true or false"),
+            ("launch.preload[1]", "'my-tokenizer' is not a module name"),
+            ("launch.preload[2]", "'a..b' is not a module name"),
+        ],
+        id="zygote-preload",
     ),
     pytest.param(
         with_section("slurm", 'requeue = "sometimes"'),

@@ -22,6 +22,7 @@ from supervisor.record.schema import (
     CheckpointFailed,
     CheckpointLoaded,
     CheckpointSkipped,
+    ColdStart,
     Entry,
     Event,
     FailureDetected,
@@ -125,6 +126,7 @@ SAMPLES: list[Event] = [
     CheckpointFailed(step=20, rank=1, reason="OSError: [Errno 28] No space left on device"),
     CheckpointSkipped(path="/c/step-20", reason="torn", rank=None),
     CheckpointLoaded(resume_step=11, checkpoint="/c/step-10", world_size=2),
+    ColdStart(ranks=(1,), reason="import-time environment differs: PYTHONHASHSEED"),
     FailureDetected(
         kind="oom",
         ranks=(1, 0),
