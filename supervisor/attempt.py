@@ -31,16 +31,18 @@ from supervisor.record.schema import (
     CheckpointFailed,
     CheckpointLoaded,
     CheckpointSkipped,
+    ExitStalled,
 )
 from supervisor.rules import culprits, hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 
-__all__ = ["SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome"]
+__all__ = ["EXIT_GRACE_S", "SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
+EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
 
@@ -115,6 +117,8 @@ class Attempt:
         # (rank, step, reason) of each failed background save, for ``rvsup status``
         self.checkpoint_failures: list[tuple[int, int, str]] = []
         self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
+        self._ended: set[int] = set()  # ranks whose script ended (EXITING "exit")
+        self._all_ended_t: float | None = None
         self._loaded_logged = False  # checkpoint_loaded: once, from the first rank that reports
         self._silent: tuple[int, ...] = ()
         self._hang_silence_s: float | None = None
@@ -205,8 +209,7 @@ class Attempt:
             if self.sync is not None:
                 self.sync.ask(self.channel, self.ranks, msg.rank, now)
         elif kind is p.Kind.EXITING:
-            if msg.payload.get("reason") == p.ExitingReason.STOP.value:
-                self._left_for_stop.add(msg.rank)
+            self._on_exiting(msg, now)
         elif kind is p.Kind.SYNC:
             if self.sync is None:
                 answer_without_round(self.channel, identity, msg)
@@ -235,6 +238,15 @@ class Attempt:
                 )
             )
             self._sign_of_failure(now)
+
+    def _on_exiting(self, msg: p.Message, now: float) -> None:
+        reason = msg.payload.get("reason")
+        if reason == p.ExitingReason.STOP.value:
+            self._left_for_stop.add(msg.rank)
+        elif reason == p.ExitingReason.END.value:
+            self._ended.add(msg.rank)
+            if len(self._ended) >= self.world_size and self._all_ended_t is None:
+                self._all_ended_t = now
 
     def _on_checkpoint_message(self, msg: p.Message) -> None:
         if msg.kind is p.Kind.CKPT_COMMITTED:
@@ -331,9 +343,22 @@ class Attempt:
                 starting = self.state is JobState.STARTING
                 next_scan = now + (_SCAN_STARTING_S if starting else _SCAN_RUNNING_S)
             self._check_hang(now)
+            self._check_exit_stall(now)
             self._maybe_schedule_save(now)
             if now >= self._stop_deadline:
                 self._finish(_Ending.STOPPED)
+
+    def _check_exit_stall(self, now: float) -> None:
+        """Every rank's script ended without a failure, yet some interpreter has not exited
+        after :data:`EXIT_GRACE_S` (gloo's destructor waiting for the GIL, an atexit hook
+        stuck): the training is done; the teardown ends the stragglers."""
+        t = self._all_ended_t
+        if t is None or now - t < EXIT_GRACE_S or self._is_ending() or self._reports:
+            return
+        gone = {e.rank for e in self.tree.exits if e.rank is not None}
+        stuck = tuple(sorted(r for r in self._ended if r not in gone))
+        self.events.log(ExitStalled(ranks=stuck, waited_s=now - t))
+        self._finish(_Ending.SUCCEEDED)
 
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:

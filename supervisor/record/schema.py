@@ -37,6 +37,7 @@ __all__ = [
     "ColdStart",
     "Entry",
     "Event",
+    "ExitStalled",
     "FailureDetected",
     "JobGaveUp",
     "JobStarted",
@@ -309,6 +310,20 @@ class JobStopped(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ExitStalled(Event):
+    """Every rank's script had ended without a failure, but some interpreters had not exited
+    after a grace period: they were ended by the teardown and the attempt counts as succeeded."""
+
+    NAME = "exit_stalled"
+    LEVEL = "warning"
+    DIGITS: ClassVar[Mapping[str, int]] = {"waited_s": 3}
+    ranks: tuple[int, ...]
+    """The ranks whose processes were still there."""
+    waited_s: float
+    """How long they had had since the last rank said its script ended."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessagesDropped(Event):
     """Malformed or unauthenticated messages were dropped."""
 
@@ -381,6 +396,7 @@ _CLASSES: Final = (
     JobSucceeded,
     JobGaveUp,
     JobStopped,
+    ExitStalled,
     MessagesDropped,
     RequeueFailed,
     TimeLeftUnknown,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record.events import EventLog
@@ -333,3 +334,42 @@ def test_a_failed_background_save_is_recorded_and_shown_and_the_job_goes_on(
     assert "No space" in failed["reason"]
     assert seen == [{"rank": 1, "step": 3, "reason": "OSError: [Errno 28] No space"}]
     assert not rig.named("failure_detected")
+
+
+async def one_stuck_at_exit(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    """Both scripts end (EXITING "exit"); rank 0's process exits, rank 1's never does."""
+    await train(ch, clock, range(5))
+    for rank in range(2):
+        ch.put(rank, p.Kind.EXITING, step=4, payload={"reason": p.ExitingReason.END.value})
+    await clock.sleep(0.5)
+    tree.rank_ends(0, code=0)
+    await asyncio.Event().wait()
+
+
+async def ends_then_fails(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    """Both scripts end, then rank 1's interpreter exits with code 3."""
+    await train(ch, clock, range(5))
+    for rank in range(2):
+        ch.put(rank, p.Kind.EXITING, step=4, payload={"reason": p.ExitingReason.END.value})
+    await clock.sleep(1.0)
+    tree.rank_ends(1, code=3)
+    tree.launcher_ends(1)
+    await asyncio.Event().wait()
+
+
+def test_a_rank_stuck_at_interpreter_exit_does_not_fail_a_finished_job(tmp_path: Path) -> None:
+    """Every script ended but rank 1's interpreter never exits: after the exit grace the
+    attempt succeeds, ``exit_stalled`` names rank 1, and the tree is torn down (no restart);
+    an interpreter that exits with an error before the grace still fails the attempt."""
+    rig = Rig(tmp_path, [one_stuck_at_exit])
+    assert rig.run() == ExitCode.OK
+    (stalled,) = rig.named("exit_stalled")
+    assert stalled["ranks"] == [1]
+    assert stalled["waited_s"] >= EXIT_GRACE_S
+    assert rig.named("job_succeeded") and not rig.named("restart_scheduled")
+    assert [t.torn_down for t in rig.launches.trees] == [True]
+    (tmp_path / "b").mkdir()
+    failing = Rig(tmp_path / "b", [ends_then_fails, succeeds])
+    assert failing.run() == ExitCode.OK
+    assert [f["kind"] for f in failing.named("failure_detected")] == ["crash"]
+    assert failing.named("exit_stalled") == []
