@@ -154,10 +154,15 @@ def teardown(
     term_timeout_s: float,
     kill_timeout_s: float = 5.0,
     popens: Iterable[subprocess.Popen[bytes]] = (),
+    workers: Iterable[int] | None = None,
 ) -> TeardownReport:
     """SIGTERM every process (SIGCONT first, so stopped ones can act), wait until a monotonic
     deadline, SIGKILL the survivors, wait again, reaping whatever is our child. Blocking: run it in a
-    thread from async code. Descendants that appear meanwhile are included."""
+    thread from async code. Descendants that appear meanwhile are included.
+
+    ``workers``: the processes whose end is worth waiting for (the ranks): once they are gone, the
+    deadline is now, and the rest (a launcher taking its time to shut down: torchrun needs
+    seconds after SIGTERM) are SIGKILLed at once."""
     t0 = time.monotonic()
     owned = {p.pid: p for p in popens}
     alive = {p for p in pids if p != os.getpid()} | set(owned)
@@ -167,7 +172,10 @@ def teardown(
     signalled = len(alive)
     _signal_all(alive, signal.SIGTERM)
     _signal_all(alive, signal.SIGCONT)
-    alive = _wait_gone(alive, t0 + term_timeout_s, owned)
+    deadline = t0 + term_timeout_s
+    if workers is not None and not _wait_gone(set(workers) & alive, deadline, owned):
+        deadline = time.monotonic()
+    alive = _wait_gone(alive, deadline, owned)
     killed = len(alive)
     if alive:
         for pid in list(alive):

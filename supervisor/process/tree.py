@@ -147,9 +147,18 @@ class AttemptTree:
         if popen is None:
             return
         pids = set(self._ledger.rank_of_pid) | {popen.pid}
+        # single node: once the ranks are gone, torchrun is SIGKILLed instead of awaited (it
+        # takes seconds to shut down after SIGTERM, and has nothing to save); srun is awaited,
+        # so that Slurm gives the other nodes' ranks the same SIGTERM grace
+        ranks = {pid for pid, rank in self._ledger.rank_of_pid.items() if rank is not None}
+        workers = ranks - {popen.pid} if self.plan.nnodes == 1 else None
         await shielded(
             asyncio.to_thread(
-                proctree.teardown, pids, term_timeout_s=self._term_timeout_s, popens=[popen]
+                proctree.teardown,
+                pids,
+                term_timeout_s=self._term_timeout_s,
+                popens=[popen],
+                workers=workers,
             )
         )
         if self.launcher_rc is None:

@@ -166,6 +166,30 @@ def test_teardown_gentle_tree_needs_no_kill() -> None:
         assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
+_LAUNCHER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, lambda *_: time.sleep(30))  # shuts down slowly, as torchrun
+    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print(w.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_teardown_does_not_wait_for_a_launcher_once_its_workers_are_gone() -> None:
+    """Given its workers, a teardown SIGKILLs a launcher that is slow to shut down as soon as the
+    workers obeyed SIGTERM, instead of waiting out the deadline."""
+    with _tree(_LAUNCHER) as (parent, pids):
+        worker = int(_first_line(parent))
+        pids.append(worker)
+        report = teardown([worker], term_timeout_s=20.0, popens=[parent], workers=[worker])
+        assert (report.signalled, report.killed, report.leftover) == (2, 1, 0)
+        assert report.seconds < 3.0
+        assert parent.returncode == -signal.SIGKILL
+        assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
 _SLOW_PARENT = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
