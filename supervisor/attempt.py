@@ -12,68 +12,33 @@ including cancellation, the attempt's whole process tree is torn down and reaped
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
+from supervisor.outcome import AttemptResult, Ending
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
-from supervisor.ranks.channel import Channel, RankTable, exit_from_report
-from supervisor.ranks.checkpoints import CommitTracker, commit_event
+from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
+from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_event, trouble_event
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import (
-    CheckpointFailed,
-    CheckpointLoaded,
-    CheckpointSkipped,
-    ExitStalled,
-)
+from supervisor.record.schema import ExitStalled
 from supervisor.rules import culprits, hangs
 from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 
-__all__ = ["EXIT_GRACE_S", "SETTLE_S", "TICK_S", "Attempt", "AttemptResult", "Outcome"]
+__all__ = ["EXIT_GRACE_S", "SETTLE_S", "TICK_S", "Attempt"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
 EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
-
-
-class Outcome(enum.Enum):
-    """How an attempt ended, as the supervisor acts on it."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-class _Ending(enum.Enum):
-    """Why the observation ended (a hang is a failure found by silence, not by an exit)."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    HANG = "hang"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptResult:
-    outcome: Outcome
-    observation: Observation
-    detect_s: float | None  # hangs: how long the most silent rank had been silent when caught
-    diagnostics: str | None
-    progressed: bool
-    last_step: int | None
-    stop_step: int | None  # the checkpoint committed by a stop, if any
-    noticed_at: float | None  # wall-clock time of the first sign of the failure (for the history)
 
 
 class Attempt:
@@ -127,7 +92,7 @@ class Attempt:
         self._settling: asyncio.Task[None] | None = None
         self._verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
         self._steps_final = False  # last steps fixed when a hang was caught
-        self._done: asyncio.Future[_Ending] | None = None
+        self._done: asyncio.Future[Ending] | None = None
         self._stop_deadline = float("inf")
         self._t0 = self._last_commit_t = clock.monotonic()
         self.state = JobState.STARTING
@@ -139,13 +104,13 @@ class Attempt:
         loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
         if self.commits is not None:
             loops["watch"] = self._watch_loop()
-        ending = _Ending.FAILED
+        ending = Ending.FAILED
         diagnostics: str | None = None
         lost: tuple[str, ...] = ()
         try:
             self.tree.start(self._on_launcher_exit, self._on_rank_exit)
             ending = await run_beside(self._done, loops)
-            if ending is _Ending.HANG:
+            if ending is Ending.HANG:
                 # the steps as they were when the hang was caught: a stopped rank continued to
                 # dump its stacks goes on training while the diagnostics are collected
                 self.refresh_steps()
@@ -156,14 +121,14 @@ class Attempt:
                     read_stopped(self.diag_dir, self.world_size),
                     read_flights(self.diag_dir, self.world_size),
                 )
-            if ending in (_Ending.FAILED, _Ending.HANG) and self.stop_reason is None:
+            if ending in (Ending.FAILED, Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
         finally:
             for name in loops:
                 self.liveness.forget(name)
             if self._settling is not None:
                 self._settling.cancel()
-            if ending is not _Ending.SUCCEEDED:
+            if ending is not Ending.SUCCEEDED:
                 self._set_state(JobState.TEARING_DOWN)
             await shielded(self.tree.teardown())
         return self._result(ending, diagnostics, lost)
@@ -177,7 +142,7 @@ class Attempt:
         self._stop_deadline = now + self.cfg.launch.stop_timeout_s
         if not any(st.first_step_t is not None for st in self.ranks):
             # nobody has trained yet: the newest checkpoint is what they loaded; nothing to save
-            self._finish(_Ending.STOPPED)
+            self._finish(Ending.STOPPED)
             return
         self._set_state(JobState.STOPPING)
         self._begin_sync(stop=True, now=now)
@@ -219,24 +184,9 @@ class Attempt:
             self._on_checkpoint_message(msg)
         elif kind is p.Kind.LOADED and not self._loaded_logged:
             self._loaded_logged = True  # every rank loads the one checkpoint they all agreed on
-            path, saved_by = msg.payload.get("path"), msg.payload.get("world_size")
-            self.events.log(
-                CheckpointLoaded(
-                    resume_step=msg.step,
-                    checkpoint=None if path is None else str(path),
-                    world_size=saved_by if isinstance(saved_by, int) else None,
-                )
-            )
+            self.events.log(loaded_event(msg))
         elif kind is p.Kind.FAILURE:
-            self._reports.append(
-                RankReport(
-                    rank=msg.rank,
-                    kind=str(msg.payload.get("kind", "exception")),
-                    type=str(msg.payload.get("type", "")),
-                    message=str(msg.payload.get("message", "")),
-                    step=msg.step,
-                )
-            )
+            self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
 
     def _on_exiting(self, msg: p.Message, now: float) -> None:
@@ -252,21 +202,11 @@ class Attempt:
         if msg.kind is p.Kind.CKPT_COMMITTED:
             path = Path(str(msg.payload.get("path", "")))
             self._on_commit(path, seconds=msg.value, source="sdk")
-        elif msg.kind is p.Kind.CKPT_FAILED:
-            self.checkpoint_failures.append((msg.rank, msg.step, str(msg.payload.get("reason"))))
-            self.events.log(
-                CheckpointFailed(
-                    step=msg.step, rank=msg.rank, reason=str(msg.payload.get("reason"))[:2000]
-                )
-            )
-        elif msg.kind is p.Kind.CKPT_SKIPPED:
-            self.events.log(
-                CheckpointSkipped(
-                    path=str(msg.payload.get("path")),
-                    reason=str(msg.payload.get("reason")),
-                    rank=msg.rank,
-                )
-            )
+        else:
+            if msg.kind is p.Kind.CKPT_FAILED:
+                reason = str(msg.payload.get("reason"))
+                self.checkpoint_failures.append((msg.rank, msg.step, reason))
+            self.events.log(trouble_event(msg))
 
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node
@@ -288,9 +228,9 @@ class Attempt:
 
     def _on_launcher_exit(self, rc: int) -> None:
         if rc == 0 and not self._reports and not self._left_for_stop:
-            self._finish(_Ending.SUCCEEDED)  # even with a stop pending: the training ended first
+            self._finish(Ending.SUCCEEDED)  # even with a stop pending: the training ended first
         elif self.stop_reason is not None:
-            self._finish(_Ending.STOPPED)
+            self._finish(Ending.STOPPED)
         else:
             self._sign_of_failure(self.clock.monotonic())
 
@@ -322,14 +262,14 @@ class Attempt:
             self._first_sign_t = now
             self._noticed_at = self.clock.wall()
         if self.stop_reason is not None:  # a rank died during the stop: give up on the stop
-            self._finish(_Ending.STOPPED)
+            self._finish(Ending.STOPPED)
             return
         if self._settling is None and not self._is_ending():
             self._settling = asyncio.ensure_future(self._settle_then_fail())
 
     async def _settle_then_fail(self) -> None:
         await self.clock.sleep(SETTLE_S)
-        self._finish(_Ending.FAILED)
+        self._finish(Ending.FAILED)
 
     # ------------------------------------------------------------------ the tick
     async def _tick_loop(self) -> None:
@@ -346,7 +286,7 @@ class Attempt:
             self._check_exit_stall(now)
             self._maybe_schedule_save(now)
             if now >= self._stop_deadline:
-                self._finish(_Ending.STOPPED)
+                self._finish(Ending.STOPPED)
 
     def _check_exit_stall(self, now: float) -> None:
         """Every rank's script ended without a failure, yet some interpreter has not exited
@@ -358,7 +298,7 @@ class Attempt:
         gone = {e.rank for e in self.tree.exits if e.rank is not None}
         stuck = tuple(sorted(r for r in self._ended if r not in gone))
         self.events.log(ExitStalled(ranks=stuck, waited_s=now - t))
-        self._finish(_Ending.SUCCEEDED)
+        self._finish(Ending.SUCCEEDED)
 
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
@@ -380,18 +320,9 @@ class Attempt:
         ):
             return
         # once a rank has left cleanly the job is finishing: the others get the longer allowance
-        finishing = self.tree.any_left_cleanly()
-        silences = [
-            hangs.Silence(
-                rank=st.rank,
-                silent_s=now - st.last_progress_t,
-                started=st.first_step_t is not None,
-                busy=finishing or st.phase is not None or st.saving_since is not None,
-            )
-            for st in self.ranks
-        ]
-        missing = set(range(self.world_size)) - {st.rank for st in self.ranks}
-        silences += [hangs.Silence(r, now - self._t0, False, False) for r in sorted(missing)]
+        silences = self.ranks.silences(
+            now, since=self._t0, world_size=self.world_size, finishing=self.tree.any_left_cleanly()
+        )
         hung = hangs.hung_ranks(
             silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
         )
@@ -401,7 +332,7 @@ class Attempt:
             self._silent, self._hang_silence_s = hangs.quiet_ranks(silences, hung, last_steps)
             self._first_sign_t = now
             self._noticed_at = self.clock.wall()
-            self._finish(_Ending.HANG)
+            self._finish(Ending.HANG)
 
     def _maybe_schedule_save(self, now: float) -> None:
         every = self.cfg.checkpoint.every_s
@@ -424,7 +355,7 @@ class Attempt:
     def _is_ending(self) -> bool:
         return self._done is None or self._done.done()
 
-    def _finish(self, ending: _Ending) -> None:
+    def _finish(self, ending: Ending) -> None:
         if self._done is not None and not self._done.done():
             self._done.set_result(ending)
 
@@ -434,7 +365,7 @@ class Attempt:
             self._transition(new)
 
     def _result(
-        self, ending: _Ending, diagnostics: str | None, lost: tuple[str, ...]
+        self, ending: Ending, diagnostics: str | None, lost: tuple[str, ...]
     ) -> AttemptResult:
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
@@ -446,7 +377,7 @@ class Attempt:
             hang_timeout_s=self.hang_timeout_s,
             last_steps=last_steps,
             stop_reason=self.stop_reason,
-            stderr_tail=self.tree.stderr_tail() if ending is not _Ending.SUCCEEDED else "",
+            stderr_tail=self.tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
             host_oom_kills=self.tree.host_oom_kills(),
             lost_nodes=lost,
             hang_culprits=() if self._verdict is None else self._verdict.culprits,
@@ -457,16 +388,12 @@ class Attempt:
             self._started_step is None or newest > self._started_step
         )
         stop_step = None
-        if ending is _Ending.STOPPED and self.sync is not None and self.sync.committed_by(newest):
+        if ending is Ending.STOPPED and self.sync is not None and self.sync.committed_by(newest):
             stop_step = newest
-        outcome = {
-            _Ending.SUCCEEDED: Outcome.SUCCEEDED,
-            _Ending.STOPPED: Outcome.STOPPED,
-        }.get(ending, Outcome.FAILED)
         return AttemptResult(
-            outcome=outcome,
+            outcome=ending.outcome,
             observation=obs,
-            detect_s=self._hang_silence_s if ending is _Ending.HANG else None,
+            detect_s=self._hang_silence_s if ending is Ending.HANG else None,
             diagnostics=diagnostics,
             progressed=progressed,
             last_step=max(last_steps.values()) if last_steps else None,

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor.attempt import Attempt, AttemptResult, Outcome
+from supervisor.attempt import Attempt
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
+from supervisor.outcome import AttemptResult, Outcome
 from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from supervisor.rules.failures import RankExit
-from supervisor.rules.hangs import StepTimes
+from supervisor.rules.failures import RankExit, RankReport
+from supervisor.rules.hangs import Silence, StepTimes
 from worker_sdk import protocol as p
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "RankState",
     "RankTable",
     "exit_from_report",
+    "report_from_message",
     "socket_dir",
 ]
 
@@ -153,6 +154,25 @@ class RankTable:
         ]
         return min(began) if began else None
 
+    def silences(
+        self, now: float, *, since: float, world_size: int, finishing: bool
+    ) -> list[Silence]:
+        """Every rank's silence for the hang check, ranks not heard from yet counted silent since
+        ``since`` (the attempt's start). ``finishing``: a rank already left cleanly, so the others
+        are busy ending, not hung."""
+        out = [
+            Silence(
+                rank=st.rank,
+                silent_s=now - st.last_progress_t,
+                started=st.first_step_t is not None,
+                busy=finishing or st.phase is not None or st.saving_since is not None,
+            )
+            for st in self.ranks.values()
+        ]
+        missing = set(range(world_size)) - set(self.ranks)
+        out += [Silence(r, now - since, started=False, busy=False) for r in sorted(missing)]
+        return out
+
     def _add_step_time(self, st: RankState, seconds: float) -> None:
         if len(st.step_times) == st.step_times.maxlen:
             self.step_times.remove(st.step_times[0])  # the deque drops it on append
@@ -175,6 +195,17 @@ def exit_from_report(msg: p.Message) -> RankExit | None:
     if (code is None) == (sig is None):  # exactly one of them says how it ended
         return None
     return RankExit(msg.rank, pid, exit_code=code, signal=sig, node=host)
+
+
+def report_from_message(msg: p.Message) -> RankReport:
+    """What a rank said of its own failure in a ``FAILURE`` message."""
+    return RankReport(
+        rank=msg.rank,
+        kind=str(msg.payload.get("kind", "exception")),
+        type=str(msg.payload.get("type", "")),
+        message=str(msg.payload.get("message", "")),
+        step=msg.step,
+    )
 
 
 class Channel(Protocol):

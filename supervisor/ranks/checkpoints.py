@@ -16,10 +16,23 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from supervisor.record.schema import CheckpointCommitted
+from supervisor.record.schema import (
+    CheckpointCommitted,
+    CheckpointFailed,
+    CheckpointLoaded,
+    CheckpointSkipped,
+)
 from worker_sdk import layout
+from worker_sdk import protocol as p
 
-__all__ = ["Commit", "CommitTracker", "DirectoryWatch", "commit_event"]
+__all__ = [
+    "Commit",
+    "CommitTracker",
+    "DirectoryWatch",
+    "commit_event",
+    "loaded_event",
+    "trouble_event",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,27 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
         format=commit.format,
         mode=commit.mode,
         blocked_s=commit.blocked_s,
+    )
+
+
+def loaded_event(msg: p.Message) -> CheckpointLoaded:
+    """The history's line for a ``LOADED`` message: what the ranks resumed from."""
+    path, saved_by = msg.payload.get("path"), msg.payload.get("world_size")
+    return CheckpointLoaded(
+        resume_step=msg.step,
+        checkpoint=None if path is None else str(path),
+        world_size=saved_by if isinstance(saved_by, int) else None,
+    )
+
+
+def trouble_event(msg: p.Message) -> CheckpointFailed | CheckpointSkipped:
+    """The history's line for a ``CKPT_FAILED`` (a background save that failed) or
+    ``CKPT_SKIPPED`` (a damaged checkpoint passed over at load) message."""
+    if msg.kind is p.Kind.CKPT_FAILED:
+        reason = str(msg.payload.get("reason"))[:2000]
+        return CheckpointFailed(step=msg.step, rank=msg.rank, reason=reason)
+    return CheckpointSkipped(
+        path=str(msg.payload.get("path")), reason=str(msg.payload.get("reason")), rank=msg.rank
     )
 
 
