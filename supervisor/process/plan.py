@@ -43,7 +43,10 @@ class Launches:
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
         self.zygote: Zygote | None = None
         self._cold: list[ColdStart] = []
-        if cfg.launch.zygote and not self.multi_node:
+        if cfg.launch.zygote and self.multi_node:
+            why = "multi-node jobs start their ranks cold: the zygote serves single-node jobs"
+            self._cold.append(ColdStart(ranks=(), reason=why))
+        elif cfg.launch.zygote:
             python = job_python(cfg)
             if python is None:
                 why = f"job.command[0] ({cfg.job.command[0]!r}) is not a Python interpreter"

@@ -59,3 +59,15 @@ def test_min_nnodes_above_nnodes_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="min_nnodes"):
         job_config(tmp_path, "[launch]\nnnodes = 2\nmin_nnodes = 3\n")
+
+
+@pytest.mark.parametrize(("zygote", "said"), [("", 1), ("zygote = false", 0)])
+def test_multi_node_ranks_start_cold_and_say_so(tmp_path: Path, zygote: str, said: int) -> None:
+    """A multi-node job with the zygote on (the default) gets a cold_start event naming the
+    reason once, and no zygote; with the zygote turned off nothing is said."""
+    launches = _launches(tmp_path, ("n1", "n2"), f"nnodes = 2\n{zygote}")
+    assert launches.zygote is None
+    cold = launches.cold_starts()
+    assert len(cold) == said
+    assert all("multi-node" in c.reason and c.ranks == () for c in cold)
+    assert launches.cold_starts() == []
