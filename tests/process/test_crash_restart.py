@@ -32,7 +32,7 @@ def test_kill9_of_rank1_restarts_and_ends_bit_identical(
     """SIGKILL of rank 1 mid-run: noticed within 0.1 s, one crash and one restart in the history,
     and the final model and optimizer are bit-identical to an uninterrupted run."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with running(job) as proc:
         st = wait_progress(job, min_step=15)
         victim = next(r for r in st["ranks"] if r["rank"] == 1)

@@ -32,7 +32,7 @@ def test_a_killed_daemons_attempt_is_closed_by_the_next_start(
     slots), charges no restart, resumes from the newest checkpoint and ends bit-identical; the
     history table shows no attempt left unknown and the summary counts the loss."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with running(job) as proc:
         wait_progress(job, min_step=25)
         tree = psutil.Process(proc.pid).children(recursive=True)

@@ -189,7 +189,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
     restarts after a kill -9 of rank 1 on a warm standby that runs on the job's interpreter, and
     ends bit-identical to an uninterrupted run, with one crash and one restart in the history."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with _running(rvsup_python, job) as proc:
         daemon = psutil.Process(proc.pid)
         st = _wait_status(

@@ -35,7 +35,7 @@ def test_rvsup_stop_checkpoints_at_a_common_step_and_resumes_with_nothing_redone
     """`rvsup stop`: every rank saves at one step, the daemon exits 75, status showed the ranks,
     and the resumed run redoes zero steps and ends bit-identical."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with running(job) as proc:
         st = wait_progress(job, min_step=14)
         assert st["state"] == "running" and {r["rank"] for r in st["ranks"]} == {0, 1}
