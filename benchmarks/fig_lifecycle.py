@@ -155,6 +155,7 @@ def cold(ctx: Context) -> Table:
     p = ctx.profile
     tools: dict[str, Tool] = {
         "rvsup": Rvsup(),
+        "rvsup (cold ranks)": Rvsup(zygote=False),
         "torchrun": Torchrun(share_store=False),
         "ft_launcher": FtLauncher(venv=ctx.nvrx_venv),
     }
@@ -176,4 +177,16 @@ def cold(ctx: Context) -> Table:
     t.row("launch -> first step on all ranks", _na(tools, dict(first)))
     t.row("median step time (rank 0)", _na(tools, dict(steps)))
     t.add_ratio("cold start rvsup / torchrun", first["rvsup"], first["torchrun"])
+    t.add_ratio(
+        "cold start rvsup / rvsup (cold ranks)", first["rvsup"], first["rvsup (cold ranks)"]
+    )
+    ours, before = first["rvsup"].median, first["rvsup (cold ranks)"].median
+    if ours is not None and before is not None:
+        t.targets.append(
+            Target(
+                "first start with the zygote no slower than with cold ranks",
+                f"{ours:.2f} s vs {before:.2f} s",
+                ours <= before,
+            )
+        )
     return t

@@ -118,11 +118,14 @@ def recovery_tools(ctx: Context) -> dict[str, Tool]:
     One rvsup column: a crash never waits on a hang timeout."""
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(hang_timeout="auto"),
+        "rvsup (cold ranks)": Rvsup(hang_timeout="auto", zygote=False),
         "torchrun": Torchrun(share_store=True),
         "torchrun (workaround)": Torchrun(share_store=False),
         "bash loop": BashLoop(),
         "ft_launcher": FtLauncher(venv=ctx.nvrx_venv, heartbeat_timeout_s=CONFIGURED_HANG_S),
     }
     if ctx.profile.smoke:
-        return {k: tools[k] for k in ("rvsup (auto)", "torchrun (workaround)")}
+        return {
+            k: tools[k] for k in ("rvsup (auto)", "rvsup (cold ranks)", "torchrun (workaround)")
+        }
     return tools

@@ -216,6 +216,7 @@ class Rvsup(Tool):
     backoff: str = "0s"
     script: Path = WORKLOAD  # what every rank runs
     nproc: int = WORLD
+    zygote: bool = True  # False: every rank starts cold (interpreter, imports)
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])
@@ -228,6 +229,7 @@ env = {{ OMP_NUM_THREADS = "1" }}
 
 [launch]
 nproc_per_node = {self.nproc}
+zygote = {json.dumps(self.zygote)}
 
 [checkpoint]
 every_steps = {spec.ckpt_every}
@@ -250,7 +252,10 @@ on_oom = {json.dumps(self.on_oom)}
         return records.rvsup_noticed(_lines(workdir / "run" / "events.jsonl"))
 
     def describe(self) -> str:
-        return f"{self.name}: hang_timeout={self.hang_timeout}, on_oom={self.on_oom}, backoff={self.backoff}"
+        return (
+            f"{self.name}: hang_timeout={self.hang_timeout}, on_oom={self.on_oom}, "
+            f"backoff={self.backoff}, zygote={self.zygote}"
+        )
 
 
 @dataclass
