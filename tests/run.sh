@@ -70,4 +70,4 @@ else
   echo "tests/run.sh: SKIPPED the unit tests on Python 3.10 without torch:" \
     "no python3.10 on PATH or in pyenv" >&2
 fi
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=25 "$@"
