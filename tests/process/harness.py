@@ -164,6 +164,22 @@ def wait_progress(job: Path, *, min_step: int, timeout: float = 90) -> dict[str,
     return result
 
 
+def launcher_of_ranks(daemon: int, rank_pid: int) -> psutil.Process:
+    """The torchrun that started the current attempt's ranks: a rank's parent, or, for ranks
+    forked from the zygote (then their parent), the parent of the clients that stand in for
+    them (``python -m worker_sdk._bootstrap --zygote ...``)."""
+    clients = [
+        p
+        for p in psutil.Process(daemon).children(recursive=True)
+        if p.cmdline()[1:4] == ["-m", "worker_sdk._bootstrap", "--zygote"]
+    ]
+    launchers = {p.parent() for p in clients} if clients else {psutil.Process(rank_pid).parent()}
+    assert len(launchers) == 1, launchers
+    launcher = launchers.pop()
+    assert launcher is not None
+    return launcher
+
+
 def load_final(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     return state

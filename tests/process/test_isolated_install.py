@@ -31,6 +31,7 @@ from .harness import (
     assert_same_state,
     events,
     kill_tree,
+    launcher_of_ranks,
     load_final,
     named,
     status,
@@ -174,20 +175,18 @@ def _standbys(daemon: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def _launcher_of_rank0(st: dict[str, Any]) -> psutil.Process:
-    """The attempt's torchrun: the parent of its rank 0."""
-    rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
-    launcher = rank0.parent()
-    assert launcher is not None
-    return launcher
+def _launcher_of_rank0(daemon: psutil.Process, st: dict[str, Any]) -> psutil.Process:
+    """The attempt's torchrun."""
+    return launcher_of_ranks(daemon.pid, next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
 
 
 def test_torchless_daemon_survives_a_crash_bit_identically(
     tmp_path: Path, reference_final: Path, rvsup_python: str
 ) -> None:
     """The daemon from a venv without torch runs the job's torchrun (beside the job's Python),
-    restarts after a kill -9 of rank 1 on a warm standby that runs on the job's interpreter, and
-    ends bit-identical to an uninterrupted run, with one crash and one restart in the history."""
+    forks the ranks from a zygote on the job's interpreter, restarts after a kill -9 of rank 1
+    on a warm standby that runs on the job's interpreter, and ends bit-identical to an
+    uninterrupted run, with one crash and one restart in the history."""
     final = tmp_path / "final.pt"
     job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with _running(rvsup_python, job) as proc:
@@ -198,8 +197,11 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
             lambda s: len(s["ranks"]) == 2 and all(r["last_step"] >= 15 for r in s["ranks"]),
             "step 15",
         )
-        first = _launcher_of_rank0(st)
+        first = _launcher_of_rank0(daemon, st)
         assert JOB_TORCHRUN in first.cmdline(), first.cmdline()
+        rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
+        zygote = rank0.parent()  # the ranks are forked from a process on the job's interpreter
+        assert zygote is not None and zygote.cmdline()[0] == JOB_PYTHON, zygote
         standby = wait_for(lambda: _standbys(daemon), timeout=30, what="the warm standby")
         assert [p.cmdline()[0] for p in standby] == [JOB_PYTHON]  # the job's, not rvsup's
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
@@ -209,7 +211,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
             proc, job, lambda s: s["attempt"] == 2 and len(s["ranks"]) == 2, "attempt 2's ranks"
         )
         with contextlib.suppress(psutil.Error):  # it may have finished meanwhile
-            second = _launcher_of_rank0(st2)
+            second = _launcher_of_rank0(daemon, st2)
             assert second.create_time() < killed_at  # the standby, started before the crash
             assert second.cmdline()[0] == JOB_PYTHON
             assert "worker_sdk._standby" in " ".join(second.cmdline())

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .harness import events, named, running, wait_progress, write_job
+from .harness import events, launcher_of_ranks, named, running, wait_progress, write_job
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
@@ -24,10 +24,8 @@ def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int]]
     before = {p.pid for p in psutil.Process(daemon).children(recursive=True)}
     os.kill(victim["pid"], signal.SIGKILL)
     st = wait_progress(job, min_step=32)
-    rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
-    launcher = rank0.parent()
-    assert launcher is not None
-    return launcher, before
+    rank0 = next(r for r in st["ranks"] if r["rank"] == 0)["pid"]
+    return launcher_of_ranks(daemon, rank0), before
 
 
 def test_restart_runs_on_the_warm_launcher(tmp_path: Path) -> None:
