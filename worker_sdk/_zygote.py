@@ -13,8 +13,11 @@ script or module in a fresh ``__main__``.
 When a request cannot be served like a cold start (another interpreter, an option the fork
 cannot honour, a different import-time environment) or the imports were not safe, the reply is
 a refusal with the reason, and the client starts the rank cold. One JSON line per fact goes to
-standard output for the supervisor (``ready``, ``unsafe``, ``refused``); the zygote ends when its
-standard input closes (the supervisor's end of the pipe). Runs only on Linux.
+standard output for the supervisor (``listening``, ``ready``, ``unsafe``, ``refused``; with the
+node's name under Slurm); the zygote ends when its standard input closes (the supervisor's end
+of the pipe, or srun's on a multi-node job). It ignores SIGTERM, SIGINT and SIGHUP: Slurm's
+preemption and time limit send SIGTERM to every process of the job, and the ranks, which die
+with their zygote, must live on to save. Runs only on Linux.
 """
 
 from __future__ import annotations
@@ -71,12 +74,15 @@ class Served:
 def main(argv: Sequence[str]) -> int:
     """Serve until standard input closes; in a forked child, run the rank's program."""
     name, preload, path = _parse(argv)
+    for sig in child.SHIELDED:  # its end is its input's; its ranks must outlive a job's SIGTERM
+        signal.signal(sig, signal.SIG_IGN)
     child.set_cmdline([sys.executable, "-m", "worker_sdk._zygote", "--socket", name])
     base_path = list(sys.path)
     startup_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(64)
+    _say({"listening": name})
     t0 = time.monotonic()
     unsafe = _prepare(preload, path)
     added = {k: v for k, v in os.environ.items() if startup_env.get(k) != v}
@@ -114,7 +120,9 @@ def _parse(argv: Sequence[str]) -> tuple[str, list[tuple[str, bool]], str | None
 
 
 def _say(fact: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(fact) + "\n")
+    """One fact, one line (written at once: srun merges the nodes' lines), with the node."""
+    node = os.environ.get("SLURMD_NODENAME")
+    sys.stdout.write(json.dumps({**fact, "node": node} if node else fact) + "\n")
     sys.stdout.flush()
 
 

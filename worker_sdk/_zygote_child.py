@@ -3,9 +3,10 @@
 Loaded by path by ``worker_sdk/_zygote.py`` (standard library only; torch and NumPy are only
 touched when the zygote imported them). :func:`become` applies what the client sent (session,
 parent-death signal, standard streams, working directory, umask, resource limits, CPU affinity,
-environment, signal mask); :func:`run` gives the interpreter's state a cold start would have
-(``sys.argv``, ``sys.path[0]``, fresh ``sys.std*``, RNGs seeded from the OS) and runs the script
-or module in a fresh ``__main__``, reporting an uncaught exception as the interpreter does.
+environment, the dispositions of the signals the zygote ignores, signal mask); :func:`run`
+gives the interpreter's state a cold start would have (``sys.argv``, ``sys.path[0]``, fresh
+``sys.std*``, RNGs seeded from the OS) and runs the script or module in a fresh ``__main__``,
+reporting an uncaught exception as the interpreter does.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Job", "become", "run", "set_cmdline"]
+__all__ = ["SHIELDED", "Job", "become", "run", "set_cmdline"]
 
 _PR_SET_PDEATHSIG = 1
+#: Signals the zygote ignores; a forked rank gets them back as its client had them.
+SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,10 @@ def become(request: dict[str, Any], fds: list[int], zygote: int, added_env: dict
     set_cmdline(request["argv"])
     os.environ.clear()
     os.environ.update({**added_env, **request["env"]})
+    ignored = set(request.get("ignored", ()))
+    for sig in SHIELDED:
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if int(sig) in ignored else default)
     signal.pthread_sigmask(signal.SIG_SETMASK, [signal.Signals(s) for s in request["sigmask"]])
 
 

@@ -2,9 +2,9 @@
 
 torchrun starts ``python -m worker_sdk._bootstrap CMD...`` for every rank. With a zygote, that
 process becomes a small client instead of exec'ing ``CMD``: it hands the zygote its command line,
-environment, working directory, umask, resource limits, CPU affinity, signal mask and standard
-streams, and the zygote forks the rank from an interpreter that imported torch already. Then the
-client stands in for the rank toward torchrun, as the multi-node waiter does
+environment, working directory, umask, resource limits, CPU affinity, signal mask, ignored
+signals and standard streams, and the zygote forks the rank from an interpreter that imported
+torch already. Then the client stands in for the rank toward torchrun, as the multi-node waiter does
 (``worker_sdk._exit_report``):
 
 - every signal torchrun, srun or a user sends it is passed on to the rank;
@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from . import _zygote_wire as wire
 from ._exit_report import FORWARDED, ReportTo, end_like, report
+from ._zygote_child import SHIELDED
 
 __all__ = ["request_of", "run"]
 
@@ -50,6 +51,7 @@ def request_of(argv: Sequence[str]) -> dict[str, object]:
         "rlimits": rlimits,
         "affinity": sorted(os.sched_getaffinity(0)),
         "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "ignored": sorted(int(s) for s in SHIELDED if signal.getsignal(s) == signal.SIG_IGN),
     }
 
 
@@ -63,9 +65,10 @@ def run(argv: Sequence[str], name: str, to: ReportTo | None) -> str:
     except OSError as exc:
         sock.close()
         return f"no zygote ({exc.strerror or exc})"
+    request = request_of(argv)  # before the forwarding handlers replace the dispositions
     read_w, wake_w, before = _signals_to_pipe()
     try:
-        wire.send(sock, request_of(argv), fds=(0, 1, 2))
+        wire.send(sock, request, fds=(0, 1, 2))
         sock.settimeout(_READY_TIMEOUT_S)
         answer, _ = wire.recv(sock)
     except (OSError, wire.WireError) as exc:

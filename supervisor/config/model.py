@@ -147,7 +147,7 @@ class LaunchSection:
       once (:mod:`supervisor.process.zygote`), so that starts and restarts do not pay for the
       interpreter and the imports again; ranks it cannot start as a cold exec would start them
       (another interpreter, interpreter options, import-time variables that differ) start
-      cold, with a ``cold_start`` event. Single-node attempts only, for now.
+      cold, with a ``cold_start`` event. On several nodes the zygotes are a Slurm step.
     - ``preload`` (default ``[]``): more modules for the zygote to import (the model's code, a
       tokenizer), from the script's folder and ``sys.path``; a module that fails to import, or
       that starts threads or initialises CUDA while importing, makes every rank start cold.

@@ -111,8 +111,8 @@ def build_plan(
     zygote: str | None = None,
 ) -> LaunchPlan:
     """The command line and environment of attempt ``attempt``; ``torchrun`` is the job's
-    (:func:`resolve_torchrun`). ``zygote``: the name of the node's zygote the ranks of a
-    single-node attempt are forked from."""
+    (:func:`resolve_torchrun`). ``zygote``: the name of the zygote the ranks are forked from
+    (each node's, on several)."""
     env = dict(os.environ if base_env is None else base_env)
     child_env_cleanup(env)  # torchrun must not talk to systemd in our name
     env.update(cfg.job.env)
@@ -141,10 +141,10 @@ def build_plan(
             f"--rdzv-id={cfg.job.name}-{attempt}",
         ]
     tr += [f"--log-dir={log_dir}", "--redirects=3", "--tee=3", *cfg.launch.torchrun_args]
-    forked = zygote is not None and nnodes == 1
+    forked = zygote is not None
     if forked:
         env[p.ENV_REPORT_EXIT] = "1"  # the zygote is the rank's parent: its client reports
-    via = ["--zygote", zygote] if forked and zygote is not None else []
+    via = ["--zygote", zygote] if zygote is not None else []
     tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *via, *cfg.job.command]
     argv = tr
     if nnodes > 1 and alloc is not None:

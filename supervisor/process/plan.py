@@ -43,16 +43,18 @@ class Launches:
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
         self.zygote: Zygote | None = None
         self._cold: list[ColdStart] = []
-        if cfg.launch.zygote and self.multi_node:
-            why = "multi-node jobs start their ranks cold: the zygote serves single-node jobs"
-            self._cold.append(ColdStart(ranks=(), reason=why))
-        elif cfg.launch.zygote:
+        if cfg.launch.zygote:
             python = job_python(cfg)
             if python is None:
                 why = f"job.command[0] ({cfg.job.command[0]!r}) is not a Python interpreter"
                 self._cold.append(ColdStart(ranks=(), reason=why))
             else:
-                self.zygote = Zygote(python, cfg.launch.preload, path=_script_folder(cfg))
+                self.zygote = Zygote(
+                    python,
+                    cfg.launch.preload,
+                    path=_script_folder(cfg),
+                    step_name=f"{cfg.job.name}-zygote",
+                )
 
     @property
     def multi_node(self) -> bool:
@@ -73,8 +75,8 @@ class Launches:
         return len(self.nodes_left()), self.nodes_minimum
 
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
-        """Attempt ``attempt``'s command line and environment (with the zygote started, for a
-        single-node attempt, if it is not running)."""
+        """Attempt ``attempt``'s command line and environment (with the zygote started, on
+        every node of the attempt, if it is not running there)."""
         alloc = None
         if self.alloc is not None:
             alloc = dataclasses.replace(self.alloc, nodes=self.nodes_left())
@@ -87,10 +89,10 @@ class Launches:
             alloc=alloc,
             rdzv_port=port,
         )
-        if self.zygote is None or plan.nnodes > 1:
+        if self.zygote is None:
             return plan
         self._cold += self.zygote.cold_starts()  # its death, before it is started again
-        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node)
+        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc)
         return launcher.build_plan(
             self.cfg,
             attempt=attempt,

@@ -8,9 +8,13 @@ group's set-up and the checkpoint's load. The ranks' command line names it
 (``worker_sdk._bootstrap --zygote NAME``); every rank is reported by its client when it ends
 (``RVSUP_REPORT_EXIT``), since the zygote, not torchrun, is the rank's parent.
 
-What it says on its standard output (``ready``, ``unsafe``, ``refused``) becomes ``cold_start``
-events; a zygote that died is started again for the next attempt. Only the daemon's main
-thread may start one (the parent-death signal is tied to the thread that forked).
+A multi-node job gets one on every node, as a Slurm step of its own (:class:`Zygote`): the
+ranks' clients in each attempt's step find their node's zygote under the same name.
+
+What it says on its standard output (``listening``, ``ready``, ``unsafe``, ``refused``, and a
+node's ``gone``) becomes ``cold_start`` events; a zygote that died is started again for the
+next attempt. Only the daemon's main thread may start one (the parent-death signal is tied to
+the thread that forked).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import json
 import os
 import secrets
+import select
 import subprocess
 import sys
 import time
@@ -27,15 +32,17 @@ from pathlib import Path
 
 import worker_sdk._zygote
 from supervisor.record.schema import ColdStart
+from supervisor.slurm.commands import Allocation, srun_argv
 from worker_sdk import protocol as p
 
-__all__ = ["DEFAULT_PRELOAD", "Zygote", "zygote_argv"]
+__all__ = ["DEFAULT_PRELOAD", "Zygote", "zygote_argv", "zygote_step_argv"]
 
 #: What every rank imports, and what DDP imports when it is constructed.
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 #: Imported when the job's environment has it: the SDK (and ZeroMQ with it).
 OPTIONAL_PRELOAD = ("worker_sdk",)
 _LISTEN_WAIT_S = 5.0
+_STEP_WAIT_S = 15.0  # srun starts a step on every node first
 _CMDLINE_ROOM = 4096
 
 # Runs rvsup's own copy of worker_sdk/_zygote.py on the job's interpreter, by path, under a
@@ -68,7 +75,15 @@ def zygote_argv(
 
 
 class Zygote:
-    """The zygote of this node for one ``rvsup start``."""
+    """The zygote of this node, or of every node of a multi-node job, for one ``rvsup start``.
+
+    On one node it is the supervisor's child. On several it runs as a job step of its own
+    (``srun``, one task per node, :func:`zygote_step_argv`) beside the attempts' steps, for as
+    long as the nodes stay the same: the ranks it forks live in that step, inside Slurm's
+    cgroup, accounting and resource binding, and the attempts' steps hold only torchrun and
+    the ranks' clients. A node whose zygote ended says so (``worker_sdk._zygote_watch``), and
+    the step is started again before the next attempt.
+    """
 
     def __init__(
         self,
@@ -77,35 +92,44 @@ class Zygote:
         *,
         path: str | None = None,
         defaults: Sequence[str] = DEFAULT_PRELOAD,
+        step_name: str = "rvsup-zygote",
     ) -> None:
         self.python = python
         self.preload = (*defaults, *(m for m in preload if m not in defaults))
         self.path = path
+        self.step_name = step_name
         self.name = ""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._nodes: tuple[str, ...] = ()  # the step's nodes; () on one node
         self._buffer = b""
-        self._said: list[dict[str, object]] = []
+        self._listening: set[str] = set()
+        self._lost_nodes: set[str] = set()
+        self._said: list[ColdStart] = []
         self._gone_reported = False
         self.ready_s: float | None = None
-        """Its imports' duration once it said it is ready to fork ranks."""
+        """Its imports' duration once it said it is ready to fork ranks (the slowest node's)."""
 
-    def ensure(self, env: Mapping[str, str], cwd: Path, nproc: int) -> None:
-        """Start it unless it runs; ``env`` is the attempt's (torchrun's import-time additions
-        are made here, so that its ranks' environment matches the zygote's)."""
-        if self._proc is not None and self._proc.poll() is None:
+    def ensure(
+        self, env: Mapping[str, str], cwd: Path, nproc: int, alloc: Allocation | None = None
+    ) -> None:
+        """Start it unless it runs (on ``alloc``'s nodes when given: a multi-node attempt's);
+        ``env`` is the attempt's (torchrun's import-time additions are made here, so that its
+        ranks' environment matches the zygote's)."""
+        nodes = alloc.nodes if alloc is not None else ()
+        self._pump()
+        if self.alive() and nodes == self._nodes:
             return
+        self._said += self._death()
         self._reap()
         self.name = f"rvsup-zygote-{os.getpid()}-{secrets.token_hex(6)}"
         zenv = {k: v for k, v in env.items() if not k.startswith("RVSUP_")}
         if nproc > 1:  # as torchrun sets it for every rank when the user did not
             zenv.setdefault("OMP_NUM_THREADS", "1")
+        argv = zygote_argv(self.python, self.name, self.preload, path=self.path)
+        if alloc is not None:
+            argv = tuple(zygote_step_argv(alloc, argv, step_name=self.step_name))
         self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "worker_sdk._bootstrap",
-                *zygote_argv(self.python, self.name, self.preload, path=self.path),
-            ],
+            [sys.executable, "-m", "worker_sdk._bootstrap", *argv],
             env=zenv,
             cwd=cwd,
             stdin=subprocess.PIPE,
@@ -115,28 +139,37 @@ class Zygote:
         )
         assert self._proc.stdout is not None
         os.set_blocking(self._proc.stdout.fileno(), False)
+        self._nodes = nodes
         self._buffer = b""
+        self._listening.clear()
+        self._lost_nodes.clear()
         self._gone_reported = False
         self.ready_s = None
-        self._wait_listening()
+        self._wait_listening(max(1, len(nodes)), _LISTEN_WAIT_S if alloc is None else _STEP_WAIT_S)
 
-    def _wait_listening(self) -> None:
-        """Until its socket listens (it binds before importing: ~0.1 s), so that the first
-        ranks find it; not longer than :data:`_LISTEN_WAIT_S` nor past its death."""
-        deadline = time.monotonic() + _LISTEN_WAIT_S
-        needle = f" @{self.name}\n".encode()
-        while time.monotonic() < deadline and self.alive():
-            with contextlib.suppress(OSError), open("/proc/net/unix", "rb") as f:
-                if needle in f.read():
-                    return
-            time.sleep(0.005)
+    def _wait_listening(self, count: int, wait_s: float) -> None:
+        """Until ``count`` nodes said their socket listens (it binds before importing: ~0.1 s
+        after its start), so that the first ranks find it; not longer than ``wait_s`` nor past
+        its death. Ranks that find none start cold."""
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdout is not None
+        deadline = time.monotonic() + wait_s
+        while len(self._listening) < count and proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            select.select([proc.stdout], [], [], left)
+            self._pump()
 
     @property
     def pid(self) -> int | None:
+        """The zygote's pid on one node; srun's on several."""
         return None if self._proc is None else self._proc.pid
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        """It runs, on every node of its step."""
+        return self._proc is not None and self._proc.poll() is None and not self._lost_nodes
 
     def rank_command(self, command: Sequence[str]) -> list[str]:
         """The bootstrap's arguments that run ``command`` forked from this zygote."""
@@ -144,23 +177,43 @@ class Zygote:
 
     def cold_starts(self) -> list[ColdStart]:
         """What it said since last asked, as events: ranks refused (and why), an unsafe import,
-        its death."""
-        out: list[ColdStart] = []
+        its death (a node's, on several)."""
+        self._pump()
+        out, self._said = [*self._said, *self._death()], []
+        return out
+
+    def _death(self) -> list[ColdStart]:
+        proc = self._proc
+        if proc is None or proc.poll() is None or self._gone_reported:
+            return []
+        self._gone_reported = True
+        rc = proc.returncode
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        what = "the zygote" if not self._nodes else "the zygotes' step (srun)"
+        return [ColdStart(ranks=(), reason=f"{what} {how}")]
+
+    def _pump(self) -> None:
+        """Take in what it said since."""
         for fact in self._read():
-            if "refused" in fact:
+            node = str(fact.get("node", ""))
+            if "listening" in fact:
+                self._listening.add(node)
+            elif "refused" in fact:
                 rank = fact.get("rank")
                 ranks = (rank,) if isinstance(rank, int) else ()
-                out.append(ColdStart(ranks=ranks, reason=str(fact["refused"])))
+                self._said.append(ColdStart(ranks=ranks, reason=str(fact["refused"])))
             elif "unsafe" in fact:
-                out.append(ColdStart(ranks=(), reason=f"zygote unsafe: {fact['unsafe']}"))
+                where = f" on {node}" if self._nodes and node else ""
+                reason = f"zygote unsafe{where}: {fact['unsafe']}"
+                self._said.append(ColdStart(ranks=(), reason=reason))
+            elif "gone" in fact and self._nodes:  # a node's zygote, on several
+                self._lost_nodes.add(node)
+                self._said.append(
+                    ColdStart(ranks=(), reason=f"the zygote on {node} {fact['gone']}")
+                )
             elif isinstance(fact.get("ready"), (int, float)):
-                self.ready_s = float(fact["ready"])  # type: ignore[arg-type]
-        if self._proc is not None and self._proc.poll() is not None and not self._gone_reported:
-            self._gone_reported = True
-            rc = self._proc.returncode
-            how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-            out.append(ColdStart(ranks=(), reason=f"the zygote {how}"))
-        return out
+                ready = float(fact["ready"])  # type: ignore[arg-type]
+                self.ready_s = ready if self.ready_s is None else max(self.ready_s, ready)
 
     def _read(self) -> list[dict[str, object]]:
         proc = self._proc
@@ -190,12 +243,20 @@ class Zygote:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
         try:
-            proc.wait(timeout=2.0)
+            proc.wait(timeout=0.0 if self._lost_nodes else 2.0)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # srun: slurmstepd then kills the step's tasks on every node
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def zygote_step_argv(alloc: Allocation, zygote: Sequence[str], *, step_name: str) -> list[str]:
+    """The srun command that runs ``zygote`` (:func:`zygote_argv`) on every node of ``alloc``,
+    each watched by ``worker_sdk._zygote_watch``, as a step of its own. Unlike an attempt's
+    step, one node's zygote ending does not end the others."""
+    inner = [sys.executable, "-m", "worker_sdk._zygote_watch", *zygote]
+    return srun_argv(alloc, inner, job_name=step_name, kill_on_bad_exit=False)
 
 
 def rank_env_for_zygote() -> dict[str, str]:

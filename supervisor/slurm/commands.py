@@ -228,7 +228,9 @@ def requeue(job_id: str) -> None:
     _run_retrying(["scontrol", "requeue", job_id])
 
 
-def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list[str]:
+def srun_argv(
+    alloc: Allocation, inner: Sequence[str], *, job_name: str, kill_on_bad_exit: bool = True
+) -> list[str]:
     """The srun command that runs ``inner`` once on every node of ``alloc``, as one job step.
 
     Each task learns its node rank from SLURM_NODEID (0..N-1, in :attr:`Allocation.nodes`
@@ -248,7 +250,8 @@ def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list
       still completing, or a step the user started (say ``srun rvsup start ...``).
     - ``--kill-on-bad-exit=1``: one task ending non-zero kills the step on every node, so the
       other nodes do not sit in a collective until the hang timeout (whatever the cluster's
-      KillOnBadExit).
+      KillOnBadExit). ``kill_on_bad_exit=False`` (the zygotes' step) says 0 instead: one
+      node's task ending leaves the others be.
     - ``--export=ALL``: the tasks get this environment even when the job was submitted with
       ``--export=NONE`` (which leaves SLURM_EXPORT_ENV=NONE behind for srun to obey).
     - ``--mpi=none``: torchrun does its own rendezvous; skip the cluster's MpiDefault (PMIx)
@@ -281,7 +284,7 @@ def srun_argv(alloc: Allocation, inner: Sequence[str], *, job_name: str) -> list
         argv.append(f"--gpus-per-node={alloc.gpus_per_node}")
     argv += [
         "--overlap",
-        "--kill-on-bad-exit=1",
+        f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
         "--export=ALL",
         "--mpi=none",
         f"--job-name={job_name}",

@@ -304,3 +304,68 @@ def test_forked_ranks_draw_their_own_random_numbers(tmp_path: Path, env: dict[st
             assert len(set(column)) == 3, draws
     finally:
         z.close()
+
+
+def test_the_zygote_outlives_a_jobs_sigterm_and_its_ranks_get_their_dispositions_back(
+    tmp_path: Path, env: dict[str, str], zygote: Zygote
+) -> None:
+    """Slurm's preemption sends SIGTERM to every process of the job: the zygote ignores it, so
+    its forked rank (which dies with it) lives on; the rank itself has SIGTERM, SIGINT and
+    SIGHUP as its client had them (default, Python's KeyboardInterrupt, and ignored when the
+    client was started ignoring SIGHUP, as under nohup), and dies of the SIGTERM sent to it."""
+    (tmp_path / "dispositions.py").write_text(
+        textwrap.dedent(
+            """\
+            import signal, sys, time
+            names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored",
+                     signal.default_int_handler: "python"}
+            got = [names.get(signal.getsignal(s), "other") for s in
+                   (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)]
+            print(*got, flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+
+    def ignoring_sighup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = client(
+        zygote,
+        [sys.executable, "dispositions.py"],
+        env,
+        tmp_path,
+        preexec_fn=ignoring_sighup,
+    )
+    with reaped(proc):
+        rank = forked_rank(zygote, "dispositions.py")
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["default", "python", "ignored"]
+        assert zygote.pid is not None
+        os.kill(zygote.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert zygote.alive() and rank.is_running()
+        rank.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        assert proc.returncode == -signal.SIGTERM
+    assert zygote.alive() and zygote.cold_starts() == []
+
+
+def test_the_watch_of_a_nodes_zygote_says_how_it_ended(tmp_path: Path) -> None:
+    """On a multi-node job each zygote runs under a watch that survives SIGTERM like it, and
+    says on its output, with the node's name, how the zygote ended (here: killed by SIGKILL)."""
+    victim = "import os, signal, time; time.sleep(1); os.kill(os.getpid(), signal.SIGKILL)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker_sdk._zygote_watch", sys.executable, "-c", victim],
+        env=dict(os.environ, PYTHONPATH=str(REPO), SLURMD_NODENAME="node7"),
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    with reaped(proc):
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert json.loads(out) == {"gone": "killed by signal 9", "node": "node7"}

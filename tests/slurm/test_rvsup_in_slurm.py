@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from supervisor.record import rundir
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import text as slurm_text
 from tests.process.harness import assert_same_state, load_final
@@ -44,6 +46,7 @@ pytestmark = pytest.mark.slurm
 TOTAL = 60  # steps of every job here (the reference's too: the final states must compare)
 START_S = 90.0  # a 2-node job's start: scheduling, 6 Python processes importing torch on 2 cores
 END_S = 120.0  # from the last signal to the job leaving the queue (requeues included)
+ZYGOTE_CMDLINE = "worker_sdk._zygote --socket"  # what a zygote's command line shows
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,8 +89,31 @@ def _cancelled_on_error(cluster: SlurmCluster, job_id: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def _past_step_12(
+    cluster: SlurmCluster, root: Path
+) -> Iterator[tuple[TrainerJob, str, dict[str, Any]]]:
+    """A 2 x 2 job (0.05 s steps) submitted and awaited until every rank is past step 12: the
+    block acts on it (the job, its id, `rvsup status`; cancelled if the block raises), then the
+    job is awaited until it leaves the queue."""
+    job = write_trainer_job(root, total=TOTAL, env={"STEP_SLEEP": "0.05"})
+    job_id = submit(cluster, job)
+    with _cancelled_on_error(cluster, job_id):
+        status = wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at 12")
+        yield job, job_id, status
+    _run_to_end(cluster, job, job_id, timeout=START_S + END_S)
+
+
 def _failure_kinds(job: TrainerJob) -> list[str]:
     return [e["kind"] for e in job.named("failure_detected")]
+
+
+def _rank_logs(job: TrainerJob, attempt: int | None = None) -> str:
+    """What the ranks wrote on stderr (torchrun's per-rank logs, every node's)."""
+    folder = job.run_dir / "logs" if attempt is None else rundir.logs_dir(job.run_dir, attempt)
+    logs = sorted(folder.glob("**/stderr.log"))
+    assert logs, f"no rank logs under {folder}"
+    return "".join(log.read_text(errors="replace") for log in logs)
 
 
 def _when(event: dict[str, Any]) -> float:
@@ -123,17 +149,14 @@ def killed_rank(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, reference: TrainerJob
 ) -> KilledRank:
     """A 2 x 2 job whose rank 2 (on node2, found with `rvsup status`) gets SIGKILL at step >= 12."""
-    job = write_trainer_job(
-        tmp_path_factory.mktemp("killed"), total=TOTAL, env={"STEP_SLEEP": "0.05"}
-    )
-    job_id = submit(slurm_cluster, job)
-    with _cancelled_on_error(slurm_cluster, job_id):
-        status = wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at 12")
+    with _past_step_12(slurm_cluster, tmp_path_factory.mktemp("killed")) as (job, job_id, status):
         victim = next(r for r in status["ranks"] if r["rank"] == 2)
         assert victim["host"] == "node2"
-        assert victim["pid"] in slurm_cluster.node_processes("node2"), "rank 2 is not on node2"
+        on_node2 = slurm_cluster.node_processes("node2")
+        assert victim["pid"] in on_node2, "rank 2 is not on node2"
+        parent = on_node2.get(psutil.Process(victim["pid"]).ppid(), "")
+        assert ZYGOTE_CMDLINE in parent, f"rank 2 is not forked from node2's zygote: {parent}"
         os.kill(victim["pid"], signal.SIGKILL)
-    _run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
     return KilledRank(job, job_id, victim)
 
 
@@ -153,10 +176,51 @@ def test_rank_killed_on_node2_is_restarted_and_ends_as_the_reference(
     assert_same_state(load_final(reference.final), load_final(job.final))
 
 
+def test_the_ranks_of_both_nodes_are_forked_from_their_zygotes(
+    killed_rank: KilledRank, reference: TrainerJob
+) -> None:
+    """With the default launch.zygote, no rank of a 2-node job starts cold, neither at the first
+    start nor after the crash: no cold_start event, no rank saying it starts cold."""
+    for job in (reference, killed_rank.job):
+        assert job.named("cold_start") == [], job.named("cold_start")
+        assert "starts cold" not in _rank_logs(job)
+
+
 def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -> None:
     """The crash names rank 2 killed by SIGKILL on node2, as it would on a single node."""
     failure = killed_rank.job.named("failure_detected")[0]
     assert failure["ranks"][0] == 2 and failure["signals"][:1] == ["SIGKILL"], failure["detail"]
+
+
+# ---------------------------------------------------------------------- node2's zygote killed
+
+
+@pytest.fixture(scope="module")
+def zygote_killed(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, reference: TrainerJob
+) -> TrainerJob:
+    """A 2 x 2 job whose zygote on node2 gets SIGKILL once every rank is past step 12."""
+    with _past_step_12(slurm_cluster, tmp_path_factory.mktemp("zygote")) as (job, _, _):
+        on_node2 = slurm_cluster.node_processes("node2")
+        zygotes = [pid for pid, cmdline in on_node2.items() if ZYGOTE_CMDLINE in cmdline]
+        assert len(zygotes) == 1, on_node2
+        os.kill(zygotes[0], signal.SIGKILL)
+    return job
+
+
+def test_a_killed_zygote_takes_its_ranks_and_the_next_attempt_forks_again(
+    zygote_killed: TrainerJob, reference: TrainerJob
+) -> None:
+    """node2's zygote killed: its ranks die with it (a crash), the history says the zygote on
+    node2 was killed, the zygotes' step starts again and the next attempt's ranks are forked,
+    not cold; the final state is the reference's, bit for bit."""
+    job = zygote_killed
+    assert _failure_kinds(job) == ["crash"], job.output_text()[-3000:]
+    said = [e["reason"] for e in job.named("cold_start")]
+    assert said == ["the zygote on node2 killed by signal 9"], said
+    assert len(job.named("attempt_started")) == 2 and job.named("job_succeeded")
+    assert "starts cold" not in _rank_logs(job, attempt=2)
+    assert_same_state(load_final(reference.final), load_final(job.final))
 
 
 # ---------------------------------------------------------------------- preemption and requeue

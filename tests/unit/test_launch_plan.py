@@ -3,20 +3,26 @@ launch.min_nnodes (pure planning: no process is started)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from supervisor.config.torchrun import Torchrun
+from supervisor.process.launcher import build_plan
 from supervisor.process.plan import Launches
+from supervisor.process.zygote import zygote_step_argv
 from supervisor.slurm.commands import Allocation
 from tests.unit.core_fakes import job_config
+from worker_sdk.protocol import ENV_REPORT_EXIT
 
 TORCHRUN = Torchrun(("/venv/bin/torchrun",), None, "test")
 
 
 def _launches(tmp: Path, nodes: tuple[str, ...], launch: str) -> Launches:
-    cfg = job_config(tmp, f"[launch]\nnproc_per_node = 2\nwarm_standby = false\n{launch}\n")
+    cfg = job_config(
+        tmp, f"[launch]\nnproc_per_node = 2\nwarm_standby = false\nzygote = false\n{launch}\n"
+    )
     alloc = Allocation("7", nodes, nodes[0], 2, None, 2, 0, True)
     return Launches(cfg, alloc, TORCHRUN)
 
@@ -61,13 +67,27 @@ def test_min_nnodes_above_nnodes_is_refused(tmp_path: Path) -> None:
         job_config(tmp_path, "[launch]\nnnodes = 2\nmin_nnodes = 3\n")
 
 
-@pytest.mark.parametrize(("zygote", "said"), [("", 1), ("zygote = false", 0)])
-def test_multi_node_ranks_start_cold_and_say_so(tmp_path: Path, zygote: str, said: int) -> None:
-    """A multi-node job with the zygote on (the default) gets a cold_start event naming the
-    reason once, and no zygote; with the zygote turned off nothing is said."""
-    launches = _launches(tmp_path, ("n1", "n2"), f"nnodes = 2\n{zygote}")
-    assert launches.zygote is None
-    cold = launches.cold_starts()
-    assert len(cold) == said
-    assert all("multi-node" in c.reason and c.ranks == () for c in cold)
-    assert launches.cold_starts() == []
+def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> None:
+    """A multi-node attempt with a zygote: srun runs torchrun on every node, the ranks' command
+    names the zygote (the same name on every node: each node's own socket) and their clients
+    report how they end; the zygotes run as a step of their own, each watched, where one
+    node's zygote ending does not end the step."""
+    cfg = job_config(tmp_path, "[launch]\nnnodes = 2\nnproc_per_node = 2\n")
+    alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
+    plan = build_plan(
+        cfg, attempt=1, torchrun=TORCHRUN, rank_env={}, alloc=alloc, zygote="rvsup-zygote-x"
+    )
+    assert plan.argv[0] == "srun" and "--kill-on-bad-exit=1" in plan.argv
+    assert plan.forked and plan.env[ENV_REPORT_EXIT] == "1"
+    bootstrap = plan.argv.index("worker_sdk._bootstrap")
+    assert plan.argv[bootstrap + 1 : bootstrap + 4] == ("--zygote", "rvsup-zygote-x", "python")
+    zygote = ["/venv/bin/python", "-c", "..."]
+    step = zygote_step_argv(alloc, zygote, step_name="core-zygote")
+    assert step[0] == "srun" and "--kill-on-bad-exit=0" in step and "--overlap" in step
+    assert "--job-name=core-zygote" in step and "--nodelist=n1,n2" in step
+    assert step[step.index("--") + 1 :] == [
+        sys.executable,
+        "-m",
+        "worker_sdk._zygote_watch",
+        *zygote,
+    ]
