@@ -150,6 +150,7 @@ def hang(ctx: Context) -> Table:
         rank = 0 if kind == "sigstop" else 1
         detect = {c: Cell(unit=" s") for c in tools}
         mttr = {c: Cell(unit=" s") for c in tools}
+        recover = {c: Cell(unit=" s") for c in tools}  # MTTR minus detection, per trial
         ok, runs = Counter[str](), Counter[str]()
         waited: dict[str, float] = {}  # the shortest wait after the fault of a capped trial
         for i in range(p.n):
@@ -165,6 +166,8 @@ def hang(ctx: Context) -> Table:
                 o = run_trial(tool, spec, workdir, p.hang_cap_s if capped else HANG_CAP_S)
                 detect[col].add(o.detect_s())
                 mttr[col].add(o.mttr_s())
+                took, seen = o.mttr_s(), o.detect_s()
+                recover[col].add(None if took is None or seen is None else took - seen)
                 if o.fault_t is not None and o.detect_s() is None:
                     waited[col] = min(waited.get(col, 1e9), o.end_t - o.fault_t)
                 runs[col] += 1
@@ -183,6 +186,7 @@ def hang(ctx: Context) -> Table:
                 mttr[col].note = f"not recovered within {waited[col]:.0f} s (n={runs[col]})"
         t.row(f"{label}: detection latency", _unavailable_row(tools, dict(detect)))
         t.row(f"{label}: MTTR", _unavailable_row(tools, dict(mttr)))
+        t.row(f"{label}: recovery once detected", _unavailable_row(tools, dict(recover)))
         t.row(
             f"{label}: recovered and finished",
             _unavailable_row(tools, {c: success_text(ok[c], runs[c]) for c in tools}),
@@ -201,12 +205,21 @@ def hang(ctx: Context) -> Table:
                         med <= budget + 1,
                     )
                 )
-        peer = detect.get(f"torchrun (pg {PG_TIMEOUT_S:g} s)")
+        torchrun = f"torchrun (pg {PG_TIMEOUT_S:g} s)"
         t.add_ratio(
-            f"{label}: detection rvsup (auto) / torchrun (pg {PG_TIMEOUT_S:g} s)",
+            f"{label}: detection rvsup (auto) / {torchrun}",
             detect["rvsup (auto)"],
-            peer,
+            detect.get(torchrun),
         )
+        mine, theirs = recover["rvsup (auto)"].median, recover.get(torchrun, Cell()).median
+        if mine is not None and theirs:
+            t.targets.append(
+                Target(
+                    f"{label}: recovery once detected <= 0.25x {torchrun}'s",
+                    f"{mine:.2f} s vs {theirs:.2f} s ({mine / theirs:.2f}x)",
+                    mine <= 0.25 * theirs,
+                )
+            )
     t.row("rvsup automatic timeout used", {"rvsup (auto)": auto_timeouts})
     if auto_timeouts.median is not None:
         t.targets.append(
