@@ -17,14 +17,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 __all__ = ["NATIVE_WAIT_S", "collect_native", "dump_native", "find_py_spy", "native_file"]
 
 NATIVE_WAIT_S: Final = 3.0  # the longest one rank's py-spy may take
-_ERROR_TAIL: Final = 600  # characters of py-spy's error output kept
+_ERROR_HEAD: Final = 600  # characters of py-spy's error message kept
 
 
 def native_file(rank: int) -> str:
@@ -43,27 +45,63 @@ def find_py_spy(path: str | None = None) -> str | None:
 
 def dump_native(py_spy: str, pid: int, out: Path, timeout_s: float = NATIVE_WAIT_S) -> bool:
     """Write ``pid``'s native stacks to ``out`` (or why there are none); True when py-spy
-    answered with stacks. Blocking: run it in a thread from async code."""
-    argv = [py_spy, "dump", "--native", "--pid", str(pid)]
-    ok = False
-    try:
-        done = subprocess.run(  # kills and reaps py-spy at the deadline
-            argv, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        text = f"py-spy gave no stacks within {timeout_s:g} s\n"
-    except OSError as e:
-        text = f"py-spy could not run: {e}\n"
+    answered with stacks. Blocking: run it in a thread from async code.
+
+    py-spy fails a whole ``--native`` dump when one thread's native and Python frames do not
+    line up, as when a thread is between two frames at the instant it is read: such a failure
+    is tried once more, then py-spy's Python-only stacks are written under the reason native
+    ones are missing. All tries share one deadline of ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    first = _py_spy(py_spy, pid, deadline, native=True)
+    answer = first
+    if isinstance(first, _Failed):
+        answer = _py_spy(py_spy, pid, deadline, native=True)
+        if isinstance(answer, _Failed):
+            answer = _py_spy(py_spy, pid, deadline, native=False)
+            if isinstance(answer, str):
+                answer = f"no native stacks: {first.text}Python stacks only:\n{answer}"
+    if isinstance(answer, str):
+        text = answer
     else:
-        ok = done.returncode == 0
-        if ok:
-            text = done.stdout
-        else:
-            error = (done.stderr or done.stdout).strip()[-_ERROR_TAIL:]
-            text = f"py-spy failed (exit {done.returncode}): {error}\n"
+        text = first.text if isinstance(first, _Failed) else _no_stacks(timeout_s)
     with contextlib.suppress(OSError):
         out.write_text(text)
-    return ok
+    return isinstance(answer, str)
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """py-spy ran and failed: ``text`` says how, in its own words (ending in a newline)."""
+
+    text: str
+
+
+def _no_stacks(timeout_s: float) -> str:
+    return f"py-spy gave no stacks within {timeout_s:g} s\n"
+
+
+def _py_spy(py_spy: str, pid: int, deadline: float, *, native: bool) -> str | _Failed | None:
+    """One ``py-spy dump``: its stacks, how it failed, or None when it could not answer
+    before ``deadline`` (killed and reaped then)."""
+    argv = [py_spy, "dump", *(["--native"] if native else []), "--pid", str(pid)]
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    try:
+        done = subprocess.run(  # kills and reaps py-spy at the deadline
+            argv, capture_output=True, text=True, errors="replace", timeout=left, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    except OSError as e:
+        return _Failed(f"py-spy could not run: {e}\n")
+    if done.returncode == 0 and "\nThread " in done.stdout:
+        return done.stdout
+    if done.returncode == 0:
+        return _Failed("py-spy answered without a thread's stack\n")
+    # its message comes first; with RUST_BACKTRACE set, py-spy's own backtrace follows it
+    error = (done.stderr or done.stdout).split("Stack backtrace:")[0].strip()[:_ERROR_HEAD]
+    return _Failed(f"py-spy failed (exit {done.returncode}): {error}\n")
 
 
 async def collect_native(ranks: Mapping[int, int], directory: Path, py_spy: str) -> int:

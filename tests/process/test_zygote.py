@@ -327,7 +327,11 @@ def test_the_zygote_outlives_a_jobs_sigterm_and_its_ranks_get_their_dispositions
         )
     )
 
-    def ignoring_sighup() -> None:
+    def client_dispositions() -> None:
+        # the rest as an interactive shell gives them (a background job, as under nohup, would
+        # start the client ignoring SIGINT: Python then installs no KeyboardInterrupt handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     proc = client(
@@ -335,7 +339,7 @@ def test_the_zygote_outlives_a_jobs_sigterm_and_its_ranks_get_their_dispositions
         [sys.executable, "dispositions.py"],
         env,
         tmp_path,
-        preexec_fn=ignoring_sighup,
+        preexec_fn=client_dispositions,
     )
     with reaped(proc):
         rank = forked_rank(zygote, "dispositions.py")

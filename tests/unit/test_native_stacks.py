@@ -45,6 +45,51 @@ def test_a_failing_py_spy_says_why(tmp_path: Path) -> None:
     assert out.read_text() == "py-spy failed (exit 1): Permission denied (os error 1)\n"
 
 
+def test_a_failed_native_dump_is_tried_again_then_python_stacks_are_kept(tmp_path: Path) -> None:
+    """py-spy fails a whole --native dump when one thread's frames do not line up (a moment's
+    state): it is tried once more, and when that fails too the Python-only dump is written under
+    py-spy's reason, without the backtrace py-spy appends when RUST_BACKTRACE is set."""
+    tries = tmp_path / "tries"
+    stacks = "Process 1: python\nPython v3.11\n\nThread 1 (idle): MainThread\n    main (t.py:1)\n"
+    fake = script(
+        tmp_path / "py-spy",
+        f"""echo "$@" >> {tries}
+case "$*" in *--native*)
+  printf 'Error: Failed to merge native and python frames\n\nStack backtrace:\n  0: main\n' >&2
+  exit 1;;
+esac
+printf '{stacks}'""",
+    )
+    out = tmp_path / native.native_file(0)
+    assert native.dump_native(fake, 1, out)
+    assert out.read_text() == (
+        "no native stacks: py-spy failed (exit 1): "
+        "Error: Failed to merge native and python frames\nPython stacks only:\n" + stacks
+    )
+    assert tries.read_text().splitlines() == [
+        "dump --native --pid 1",
+        "dump --native --pid 1",
+        "dump --pid 1",
+    ]
+
+
+def test_a_native_dump_that_fails_once_is_kept_from_the_second_try(tmp_path: Path) -> None:
+    """One failed --native dump (or one without any thread) is followed by a second, whose
+    stacks are written as they are."""
+    tries = tmp_path / "tries"
+    stacks = "Process 1: python\n\nThread 1 (idle): MainThread\n    main (native.c)\n"
+    fake = script(
+        tmp_path / "py-spy",
+        f"""echo "$@" >> {tries}
+[ "$(wc -l < {tries})" -gt 1 ] || {{ printf 'Process 1: python\n'; exit 0; }}
+printf '{stacks}'""",
+    )
+    out = tmp_path / native.native_file(0)
+    assert native.dump_native(fake, 1, out)
+    assert out.read_text() == stacks
+    assert len(tries.read_text().splitlines()) == 2
+
+
 def test_a_stuck_py_spy_is_killed_at_its_deadline(tmp_path: Path) -> None:
     """A py-spy that never answers is killed and reaped at the deadline; the file says so."""
     marker = f"rvsup-test-stuck-{os.getpid()}"
