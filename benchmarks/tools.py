@@ -217,6 +217,7 @@ class Rvsup(Tool):
     script: Path = WORKLOAD  # what every rank runs
     nproc: int = WORLD
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
+    native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])
@@ -236,6 +237,7 @@ every_steps = {spec.ckpt_every}
 
 [heartbeat]
 hang_timeout = {json.dumps(self.hang_timeout)}
+native_stacks = {json.dumps(self.native_stacks)}
 
 [restart]
 max_restarts = {spec.max_restarts}

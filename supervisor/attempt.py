@@ -115,7 +115,9 @@ class Attempt:
                 # dump its stacks goes on training while the diagnostics are collected
                 self.refresh_steps()
                 self._steps_final = True
-                diagnostics = await self.tree.collect_stacks(self.diag_dir)
+                diagnostics = await self.tree.collect_stacks(
+                    self.diag_dir, native_stacks=self.cfg.heartbeat.native_stacks
+                )
                 self._verdict = culprits.judge(
                     read_stacks(self.diag_dir, self.world_size),
                     read_stopped(self.diag_dir, self.world_size),

@@ -273,10 +273,11 @@ def _read_heartbeat(t: _Table) -> HeartbeatSection:
     hang = t.read("hang_timeout", "auto", duration_or("auto", positive=True))
     hang_max = t.read("hang_timeout_max", "30m", duration(positive=True))
     transport = cast(Transport, t.read("transport", "auto", choice(*get_args(Transport))))
+    native_stacks = t.read("native_stacks", True, boolean)
     if hang is not None and hang <= interval and t.ok("interval", "hang_timeout"):
         longer = f"must be longer than heartbeat.interval ({format_duration(interval)})"
         t.report("hang_timeout", longer)
-    return HeartbeatSection(interval, startup_timeout, hang, hang_max, transport)
+    return HeartbeatSection(interval, startup_timeout, hang, hang_max, transport, native_stacks)
 
 
 def _read_restart(t: _Table) -> RestartSection:

@@ -46,7 +46,7 @@ class ProcessTree(Protocol):
     def exits(self) -> tuple[RankExit, ...]: ...
     def any_left_cleanly(self) -> bool: ...
     def scan(self) -> None: ...
-    async def collect_stacks(self, directory: Path) -> str | None: ...
+    async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
     async def lost_nodes(self) -> tuple[str, ...]: ...
     def host_oom_kills(self) -> int: ...
     def stderr_tail(self) -> str: ...
@@ -117,12 +117,12 @@ class AttemptTree:
                 rank = -1
             self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
 
-    async def collect_stacks(self, directory: Path) -> str | None:
+    async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None:
         """Every known rank's Python stacks and flight recorder into ``directory`` (at most a
-        second), and its native stacks where py-spy is installed (a few seconds at most)."""
-        return await diagnostics.collect_stacks(
-            self._ledger.known_ranks(), directory, native.find_py_spy()
-        )
+        second), and with ``native_stacks`` its native stacks where py-spy is installed (a few
+        seconds at most)."""
+        py_spy = native.find_py_spy() if native_stacks else None
+        return await diagnostics.collect_stacks(self._ledger.known_ranks(), directory, py_spy)
 
     async def lost_nodes(self) -> tuple[str, ...]:
         """The allocation's nodes Slurm says are gone (a probe step: seconds); () off Slurm."""

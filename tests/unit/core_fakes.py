@@ -123,6 +123,7 @@ class FakeTree:
     started: bool = False
     torn_down: bool = False
     stacks_collected: bool = False
+    native_stacks: bool | None = None  # what the last collect_stacks was asked for
     steps_while_dumping: int | None = None
     """A step every rank's slot says once the stacks are collected (a stopped rank continued to
     dump goes on training)."""
@@ -157,8 +158,9 @@ class FakeTree:
     def scan(self) -> None:
         return None
 
-    async def collect_stacks(self, directory: Path) -> str | None:
+    async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None:
         self.stacks_collected = True
+        self.native_stacks = native_stacks
         if self.steps_while_dumping is not None:
             directory.mkdir(parents=True, exist_ok=True)
             for rank in range(WORLD):

@@ -297,11 +297,15 @@ def test_minimal_file_gets_every_default() -> None:
             id="torchrun-path-not-split",
         ),
         pytest.param(
-            with_section("heartbeat", 'hang_timeout = "2m"\ntransport = "ipc"\ninterval = 0.5'),
+            with_section(
+                "heartbeat",
+                'hang_timeout = "2m"\ntransport = "ipc"\ninterval = 0.5\nnative_stacks = false',
+            ),
             {
                 "heartbeat.hang_timeout_s": 120.0,
                 "heartbeat.transport": "ipc",
                 "heartbeat.interval_s": 0.5,
+                "heartbeat.native_stacks": False,
             },
             id="heartbeat",
         ),

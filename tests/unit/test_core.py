@@ -144,6 +144,15 @@ def test_hang_found_in_virtual_time(tmp_path: Path) -> None:
     assert 5.0 <= failure["detect_s"] <= 5.2
     tree = rig.launches.trees[0]
     assert tree.stacks_collected and tree.torn_down
+    assert tree.native_stacks is True
+
+
+def test_native_stacks_false_asks_for_no_native_stacks(tmp_path: Path) -> None:
+    """``heartbeat.native_stacks = false`` reaches the hang's diagnostics: Python stacks only."""
+    rig = Rig(tmp_path, [falls_silent, succeeds], "[heartbeat]\nnative_stacks = false\n")
+    assert rig.run() == ExitCode.OK
+    tree = rig.launches.trees[0]
+    assert tree.stacks_collected and tree.native_stacks is False
 
 
 def test_a_hang_names_the_steps_seen_when_it_was_caught(tmp_path: Path) -> None:
