@@ -20,10 +20,12 @@ from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
+from supervisor.ranks import native
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
 from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_event, trouble_event
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
+from supervisor.ranks.silence import SilenceWatch
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitStalled
@@ -32,10 +34,11 @@ from supervisor.rules.failures import Observation, RankExit, RankReport, StopRea
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 
-__all__ = ["EXIT_GRACE_S", "SETTLE_S", "TICK_S", "Attempt"]
+__all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
+SETTLE_NODES_S = 0.25  # the same on several nodes, where the ranks' reports cross the network
 EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
@@ -76,7 +79,14 @@ class Attempt:
         self.diag_dir = rundir.diagnostics_dir(cfg.job.run_dir, number)
         self.sync: SaveRound | None = None
         self.stop_reason: StopReason | None = None
-        self.hang_timeout_s: float | None = cfg.heartbeat.hang_timeout_s
+        hb = cfg.heartbeat
+        self.silence = SilenceWatch(
+            hb,
+            ranks,
+            world_size=self.world_size,
+            t0=clock.monotonic(),
+            lead_s=native.LEAD_S if hb.native_stacks else 0.0,  # early native stacks
+        )
         self._started_step = tracker.newest_step
         self._reports: list[RankReport] = []
         # (rank, step, reason) of each failed background save, for ``rvsup status``
@@ -94,13 +104,14 @@ class Attempt:
         self._steps_final = False  # last steps fixed when a hang was caught
         self._done: asyncio.Future[Ending] | None = None
         self._stop_deadline = float("inf")
-        self._t0 = self._last_commit_t = clock.monotonic()
+        self._last_commit_t = clock.monotonic()
         self.state = JobState.STARTING
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> AttemptResult:
         self._done = asyncio.get_running_loop().create_future()
-        self._t0 = self._last_commit_t = self.clock.monotonic()
+        self._last_commit_t = self.clock.monotonic()
+        self.silence.restart_clock(self._last_commit_t)
         loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
         if self.commits is not None:
             loops["watch"] = self._watch_loop()
@@ -134,6 +145,11 @@ class Attempt:
                 self._set_state(JobState.TEARING_DOWN)
             await shielded(self.tree.teardown())
         return self._result(ending, diagnostics, lost)
+
+    @property
+    def hang_timeout_s(self) -> float | None:
+        """The hang timeout in force (None: the automatic one has seen no step yet)."""
+        return self.silence.timeout_s
 
     def request_stop(self, reason: StopReason) -> None:
         """Checkpoint at a common step, then let the ranks exit (deadline: launch.stop_timeout)."""
@@ -270,7 +286,7 @@ class Attempt:
             self._settling = asyncio.ensure_future(self._settle_then_fail())
 
     async def _settle_then_fail(self) -> None:
-        await self.clock.sleep(SETTLE_S)
+        await self.clock.sleep(SETTLE_S if self.plan.nnodes == 1 else SETTLE_NODES_S)
         self._finish(Ending.FAILED)
 
     # ------------------------------------------------------------------ the tick
@@ -305,36 +321,21 @@ class Attempt:
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
             return
-        hb = self.cfg.heartbeat
-        if hb.hang_timeout_s is None:
-            self.hang_timeout_s = hangs.auto_timeout(
-                self.ranks.step_times.percentile(hangs.PERCENTILE),
-                interval_s=hb.interval_s,
-                ceiling_s=hb.hang_timeout_max_s,
-            )
-        # cheap pre-check, every tick, over thousands of ranks: nobody has been quiet for even
-        # the shortest allowance any rank can get
-        shortest = min(self.hang_timeout_s or hb.startup_timeout_s, hb.startup_timeout_s)
-        quiet_since = now - shortest
-        complete = len(self.ranks.ranks) >= self.world_size
-        if (complete or now - self._t0 <= shortest) and not any(
-            st.last_progress_t < quiet_since for st in self.ranks
-        ):
+        found = self.silence.check(now, finishing=self.tree.any_left_cleanly())
+        if found is None:
+            self.tree.hang_averted()
             return
-        # once a rank has left cleanly the job is finishing: the others get the longer allowance
-        silences = self.ranks.silences(
-            now, since=self._t0, world_size=self.world_size, finishing=self.tree.any_left_cleanly()
+        if not found.ranks:  # close to the timeout: take the native stacks while confirming
+            self.tree.foresee_hang(self.diag_dir)
+            return
+        self.refresh_steps()
+        last_steps = {st.rank: st.last_step for st in self.ranks}
+        self._silent, self._hang_silence_s = hangs.quiet_ranks(
+            found.silences, found.ranks, last_steps
         )
-        hung = hangs.hung_ranks(
-            silences, timeout_s=self.hang_timeout_s, startup_timeout_s=hb.startup_timeout_s
-        )
-        if hung:
-            self.refresh_steps()
-            last_steps = {st.rank: st.last_step for st in self.ranks}
-            self._silent, self._hang_silence_s = hangs.quiet_ranks(silences, hung, last_steps)
-            self._first_sign_t = now
-            self._noticed_at = self.clock.wall()
-            self._finish(Ending.HANG)
+        self._first_sign_t = now
+        self._noticed_at = self.clock.wall()
+        self._finish(Ending.HANG)
 
     def _maybe_schedule_save(self, now: float) -> None:
         every = self.cfg.checkpoint.every_s

@@ -90,18 +90,19 @@ def run_and_report(
     child = os.fork()
     if child == 0:
         _become_rank(argv, old_mask, me, arm_pdeathsig)
-    channel = _connect(to)
+    channel = connect(to)
     status = _wait_passing_signals(child, waited)
-    _send_report(channel, to, child, status)
+    send_report(channel, to, child, status)
     end_like(status)
 
 
 def report(to: ReportTo, pid: int, status: int) -> None:
     """Tell the supervisor that rank process ``pid`` ended with wait status ``status``."""
-    _send_report(_connect(to), to, pid, status)
+    send_report(connect(to), to, pid, status)
 
 
-def _send_report(channel: Channel | None, to: ReportTo, pid: int, status: int) -> None:
+def send_report(channel: Channel | None, to: ReportTo, pid: int, status: int) -> None:
+    """:func:`report` on a channel :func:`connect` opened while the rank ran."""
     if channel is None:
         return
     code = os.waitstatus_to_exitcode(status)
@@ -135,8 +136,9 @@ def _become_rank(
     os._exit(127)
 
 
-def _connect(to: ReportTo) -> Channel | None:
-    """A channel to the supervisor, or None (then the rank just runs, unreported)."""
+def connect(to: ReportTo) -> Channel | None:
+    """A channel to the supervisor, or None (then the rank just runs, unreported). Opened
+    while the rank runs, so that its end is reported at once (not after importing ZeroMQ)."""
     try:
         from .heartbeat import Channel  # only the waiter needs ZeroMQ
 

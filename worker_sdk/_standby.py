@@ -2,9 +2,10 @@
 
 Importing ``torch.distributed.run`` takes seconds; a restart that starts a fresh torchrun pays
 for it again before the first rank even starts. So while an attempt runs, the supervisor keeps
-one of these ready (started as ``python -m worker_sdk._bootstrap python -m worker_sdk._standby``,
-so the parent-death signal is armed first). At the next single-node attempt it writes one JSON
-line to its standard input::
+one of these ready (started as ``python -m worker_sdk._bootstrap python -c ... _standby.py``,
+so the parent-death signal is armed first; or forked from the node's zygote, which imported
+torchrun already: ``python -m worker_sdk._bootstrap --zygote NAME python .../_standby.py``).
+At the next single-node attempt it writes one JSON line to its standard input::
 
     {"args": [torchrun's arguments], "env": {the attempt's environment}, "cwd": "..."}
 
@@ -22,6 +23,9 @@ import sys
 
 def main() -> int:
     """Import torchrun, wait for the order, run it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == here:
+        del sys.path[0]  # run as a script (forked from the zygote): as torchrun's own sys.path
     import torch.distributed.run as torchrun  # the point of this process: import before needed
 
     line = sys.stdin.readline()

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import _zygote_wire as wire
-from ._exit_report import FORWARDED, ReportTo, end_like, report
+from ._exit_report import FORWARDED, ReportTo, connect, end_like, send_report
 from ._zygote_child import SHIELDED
 
 __all__ = ["request_of", "run"]
@@ -83,6 +83,17 @@ def run(argv: Sequence[str], name: str, to: ReportTo | None) -> str:
     return _stand_in(sock, rank, read_w, to)
 
 
+def _stand_in(sock: socket.socket, rank: int, signals: int, to: ReportTo | None) -> NoReturn:
+    """Pass signals on to the rank until the zygote says how it ended; then report it (on a
+    channel opened while the rank runs: a peer on another node may fail of the broken
+    connection at once, and the report must not come after its own) and end like it."""
+    channel = connect(to) if to is not None else None
+    status = _wait_for_end(sock, rank, signals)
+    if to is not None:
+        send_report(channel, to, rank, status)
+    end_like(status)
+
+
 Handlers = dict[signal.Signals, Any]  # the handlers signal.signal returns
 
 
@@ -115,8 +126,8 @@ def _noop(_sig: int, _frame: object) -> None:
     return None
 
 
-def _stand_in(sock: socket.socket, rank: int, signals: int, to: ReportTo | None) -> NoReturn:
-    """Pass signals on to the rank until the zygote says how it ended; then end like it."""
+def _wait_for_end(sock: socket.socket, rank: int, signals: int) -> int:
+    """Pass signals on to the rank until the zygote says how it ended: its wait status."""
     status: int | None = None
     while status is None:
         try:
@@ -134,9 +145,7 @@ def _stand_in(sock: socket.socket, rank: int, signals: int, to: ReportTo | None)
                 status = int(message["status"])
             except (OSError, wire.WireError, KeyError, TypeError, ValueError):
                 status = _lost(rank)
-    if to is not None:
-        report(to, rank, status)
-    end_like(status)
+    return status
 
 
 def _lost(rank: int) -> int:

@@ -125,13 +125,15 @@ class LaunchSection:
     - ``nnodes`` (default ``"auto"``: from the Slurm allocation, else 1): nodes, >= 1.
     - ``torchrun_args`` (default ``[]``): extra torchrun arguments; the flags rvsup sets
       itself (``--nnodes``, ``--nproc-per-node``, ``--max-restarts``, ``--rdzv-*``,
-      ``--standalone``, ``--node-rank``, ``--no-python``) are rejected.
+      ``--standalone``, ``--master-addr``, ``--master-port``, ``--node-rank``, ``--no-python``)
+      are rejected.
     - ``term_timeout`` (default ``"5s"``, >= 0): SIGTERM -> SIGKILL deadline when tearing down.
     - ``stop_timeout`` (default ``"60s"``, > 0): deadline for a coordinated checkpoint + stop.
     - ``warm_standby`` (default ``true``): keep a torchrun that has already imported itself
       waiting while an attempt runs, so that a single-node restart does not pay for the import
-      again (seconds); costs that idle process's memory. It runs on the job's interpreter;
-      there is none when ``torchrun`` names a wrapper whose interpreter rvsup cannot tell.
+      again (seconds). It runs on the job's interpreter, forked from the zygote when there is
+      one (else started cold, costing that idle process's memory); there is none when
+      ``torchrun`` names a wrapper whose interpreter rvsup cannot tell.
     - ``torchrun`` (default ``"auto"``, then None): the torchrun of the job's environment, when
       rvsup cannot derive it: a path (``"/venv/bin/torchrun"``; relative to job.toml's folder,
       ``~`` expanded; a bare name is looked up on PATH) or a command line, an array of strings
@@ -194,9 +196,9 @@ class HeartbeatSection:
     - ``hang_timeout_max`` (default ``"30m"``, > 0): ceiling of the automatic hang timeout.
     - ``transport`` (default ``"auto"``): ``"auto"``, ``"ipc"`` or ``"tcp"``.
     - ``native_stacks`` (default true): a hang's diagnostics include every rank's native
-      (C/C++) stacks where py-spy is installed. py-spy reads the ranks before they can be torn
-      down: ~0.1 s for a small process, ~0.7 s for a 2-rank gloo job on 2 cores, more with
-      many large libraries (at most 3 s); false never runs it.
+      (C/C++) stacks where py-spy is installed. py-spy needs about a second a rank (at most
+      3 s), paid while the hang is confirmed: from 2 s before the timeout runs out, so that the
+      restart does not wait for it; false never runs it.
     """
 
     interval_s: float

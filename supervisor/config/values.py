@@ -38,6 +38,8 @@ _OWNED_FLAGS: Final[dict[str, str]] = {
     "max-restarts": "rvsup does the restarts itself (see [restart])",
     "rdzv-": _RENDEZVOUS,
     "standalone": _RENDEZVOUS,
+    "master-addr": _RENDEZVOUS,
+    "master-port": _RENDEZVOUS,
     "node-rank": "rvsup assigns the node ranks",
     "no-python": "rvsup derives it from job.command",
 }

@@ -24,7 +24,7 @@ from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation
 
-__all__ = ["Launches", "free_port"]
+__all__ = ["Launches", "PortHold"]
 
 
 class Launches:
@@ -42,6 +42,7 @@ class Launches:
         self.lost_nodes: set[str] = set()
         self.standby = launcher.Standby(torchrun) if cfg.launch.warm_standby else None
         self.zygote: Zygote | None = None
+        self._port: PortHold | None = None
         self._cold: list[ColdStart] = []
         if cfg.launch.zygote:
             python = job_python(cfg)
@@ -80,7 +81,10 @@ class Launches:
         alloc = None
         if self.alloc is not None:
             alloc = dataclasses.replace(self.alloc, nodes=self.nodes_left())
-        port = free_port()
+        if self._port is not None:
+            self._port.close()
+        self._port = PortHold()  # the attempt's rendezvous port, kept from others until it ends
+        port = self._port.port
         plan = launcher.build_plan(
             self.cfg,
             attempt=attempt,
@@ -116,11 +120,20 @@ class Launches:
         return AttemptTree(plan, spawn, term_timeout_s=self.cfg.launch.term_timeout_s)
 
     def warm_up(self, plan: LaunchPlan) -> None:
-        """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile."""
-        if self.standby is not None:
+        """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile (forked
+        from the zygote, which imported torchrun already, when it can)."""
+        if self.standby is None:
+            return
+        zygote = self.zygote
+        if zygote is not None and zygote.forks():
+            env = zygote.environment(plan.env, plan.nproc_per_node)
+            self.standby.prepare(plan, zygote=zygote.name, env=env)
+        else:
             self.standby.prepare(plan)
 
     def close(self) -> None:
+        if self._port is not None:
+            self._port.close()
         if self.standby is not None:
             self.standby.close()
         if self.zygote is not None:
@@ -136,8 +149,20 @@ def _script_folder(cfg: JobConfig) -> str | None:
     return os.path.dirname(os.path.realpath(os.path.join(cfg.job.workdir, args[0])))
 
 
-def free_port() -> int:
-    """A TCP port free on this host right now (torchrun's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+class PortHold:
+    """A TCP port kept free for torchrun's rendezvous store until :meth:`close`.
+
+    A socket bound to a port the kernel picks, with ``SO_REUSEADDR`` and never listening: no
+    other process gets that port (as its ephemeral port, or by a bind without
+    ``SO_REUSEADDR``), while the attempt's TCPStore, which sets ``SO_REUSEADDR`` (both of its
+    backends do), binds and listens on it. Picking a free port and closing it at once would
+    leave a moment in which another process could take it and fail the attempt."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("", 0))
+        self.port = int(self._socket.getsockname()[1])
+
+    def close(self) -> None:
+        self._socket.close()

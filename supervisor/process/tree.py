@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -46,6 +47,8 @@ class ProcessTree(Protocol):
     def exits(self) -> tuple[RankExit, ...]: ...
     def any_left_cleanly(self) -> bool: ...
     def scan(self) -> None: ...
+    def foresee_hang(self, directory: Path) -> None: ...
+    def hang_averted(self) -> None: ...
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
     async def lost_nodes(self) -> tuple[str, ...]: ...
     def host_oom_kills(self) -> int: ...
@@ -67,6 +70,7 @@ class AttemptTree:
             self._on_pid_exit, reports_expected=plan.alloc is not None or plan.forked
         )
         self._oom_baseline = proctree.host_oom_kill_count()
+        self._early: native.EarlyNative | None = None  # native stacks of a foreseen hang
         self.launcher_rc: int | None = None
         """The launcher's exit status once it ended (negative: killed by that signal)."""
 
@@ -117,12 +121,34 @@ class AttemptTree:
                 rank = -1
             self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
 
+    def foresee_hang(self, directory: Path) -> None:
+        """The ranks are close to their hang timeout: where py-spy is installed, take their
+        native stacks now, so that a hang declared soon need not wait for them (see
+        :class:`~supervisor.ranks.native.EarlyNative`)."""
+        if self._early is None:
+            py_spy = native.find_py_spy()
+            if py_spy is None:
+                return
+            self._early = native.EarlyNative(py_spy, directory)
+        self._early.start(self._ledger.known_ranks(), time.monotonic())
+
+    def hang_averted(self) -> None:
+        """The ranks went on: native stacks taken early are discarded."""
+        if self._early is not None and self._early.pending:
+            self._early.drop(time.monotonic())
+
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None:
         """Every known rank's Python stacks and flight recorder into ``directory`` (at most a
         second), and with ``native_stacks`` its native stacks where py-spy is installed (a few
-        seconds at most)."""
+        seconds at most; none for ranks :meth:`foresee_hang` took them of)."""
+        taken: frozenset[int] = frozenset()
+        if self._early is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            taken = await self._early.take(directory, time.monotonic())
         py_spy = native.find_py_spy() if native_stacks else None
-        return await diagnostics.collect_stacks(self._ledger.known_ranks(), directory, py_spy)
+        return await diagnostics.collect_stacks(
+            self._ledger.known_ranks(), directory, py_spy, native_taken=taken
+        )
 
     async def lost_nodes(self) -> tuple[str, ...]:
         """The allocation's nodes Slurm says are gone (a probe step: seconds); () off Slurm."""
@@ -143,6 +169,7 @@ class AttemptTree:
     async def teardown(self) -> None:
         """Kill and reap the whole tree; runs to its end even if the caller is cancelled."""
         self._ledger.close()
+        self.hang_averted()  # early native stacks that no declared hang took
         popen = self._popen
         if popen is None:
             return

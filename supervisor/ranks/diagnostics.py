@@ -44,11 +44,16 @@ def stopped_file(rank: int) -> str:
 
 
 async def collect_stacks(
-    ranks: Mapping[int, int], directory: Path, py_spy: str | None = None
+    ranks: Mapping[int, int],
+    directory: Path,
+    py_spy: str | None = None,
+    *,
+    native_taken: frozenset[int] = frozenset(),
 ) -> str | None:
     """Signal every rank (pid -> rank) and wait until each has written, at most DUMP_WAIT_S;
-    ask the ranks that serve one for their flight recorder; with ``py_spy``, take every rank's
-    native stacks then (at most native.NATIVE_WAIT_S).
+    ask the ranks that serve one for their flight recorder; with ``py_spy``, take the native
+    stacks (at most native.NATIVE_WAIT_S) of every rank not in ``native_taken`` (whose native
+    stacks are in ``directory`` already, taken while the hang was being confirmed).
 
     A stopped rank is noted (``rank-NNNNN.stopped``: it is a culprit whatever its dump says) and
     answers last: first the running ranks dump (they cannot progress while it is stopped), then
@@ -62,16 +67,21 @@ async def collect_stacks(
     running = {pid: rank for pid, rank in ranks.items() if pid not in stopped}
     for rank in stopped.values():
         _note_stopped(directory, rank)
-    await _dump(running, directory, py_spy)
+    await _dump(running, directory, py_spy, native_taken)
     if stopped:
         _signal_all(running, signal.SIGSTOP)
-        await _dump(stopped, directory, py_spy, continued=True)
+        await _dump(stopped, directory, py_spy, native_taken, continued=True)
         _signal_all(stopped, signal.SIGSTOP)
     return str(directory) if directory.is_dir() else None
 
 
 async def _dump(
-    ranks: Mapping[int, int], directory: Path, py_spy: str | None, *, continued: bool = False
+    ranks: Mapping[int, int],
+    directory: Path,
+    py_spy: str | None,
+    native_taken: frozenset[int],
+    *,
+    continued: bool = False,
 ) -> None:
     """Stacks, flight recorders and native stacks of ``ranks``; with ``continued``, the ranks
     are stopped and continued once signalled (they handle the pending signal then)."""
@@ -107,9 +117,10 @@ async def _dump(
         for path, before in list(flights.items()):
             if _identity(path) != before:
                 del flights[path]  # renamed into place: complete
-    if py_spy is not None:  # after the dumps: py-spy suspends a rank while it reads it
+    untaken = {pid: rank for pid, rank in ranks.items() if rank not in native_taken}
+    if py_spy is not None and untaken:  # after the dumps: py-spy suspends a rank while reading
         directory.mkdir(parents=True, exist_ok=True)
-        await native.collect_native(ranks, directory, py_spy)  # each py-spy has a deadline
+        await native.collect_native(untaken, directory, py_spy)  # each py-spy has a deadline
 
 
 def _signal_all(ranks: Mapping[int, int], sig: signal.Signals) -> None:

@@ -7,6 +7,10 @@ is optional: rvsup uses the ``py-spy`` beside its own interpreter or on its PATH
 the kernel allows to a process's ancestors (the supervisor is the ranks' ancestor) unless
 ``kernel.yama.ptrace_scope`` is 2 or 3, or a container lacks ``CAP_SYS_PTRACE``: then the rank's
 ``.native`` file says why there is no stack. Every py-spy is killed and reaped at its deadline.
+
+py-spy needs about a second a rank (it reads libtorch's symbols), which a restart would wait for
+after the hang was declared: :class:`EarlyNative` takes the native stacks while the hang is still
+being confirmed, once the ranks have been silent for all but :data:`LEAD_S` of their timeout.
 """
 
 from __future__ import annotations
@@ -23,9 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["NATIVE_WAIT_S", "collect_native", "dump_native", "find_py_spy", "native_file"]
+from supervisor.process import proctree
+
+__all__ = [
+    "LEAD_S",
+    "NATIVE_WAIT_S",
+    "RETAKE_AFTER_S",
+    "EarlyNative",
+    "collect_native",
+    "dump_native",
+    "find_py_spy",
+    "native_file",
+]
 
 NATIVE_WAIT_S: Final = 3.0  # the longest one rank's py-spy may take
+LEAD_S: Final = 2.0  # native stacks are taken this long before the hang timeout runs out
+RETAKE_AFTER_S: Final = 30.0  # after ranks went on despite early stacks, none again this long
 _ERROR_HEAD: Final = 600  # characters of py-spy's error message kept
 
 
@@ -114,3 +131,95 @@ async def collect_native(ranks: Mapping[int, int], directory: Path, py_spy: str)
         )
     )
     return sum(results)
+
+
+class EarlyNative:
+    """Native stacks of a suspected hang, taken before it is declared (see the module docstring).
+
+    :meth:`start` runs py-spy on every given rank that is not stopped (py-spy cannot read a
+    stopped process: such a rank's native stacks are taken when the hang is declared), into a
+    staging folder. If the hang is declared, :meth:`take` waits for those dumps and moves the
+    ones with stacks into the diagnostics folder, each headed with how long before the
+    declaration it was taken (a rank py-spy gave no stacks for is tried again then).
+    If the ranks go on instead, :meth:`drop` discards them, and no early dump is taken again for
+    :data:`RETAKE_AFTER_S`: a job that keeps coming close to its timeout is paused by py-spy
+    (about a second) at most that often. Times are monotonic.
+    """
+
+    def __init__(self, py_spy: str, directory: Path) -> None:
+        self._py_spy = py_spy
+        self._staging = directory / ".native-early"
+        self._task: asyncio.Future[list[bool]] | None = None
+        self._ranks: tuple[int, ...] = ()
+        self._started_t = 0.0
+        self._dropped_t: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True between :meth:`start` and :meth:`take` or :meth:`drop`."""
+        return self._task is not None
+
+    def start(self, ranks: Mapping[int, int], now: float) -> None:
+        """Take the native stacks of ``ranks`` (pid -> rank) now, unless under way, or dropped
+        less than :data:`RETAKE_AFTER_S` ago."""
+        if self._task is not None:
+            return
+        if self._dropped_t is not None and now - self._dropped_t < RETAKE_AFTER_S:
+            return
+        running = {pid: rank for pid, rank in ranks.items() if not proctree.is_stopped(pid)}
+        if not running:
+            return
+        self._staging.mkdir(parents=True, exist_ok=True)
+        self._ranks = tuple(running.values())
+        self._started_t = now
+        self._task = asyncio.ensure_future(
+            asyncio.gather(
+                *(
+                    asyncio.to_thread(
+                        dump_native, self._py_spy, pid, self._staging / native_file(rank)
+                    )
+                    for pid, rank in running.items()
+                )
+            )
+        )
+
+    def drop(self, now: float) -> None:
+        """The ranks went on: discard the dumps (once they are written, if under way)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._dropped_t = now
+        staging = self._staging
+        task.add_done_callback(lambda _: shutil.rmtree(staging, ignore_errors=True))
+
+    async def take(self, directory: Path, now: float) -> frozenset[int]:
+        """The hang was declared at ``now``: the ranks whose early native stacks are now in
+        ``directory``, after the dumps under way ended."""
+        task, self._task = self._task, None
+        if task is None:
+            return frozenset()
+        answered: list[bool] = []
+        try:
+            answered = await asyncio.shield(task)
+        finally:
+            good = [rank for rank, ok in zip(self._ranks, answered, strict=False) if ok]
+            taken = frozenset(self._move(good, directory, now))
+            shutil.rmtree(self._staging, ignore_errors=True)
+        return taken
+
+    def _move(self, ranks: list[int], directory: Path, now: float) -> list[int]:
+        """Move the dumps of ``ranks`` into ``directory``; the ranks moved."""
+        ahead = now - self._started_t
+        moved = []
+        for rank in ranks:
+            source = self._staging / native_file(rank)
+            try:
+                text = source.read_text(errors="replace")
+                (directory / native_file(rank)).write_text(
+                    f"(native stacks taken {ahead:.1f} s before the hang was declared, while the"
+                    f" rank was silent)\n{text}"
+                )
+            except OSError:
+                continue
+            moved.append(rank)
+        return moved

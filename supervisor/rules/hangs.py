@@ -98,8 +98,10 @@ def hung_ranks(
     *,
     timeout_s: float | None,
     startup_timeout_s: float,
+    margin_s: float = 0.0,
 ) -> tuple[int, ...]:
-    """Ranks whose silence exceeds what is allowed for their situation."""
+    """Ranks whose silence exceeds what is allowed for their situation; with ``margin_s``,
+    the ranks that will be hung if they stay silent that much longer."""
     out = []
     for r in ranks:
         if not r.started or timeout_s is None:
@@ -108,7 +110,7 @@ def hung_ranks(
             limit = max(timeout_s, startup_timeout_s)
         else:
             limit = timeout_s
-        if r.silent_s > limit:
+        if r.silent_s > limit - margin_s:
             out.append(r.rank)
     return tuple(out)
 

@@ -68,7 +68,8 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
     rank finishes a step after the hang was caught, the restarted job completes, and the culprit
     is named first: the rank outside any collective while the other
     waits in one or, where both wait inside torch (a receive, an all-reduce), the rank that the
-    flight recorders show a collective behind."""
+    flight recorders show a collective behind. The native stacks of the ranks that run are taken
+    while the hang is confirmed (so that the restart does not wait for py-spy)."""
     evs = _run_hanging_job(tmp_path, fault, f'"{HANG_TIMEOUT}s"')
     hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=culprit)
     diag = Path(str(hang["diagnostics"]))
@@ -81,6 +82,9 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
         assert set(stacks) == {"rank-00000.native", "rank-00001.native"}, diag
         # py-spy may miss its 3 s deadline for one rank on a loaded machine (a reason line)
         assert any("Thread" in text for text in stacks.values()), stacks
+        # taken while the hang was confirmed, except a stopped rank's (py-spy cannot read it)
+        early = {name for name, text in stacks.items() if text.startswith("(native stacks taken")}
+        assert early == ({"rank-00000.native"} if "sigstop" in fault else set(stacks)), stacks
     if fault.startswith("mismatch"):  # both wait in c10d: the stacks cannot tell
         assert hang["ranks"] == [0, 1], hang
         assert "flight recorder: rank 0 enqueued collective" in str(hang["detail"]), hang

@@ -165,12 +165,21 @@ def _wait_status(
     return found
 
 
+def _is_standby(cmdline: list[str]) -> bool:
+    """A warm standby's command line: started cold (``-c ... worker_sdk._standby``) or forked
+    from the zygote (``python .../worker_sdk/_standby.py``); not the client that stands in for
+    a forked one (``worker_sdk._bootstrap --zygote``)."""
+    line = " ".join(cmdline)
+    forked = line.endswith("worker_sdk/_standby.py")
+    return "worker_sdk._bootstrap" not in line and ("worker_sdk._standby" in line or forked)
+
+
 def _standbys(daemon: psutil.Process) -> list[psutil.Process]:
     """The daemon's warm standbys (recognised by their command line)."""
     found = []
     for proc in daemon.children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "worker_sdk._standby" in " ".join(proc.cmdline()):
+            if _is_standby(proc.cmdline()):
                 found.append(proc)
     return found
 
@@ -185,7 +194,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
 ) -> None:
     """The daemon from a venv without torch runs the job's torchrun (beside the job's Python),
     forks the ranks from a zygote on the job's interpreter, restarts after a kill -9 of rank 1
-    on a warm standby that runs on the job's interpreter, and ends bit-identical to an
+    on a warm standby forked from that zygote, and ends bit-identical to an
     uninterrupted run, with one crash and one restart in the history."""
     final = tmp_path / "final.pt"
     job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
@@ -204,6 +213,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
         assert zygote is not None and zygote.cmdline()[0] == JOB_PYTHON, zygote
         standby = wait_for(lambda: _standbys(daemon), timeout=30, what="the warm standby")
         assert [p.cmdline()[0] for p in standby] == [JOB_PYTHON]  # the job's, not rvsup's
+        assert [p.parent() for p in standby] == [zygote]  # forked, torchrun imported already
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
         killed_at = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
@@ -214,7 +224,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
             second = _launcher_of_rank0(daemon, st2)
             assert second.create_time() < killed_at  # the standby, started before the crash
             assert second.cmdline()[0] == JOB_PYTHON
-            assert "worker_sdk._standby" in " ".join(second.cmdline())
+            assert _is_standby(second.cmdline())
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     evs = events(tmp_path / "run")

@@ -28,15 +28,25 @@ def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int]]
     return launcher_of_ranks(daemon, rank0), before
 
 
-def test_restart_runs_on_the_warm_launcher(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zygote", [True, False])
+def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None:
     """After a crash the next attempt's torchrun is the standby: a process started before the
-    crash (while attempt 1 ran), running worker_sdk._standby; the job completes, and the standby
-    prepared during attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
-    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"})
+    crash (while attempt 1 ran), running worker_sdk's _standby, forked from the zygote (which
+    imported torchrun) when there is one; the job completes, and the standby prepared during
+    attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
+    launch = f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {str(zygote).lower()}'
+    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"}, launch=launch)
     with running(job) as proc:
         launcher, before = _restart_launcher(job, proc.pid)
         assert launcher.pid in before
-        assert "worker_sdk._standby" in " ".join(launcher.cmdline())
+        parent = launcher.parent()
+        assert parent is not None
+        if zygote:
+            assert launcher.cmdline()[-1].endswith("worker_sdk/_standby.py"), launcher.cmdline()
+            assert "worker_sdk._zygote" in " ".join(parent.cmdline()), parent.cmdline()
+        else:
+            assert "worker_sdk._standby" in " ".join(launcher.cmdline())
+            assert parent.pid == proc.pid  # the bootstrap exec'd into it
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     evs = events(tmp_path / "run")

@@ -72,12 +72,20 @@ class FakeChannel:
         self.attempt = attempt
 
     async def receive_batch(self) -> list[tuple[bytes, p.Message]]:
-        item = await self._queue.get()
-        if self.fail_with is not None:
-            raise self.fail_with
-        batch = [item]
-        while not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        """As the real channel: messages of an earlier attempt are not delivered (a late exit
+        report quietly, anything else counted as dropped)."""
+        batch: list[tuple[bytes, p.Message]] = []
+        while not batch:
+            items = [await self._queue.get()]
+            if self.fail_with is not None:
+                raise self.fail_with
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            for item in items:
+                if item[1].attempt == self.attempt:
+                    batch.append(item)
+                elif item[1].kind is not p.Kind.RANK_EXIT:
+                    self.dropped["other attempt"] += 1
         self.accepted += len(batch)
         return batch
 
@@ -128,6 +136,11 @@ class FakeTree:
     """A step every rank's slot says once the stacks are collected (a stopped rank continued to
     dump goes on training)."""
     watched: dict[int, int] = field(default_factory=dict)
+    clock: FakeClock | None = None
+    foreseen: list[float] = field(default_factory=list)
+    """When the attempt foresaw a hang (asked for early native stacks), in virtual time."""
+    averted: list[float] = field(default_factory=list)
+    """When it said that a hang it foresaw did not come (only after one was foreseen)."""
     _exits: list[RankExit] = field(default_factory=list)
     _on_launcher_exit: Callable[[int], None] | None = None
     _on_rank_exit: Callable[[RankExit], None] | None = None
@@ -157,6 +170,15 @@ class FakeTree:
 
     def scan(self) -> None:
         return None
+
+    def foresee_hang(self, directory: Path) -> None:
+        if not self.foreseen or (self.averted and self.averted[-1] > self.foreseen[-1]):
+            self.foreseen.append(self.clock.monotonic() if self.clock else 0.0)
+
+    def hang_averted(self) -> None:
+        pending = self.foreseen and (not self.averted or self.foreseen[-1] > self.averted[-1])
+        if pending:
+            self.averted.append(self.clock.monotonic() if self.clock else 0.0)
 
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None:
         self.stacks_collected = True
@@ -219,16 +241,20 @@ class FakeLaunches:
         self.trees: list[FakeTree] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.lost: set[str] = set()
+        self.nnodes = 1  # the nodes every attempt's plan says (its ranks: WORLD in all)
 
     @property
     def multi_node(self) -> bool:
         return False
 
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
-        return LaunchPlan(("torchrun",), dict(rank_env), self.tmp, self.tmp / "logs", 1, WORLD)
+        nproc = WORLD // self.nnodes
+        return LaunchPlan(
+            ("torchrun",), dict(rank_env), self.tmp, self.tmp / "logs", self.nnodes, nproc
+        )
 
     def tree(self, plan: LaunchPlan) -> FakeTree:
-        tree = FakeTree(plan)
+        tree = FakeTree(plan, clock=self.clock)
         scenario = self.scenarios[min(len(self.trees), len(self.scenarios) - 1)]
         self.trees.append(tree)
         self.tasks.append(asyncio.ensure_future(scenario(tree, self.channel, self.clock)))

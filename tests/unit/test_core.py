@@ -14,6 +14,7 @@ import pytest
 
 from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
+from supervisor.ranks import native
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget
@@ -147,12 +148,46 @@ def test_hang_found_in_virtual_time(tmp_path: Path) -> None:
     assert tree.native_stacks is True
 
 
+def test_native_stacks_are_asked_for_while_the_hang_is_confirmed(tmp_path: Path) -> None:
+    """Ranks silent for all but native.LEAD_S of the timeout: their native stacks are asked for
+    then (py-spy needs about a second a rank), not once the hang is declared, and the
+    declaration itself comes no earlier."""
+    rig = Rig(tmp_path, [falls_silent, succeeds])
+    last_step_t = rig.clock.monotonic() + 0.1 * 4  # train(): hello, then four steps of 0.1 s
+    assert rig.run() == ExitCode.OK
+    (failure,) = rig.named("failure_detected")
+    assert failure["kind"] == "hang" and 5.0 <= failure["detect_s"] <= 5.2
+    tree = rig.launches.trees[0]
+    (foreseen,) = tree.foreseen
+    assert 5.0 - native.LEAD_S <= foreseen - last_step_t <= 5.0 - native.LEAD_S + 0.2
+    assert tree.averted == [] and tree.stacks_collected
+
+
+def test_early_native_stacks_are_dropped_when_the_ranks_go_on(tmp_path: Path) -> None:
+    """A silence that comes within native.LEAD_S of the timeout, then ends: the early native
+    stacks are dropped and the attempt goes on to succeed (no hang)."""
+
+    async def pauses_then_succeeds(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(4))
+        await clock.sleep(5.0 - native.LEAD_S / 2)  # silent, but not for the whole timeout
+        await train(ch, clock, range(4, 8))
+        tree.all_succeed()
+
+    rig = Rig(tmp_path, [pauses_then_succeeds])
+    assert rig.run() == ExitCode.OK
+    assert not rig.named("failure_detected")
+    tree = rig.launches.trees[0]
+    assert len(tree.foreseen) == 1 and len(tree.averted) == 1
+    assert tree.foreseen[0] < tree.averted[0] and not tree.stacks_collected
+
+
 def test_native_stacks_false_asks_for_no_native_stacks(tmp_path: Path) -> None:
     """``heartbeat.native_stacks = false`` reaches the hang's diagnostics: Python stacks only."""
     rig = Rig(tmp_path, [falls_silent, succeeds], "[heartbeat]\nnative_stacks = false\n")
     assert rig.run() == ExitCode.OK
     tree = rig.launches.trees[0]
     assert tree.stacks_collected and tree.native_stacks is False
+    assert tree.foreseen == []  # nor early ones
 
 
 def test_a_hang_names_the_steps_seen_when_it_was_caught(tmp_path: Path) -> None:
@@ -169,6 +204,31 @@ def test_a_hang_names_the_steps_seen_when_it_was_caught(tmp_path: Path) -> None:
     assert rig.run() == ExitCode.OK
     (failure,) = rig.named("failure_detected")
     assert (failure["kind"], failure["last_step"]) == ("hang", 3)
+
+
+@pytest.mark.parametrize(("nnodes", "culprit"), [(2, 1), (1, 0)])
+def test_a_death_reported_from_another_node_is_awaited(
+    tmp_path: Path, nnodes: int, culprit: int
+) -> None:
+    """On several nodes a rank's death is reported over the network: one 0.2 s behind its
+    peer's exception (the broken connection) is still taken into account, and the crash names
+    the killed rank first; on one node, where deaths are seen as they happen, the attempt ends
+    after 0.05 s of such evidence."""
+
+    async def killed_elsewhere(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(3))
+        reset = {"type": "RuntimeError", "message": "Connection reset by peer"}
+        ch.put(0, p.Kind.FAILURE, step=3, payload=reset)
+        await clock.sleep(0.2)
+        exit_report = {"pid": 101, "code": None, "signal": 9, "host": "node2"}
+        ch.put(1, p.Kind.RANK_EXIT, payload=exit_report)
+        await asyncio.Event().wait()
+
+    rig = Rig(tmp_path, [killed_elsewhere, succeeds])
+    rig.launches.nnodes = nnodes
+    assert rig.run() == ExitCode.OK
+    (failure,) = rig.named("failure_detected")
+    assert failure["kind"] == "crash" and failure["ranks"][0] == culprit, failure
 
 
 def test_a_loop_raising_ends_the_run_and_tears_down(tmp_path: Path) -> None:

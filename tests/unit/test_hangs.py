@@ -114,6 +114,25 @@ def test_hung_ranks_many_in_order() -> None:
     assert hung_ranks([], timeout_s=10.0, startup_timeout_s=60.0) == ()
 
 
+@pytest.mark.parametrize(
+    ("silence", "margin_s", "near"),
+    [
+        pytest.param(_s(8.5), 2.0, True, id="within the margin of a 10 s timeout"),
+        pytest.param(_s(7.5), 2.0, False, id="before the margin"),
+        pytest.param(_s(11.0), 2.0, True, id="past the timeout itself"),
+        pytest.param(_s(58.5, started=False), 2.0, True, id="startup: margin of its own limit"),
+        pytest.param(_s(20.0, started=False), 2.0, False, id="startup: far from 60 s"),
+        pytest.param(_s(58.5, busy=True), 2.0, True, id="busy: margin of the larger limit"),
+        pytest.param(_s(9.5), 0.0, False, id="no margin: the timeout itself"),
+    ],
+)
+def test_hung_ranks_with_a_margin(silence: Silence, margin_s: float, near: bool) -> None:
+    """With a margin, the ranks that will be hung if they stay silent that much longer (when
+    the native stacks of a hang are taken): the limit of each situation, less the margin."""
+    got = hung_ranks([silence], timeout_s=10.0, startup_timeout_s=60.0, margin_s=margin_s)
+    assert got == ((silence.rank,) if near else ())
+
+
 def test_quiet_ranks_names_the_furthest_behind_first() -> None:
     """A hang names every rank quiet for at least half the longest hung silence, furthest behind
     first, then the longest silent; ranks still talking are left out."""

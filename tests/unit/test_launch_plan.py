@@ -3,6 +3,7 @@ launch.min_nnodes (pure planning: no process is started)."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from supervisor.config.torchrun import Torchrun
 from supervisor.process.launcher import build_plan
-from supervisor.process.plan import Launches
+from supervisor.process.plan import Launches, PortHold
 from supervisor.process.zygote import zygote_step_argv
 from supervisor.slurm.commands import Allocation
 from tests.unit.core_fakes import job_config
@@ -49,11 +50,14 @@ def test_nodes_after_a_loss(
     the nodes left, as many as the job wants."""
     launches = _launches(tmp_path, nodes, launch)
     assert launches.lose(lost) == verdict
-    plan = launches.plan(2, {})
+    try:
+        plan = launches.plan(2, {})
+    finally:
+        launches.close()
     assert plan.nnodes == nnodes
     assert plan.nproc_per_node == 2
     if nnodes == 1:
-        assert "--standalone" in plan.argv and plan.alloc is None
+        assert "--rdzv-backend=static" in plan.argv and plan.alloc is None
     else:
         assert f"--nnodes={nnodes}" in plan.argv
         assert plan.alloc is not None and not set(plan.alloc.nodes) & set(lost)
@@ -91,3 +95,45 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
         "worker_sdk._zygote_watch",
         *zygote,
     ]
+
+
+def test_a_single_node_attempt_rendezvouses_on_a_port_held_for_it(tmp_path: Path) -> None:
+    """One node: torchrun's static rendezvous on a port the supervisor holds (no --standalone,
+    whose c10d rendezvous waits up to 0.3 s at random); each attempt gets a port of its own and
+    run id; the previous attempt's port is let go."""
+    cfg = job_config(
+        tmp_path, "[launch]\nnproc_per_node = 2\nwarm_standby = false\nzygote = false\n"
+    )
+    launches = Launches(cfg, None, TORCHRUN)
+    try:
+        first = launches.plan(1, {})
+        second = launches.plan(2, {})
+    finally:
+        launches.close()
+    for attempt, plan in ((1, first), (2, second)):
+        assert "--standalone" not in plan.argv
+        assert "--rdzv-backend=static" in plan.argv and "--master-addr=localhost" in plan.argv
+        assert f"--rdzv-id={cfg.job.name}-{attempt}" in plan.argv
+    ports = [
+        next(int(a.split("=", 1)[1]) for a in plan.argv if a.startswith("--master-port="))
+        for plan in (first, second)
+    ]
+    assert ports[0] != ports[1]
+
+
+def test_a_held_port_is_refused_to_others_and_given_to_the_rendezvous_store() -> None:
+    """While held, a plain bind of the port fails (nobody else takes it), and a listener that
+    sets SO_REUSEADDR, as torch's TCPStore does, binds and accepts connections on it."""
+    hold = PortHold()
+    try:
+        with socket.socket() as other, pytest.raises(OSError, match="in use"):
+            other.bind(("", hold.port))
+        with socket.socket() as store:
+            store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            store.bind(("", hold.port))
+            store.listen()
+            with socket.create_connection(("127.0.0.1", hold.port), timeout=5):
+                conn, _ = store.accept()
+                conn.close()
+    finally:
+        hold.close()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from supervisor.process import proctree
 from supervisor.ranks import native
 
 
@@ -121,3 +124,101 @@ def test_real_native_stacks_of_a_sleeping_process(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+STACKS = "Process 1: python\nPython v3.11\n\nThread 1 (idle): MainThread\n    main (t.py:1)\n"
+
+
+def _sleepers(n: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)
+    ]
+
+
+def _end(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def test_early_native_stacks_are_moved_in_when_the_hang_is_declared(tmp_path: Path) -> None:
+    """Native stacks taken while a hang is confirmed: once it is declared, each rank's file is in
+    the diagnostics folder, headed with how long before the declaration it was taken, and the
+    staging folder is gone; a stopped rank is left for the declaration (py-spy cannot read it)."""
+    fake = script(tmp_path / "py-spy", f"printf '{STACKS}'")
+    diag = tmp_path / "diag"
+    children = _sleepers(3)
+    try:
+        os.kill(children[2].pid, signal.SIGSTOP)
+        while not proctree.is_stopped(children[2].pid):
+            time.sleep(0.01)
+        early = native.EarlyNative(fake, diag)
+        ranks = {c.pid: r for r, c in enumerate(children)}
+
+        async def confirm() -> frozenset[int]:
+            early.start(ranks, now=100.0)
+            assert early.pending
+            return await early.take(diag, now=101.5)
+
+        taken = asyncio.run(confirm())
+    finally:
+        _end(children)
+    assert taken == {0, 1}
+    assert sorted(f.name for f in diag.iterdir()) == [native.native_file(0), native.native_file(1)]
+    text = (diag / native.native_file(0)).read_text()
+    assert text.startswith("(native stacks taken 1.5 s before the hang was declared"), text
+    assert text.endswith(STACKS)
+    assert not early.pending
+
+
+def test_early_native_stacks_of_ranks_that_went_on_are_dropped(tmp_path: Path) -> None:
+    """The ranks went on before the timeout: the early dumps are discarded once they end, a
+    declaration later finds none, and none is taken again for RETAKE_AFTER_S."""
+    gate = tmp_path / "gate"
+    fake = script(tmp_path / "py-spy", f"while [ ! -e {gate} ]; do sleep 0.01; done; printf x")
+    diag = tmp_path / "diag"
+    children = _sleepers(1)
+    try:
+        early = native.EarlyNative(fake, diag)
+
+        async def go_on() -> frozenset[int]:
+            early.start({children[0].pid: 0}, now=10.0)
+            early.drop(now=11.0)  # while py-spy is still reading
+            gate.touch()
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if not (diag / ".native-early").exists():
+                    break
+            early.start({children[0].pid: 0}, now=11.0 + native.RETAKE_AFTER_S - 1)
+            assert not early.pending  # too soon after the last
+            return await early.take(diag, now=12.0)
+
+        assert asyncio.run(go_on()) == frozenset()
+    finally:
+        _end(children)
+    assert not diag.exists() or not any(diag.iterdir())
+    assert native.RETAKE_AFTER_S >= 10 * native.LEAD_S
+
+
+def test_a_rank_without_early_native_stacks_is_left_to_the_declaration(tmp_path: Path) -> None:
+    """py-spy gave no stacks for a rank while the hang was confirmed (a loaded machine, a
+    moment's state): that rank is not counted as taken, so the declaration tries again."""
+    fake = script(
+        tmp_path / "py-spy",
+        f"""case "$*" in *"--pid {{pid}}"*) echo "Error: nope" >&2; exit 1;; esac
+printf '{STACKS}'""",
+    )
+    children = _sleepers(2)
+    try:
+        text = Path(fake).read_text().replace("{pid}", str(children[1].pid))
+        Path(fake).write_text(text)
+        early = native.EarlyNative(fake, tmp_path / "diag")
+
+        async def confirm() -> frozenset[int]:
+            early.start({c.pid: r for r, c in enumerate(children)}, now=0.0)
+            return await early.take(tmp_path / "diag", now=2.0)
+
+        assert asyncio.run(confirm()) == {0}
+    finally:
+        _end(children)
+    assert [f.name for f in (tmp_path / "diag").iterdir()] == [native.native_file(0)]
