@@ -155,6 +155,7 @@ def teardown(
     kill_timeout_s: float = 5.0,
     popens: Iterable[subprocess.Popen[bytes]] = (),
     workers: Iterable[int] | None = None,
+    spared: Iterable[int] = (),
 ) -> TeardownReport:
     """SIGTERM every process (SIGCONT first, so stopped ones can act), wait until a monotonic
     deadline, SIGKILL the survivors, wait again, reaping whatever is our child. Blocking: run it in a
@@ -162,7 +163,8 @@ def teardown(
 
     ``workers``: the processes whose end is worth waiting for (the ranks): once they are gone, the
     deadline is now, and the rest (a launcher taking its time to shut down: torchrun needs
-    seconds after SIGTERM) are SIGKILLed at once."""
+    seconds after SIGTERM) are SIGKILLed at once. ``spared``: processes sent no SIGTERM, only
+    the SIGKILL (a single-node torchrun, whose shutdown would only log warnings)."""
     t0 = time.monotonic()
     owned = {p.pid: p for p in popens}
     alive = {p for p in pids if p != os.getpid()} | set(owned)
@@ -170,7 +172,7 @@ def teardown(
         alive |= descendants(pid)
     seen = set(alive)  # a zombie counted gone may be re-parented to us later: reap it at the end
     signalled = len(alive)
-    _signal_all(alive, signal.SIGTERM)
+    _signal_all(alive - set(spared), signal.SIGTERM)
     _signal_all(alive, signal.SIGCONT)
     deadline = t0 + term_timeout_s
     if workers is not None and not _wait_gone(set(workers) & alive, deadline, owned):

@@ -174,18 +174,20 @@ class AttemptTree:
         if popen is None:
             return
         pids = set(self._ledger.rank_of_pid) | {popen.pid}
-        # single node: once the ranks are gone, torchrun is SIGKILLed instead of awaited (it
-        # takes seconds to shut down after SIGTERM, and has nothing to save); srun is awaited,
-        # so that Slurm gives the other nodes' ranks the same SIGTERM grace
+        # single node: the ranks get SIGTERM, and once they are gone torchrun is SIGKILLed (it
+        # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save);
+        # srun is sent SIGTERM and awaited, so that Slurm gives the other nodes' ranks the same
+        # SIGTERM grace
         ranks = {pid for pid, rank in self._ledger.rank_of_pid.items() if rank is not None}
-        workers = ranks - {popen.pid} if self.plan.nnodes == 1 else None
+        one_node = self.plan.nnodes == 1
         await shielded(
             asyncio.to_thread(
                 proctree.teardown,
                 pids,
                 term_timeout_s=self._term_timeout_s,
                 popens=[popen],
-                workers=workers,
+                workers=ranks - {popen.pid} if one_node else None,
+                spared=(popen.pid,) if one_node else (),
             )
         )
         if self.launcher_rc is None:

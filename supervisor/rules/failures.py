@@ -332,8 +332,10 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
 
 
 def _overall_last_step(obs: Observation) -> int | None:
+    """The highest step a rank finished: a rank's own failure report names the step it was
+    running, so the one before it was finished."""
     steps = [s for s in obs.last_steps.values() if s >= 0]
-    steps += [r.step for r in obs.reports if r.step >= 0]
+    steps += [r.step - 1 for r in obs.reports if r.step >= 1]
     return max(steps) if steps else None
 
 

@@ -190,6 +190,39 @@ def test_teardown_does_not_wait_for_a_launcher_once_its_workers_are_gone() -> No
         assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
+_NOISY_LAUNCHER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    def noted(*_):
+        print("SIGTERM", flush=True)  # torchrun logs its shutdown
+    signal.signal(signal.SIGTERM, noted)
+    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print(w.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_a_spared_launcher_gets_no_sigterm_only_the_kill() -> None:
+    """A spared process (a single-node torchrun) is not sent SIGTERM, which would only make it
+    log its shutdown: its workers are, and once they are gone it is SIGKILLed."""
+    with _tree(_NOISY_LAUNCHER) as (parent, pids):
+        worker = int(_first_line(parent))
+        pids.append(worker)
+        report = teardown(
+            [worker],
+            term_timeout_s=20.0,
+            popens=[parent],
+            workers=[worker],
+            spared=[parent.pid],
+        )
+        assert (report.signalled, report.killed, report.leftover) == (2, 1, 0)
+        assert parent.returncode == -signal.SIGKILL
+        assert parent.stdout is not None
+        assert parent.stdout.read() == b""  # it never saw a SIGTERM
+        assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
 _SLOW_PARENT = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time

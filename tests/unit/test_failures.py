@@ -290,7 +290,7 @@ ROWS = {
         K.CRASH,
         (1,),
         "rank 1 raised at step 30 (ValueError: bad batch shape (3,))",
-        last_step=30,
+        last_step=29,  # it raised while running step 30: step 29 is the last it finished
     ),
     "crash-rank-never-said-hello": Row(
         Observation(exits=(code(None, 1, pid=4242),)),
