@@ -32,6 +32,7 @@ __all__ = [
     "import_env_differences",
     "parse_command",
     "recv",
+    "same_interpreter",
     "send",
 ]
 
@@ -150,7 +151,7 @@ def parse_command(
     exe = _which(argv[0], cwd, path_env)
     if exe is None:
         return f"{argv[0]!r} not found"
-    if not _same_interpreter(exe, python):
+    if not same_interpreter(exe, python):
         return f"{argv[0]!r} is not the zygote's interpreter {python}"
     unbuffered = False
     i = 1
@@ -196,7 +197,11 @@ def _which(name: str, cwd: str, path_env: str | None) -> str | None:
     return None
 
 
-def _same_interpreter(a: str, b: str) -> bool:
+def same_interpreter(a: str, b: str) -> bool:
+    """``a`` and ``b`` name one interpreter: the same file in the same directory, symlinks
+    resolved (another virtual environment's ``python`` links to the same binary, but its
+    directory differs)."""
+
     def key(path: str) -> tuple[str, str]:
         return os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.realpath(path)
 

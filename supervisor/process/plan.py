@@ -23,6 +23,7 @@ from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation
+from worker_sdk._zygote_wire import same_interpreter
 
 __all__ = ["Launches", "PortHold"]
 
@@ -121,11 +122,14 @@ class Launches:
 
     def warm_up(self, plan: LaunchPlan) -> None:
         """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile (forked
-        from the zygote, which imported torchrun already, when it can)."""
+        from the zygote, which imported torchrun already, when torchrun runs on the zygote's
+        interpreter)."""
         if self.standby is None:
             return
         zygote = self.zygote
-        if zygote is not None and zygote.forks():
+        python = self.torchrun.python
+        same = python is not None and zygote is not None and same_interpreter(python, zygote.python)
+        if zygote is not None and same and zygote.forks():
             env = zygote.environment(plan.env, plan.nproc_per_node)
             self.standby.prepare(plan, zygote=zygote.name, env=env)
         else:

@@ -306,6 +306,43 @@ def test_forked_ranks_draw_their_own_random_numbers(tmp_path: Path, env: dict[st
         z.close()
 
 
+THREADS = """\
+import os, torch
+before = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+torch.set_num_threads(2)
+x = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+total = (x @ x).sum().item()  # an intra-op parallel region in the rank (libgomp's pool)
+print(before, torch.get_num_threads(), torch.get_num_interop_threads(), round(total, 3))
+"""
+
+
+@pytest.mark.parametrize("omp", [None, "1"])
+def test_a_forked_rank_has_the_threads_of_a_cold_one(
+    tmp_path: Path, env: dict[str, str], omp: str | None
+) -> None:
+    """torch's thread settings in a forked rank are a cold start's: OMP_NUM_THREADS (unset, or
+    set as torchrun sets it for several ranks per node) gives the same intra-op threads, and
+    ``torch.set_num_threads`` then works, a parallel matmul included (the zygote never ran
+    one, so the forked rank's OpenMP pool is its own)."""
+    if omp is not None:
+        env = {**env, "OMP_NUM_THREADS": omp}
+    z = Zygote(sys.executable, ["torch"], defaults=())
+    z.ensure(env, tmp_path, nproc=1)
+    try:
+        (tmp_path / "t.py").write_text(THREADS)
+        outs = []
+        for via in (None, z):
+            with reaped(client(via, [sys.executable, "t.py"], env, tmp_path)) as proc:
+                out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and "starts cold" not in err, err
+            outs.append(out)
+        cold, forked = outs
+        assert forked == cold, (cold, forked)
+        assert z.cold_starts() == []
+    finally:
+        z.close()
+
+
 def test_the_zygote_outlives_a_jobs_sigterm_and_its_ranks_get_their_dispositions_back(
     tmp_path: Path, env: dict[str, str], zygote: Zygote
 ) -> None:
