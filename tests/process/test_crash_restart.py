@@ -134,8 +134,9 @@ def named_commit(evs: list[dict[str, object]], step: int) -> bool:
 
 
 def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> None:
-    """A rank failing at step 15 every attempt: the first attempt committed step 9, the next ones
-    commit nothing new -> give up after max_no_progress restarts in a row, named deterministic."""
+    """A rank raising in step 15 every attempt: the first attempt committed step 9, the next ones
+    commit nothing new -> give up after max_no_progress restarts in a row, named deterministic at
+    step 14, the last step it finished."""
     job = write_job(
         tmp_path,
         env={"FAULT": "raise:1:15:*"},
@@ -147,7 +148,7 @@ def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> Non
     assert len(named(evs, "attempt_started")) == 3
     reason = named(evs, "job_gave_up")[0]["reason"]
     assert "no progress: 2 restarts in a row without a new checkpoint" in reason
-    assert "deterministic: rank 1 fails at step 15" in reason
+    assert "deterministic: rank 1 fails at step 14 every time" in reason, reason
 
 
 def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
