@@ -241,8 +241,11 @@ class Attempt:
 
     def _on_rank_exit(self, ended: RankExit) -> None:
         """A rank's end, seen here or reported by its parent (each told once)."""
-        if ended.exit_code != 0:
-            self._sign_of_failure(self.clock.monotonic())
+        if ended.exit_code == 0:
+            return
+        if ended.signal is not None and not self._is_ending():
+            self.tree.hold_launcher()  # the attempt ends: torchrun must not race the teardown
+        self._sign_of_failure(self.clock.monotonic())
 
     def _on_launcher_exit(self, rc: int) -> None:
         if rc == 0 and not self._reports and not self._left_for_stop:

@@ -79,6 +79,7 @@ def main() -> None:
     for step in range(start, args.steps):
         if rank == 1 and start == 0 and step == args.kill_at_step:
             print(f"rank 1: killing itself at step {step} (--kill-at-step)", flush=True)
+            time.sleep(0.5)  # torchrun relays the line above from a log file, every 0.1 s
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(args.batch, 64)
         y = x[:, :8].sum(dim=1, keepdim=True) + 0.1 * torch.randn(args.batch, 1)

@@ -163,8 +163,9 @@ def teardown(
 
     ``workers``: the processes whose end is worth waiting for (the ranks): once they are gone, the
     deadline is now, and the rest (a launcher taking its time to shut down: torchrun needs
-    seconds after SIGTERM) are SIGKILLed at once. ``spared``: processes sent no SIGTERM, only
-    the SIGKILL (a single-node torchrun, whose shutdown would only log warnings)."""
+    seconds after SIGTERM) are SIGKILLed at once. ``spared``: processes sent neither SIGTERM
+    nor SIGCONT, only the SIGKILL (a single-node torchrun, whose shutdown would only log
+    warnings, and which may have been stopped so that it cannot race the teardown)."""
     t0 = time.monotonic()
     owned = {p.pid: p for p in popens}
     alive = {p for p in pids if p != os.getpid()} | set(owned)
@@ -173,7 +174,7 @@ def teardown(
     seen = set(alive)  # a zombie counted gone may be re-parented to us later: reap it at the end
     signalled = len(alive)
     _signal_all(alive - set(spared), signal.SIGTERM)
-    _signal_all(alive, signal.SIGCONT)
+    _signal_all(alive - set(spared), signal.SIGCONT)
     deadline = t0 + term_timeout_s
     if workers is not None and not _wait_gone(set(workers) & alive, deadline, owned):
         deadline = time.monotonic()

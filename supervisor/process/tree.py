@@ -10,6 +10,9 @@ down (SIGTERM, monotonic deadline, SIGKILL, reap). The attempt talks to it throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -48,6 +51,7 @@ class ProcessTree(Protocol):
     def any_left_cleanly(self) -> bool: ...
     def scan(self) -> None: ...
     def foresee_hang(self, directory: Path) -> None: ...
+    def hold_launcher(self) -> None: ...
     def hang_averted(self) -> None: ...
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
     async def lost_nodes(self) -> tuple[str, ...]: ...
@@ -121,6 +125,18 @@ class AttemptTree:
                 rank = -1
             self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
 
+    def hold_launcher(self) -> None:
+        """A rank was killed by a signal, so the attempt ends: on a single node, stop torchrun
+        (SIGSTOP) until :meth:`teardown` SIGKILLs it. Left running, it notices the dead rank
+        within its monitor interval and races the teardown, sending the other ranks SIGTERM
+        with a warning of its own; a killed rank has no last words for it to relay. (After an
+        exit with an error code torchrun runs on: it relays the rank's traceback.)"""
+        popen = self._popen
+        if popen is None or self.plan.nnodes > 1 or popen.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(popen.pid, signal.SIGSTOP)
+
     def foresee_hang(self, directory: Path) -> None:
         """The ranks are close to their hang timeout: where py-spy is installed, take their
         native stacks now, so that a hang declared soon need not wait for them (see
@@ -175,7 +191,8 @@ class AttemptTree:
             return
         pids = set(self._ledger.rank_of_pid) | {popen.pid}
         # single node: the ranks get SIGTERM, and once they are gone torchrun is SIGKILLed (it
-        # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save);
+        # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save;
+        # it stays stopped if hold_launcher stopped it);
         # srun is sent SIGTERM and awaited, so that Slurm gives the other nodes' ranks the same
         # SIGTERM grace
         ranks = {pid for pid, rank in self._ledger.rank_of_pid.items() if rank is not None}

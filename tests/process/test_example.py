@@ -30,6 +30,7 @@ def test_the_toy_example_meets_a_crash_recovers_and_prints_no_warning(tmp_path: 
     assert started.returncode == 0, started.stdout + started.stderr
     output = started.stdout + started.stderr
     assert not WARNING.search(output), WARNING.findall(output)
+    assert "[default1]:rank 1: killing itself at step 120" in output, output
     evs = events(tmp_path / "runs" / "ddp-toy")
     (failure,) = named(evs, "failure_detected")
     assert (failure["kind"], failure["ranks"][0], failure["signals"][0]) == ("crash", 1, "SIGKILL")

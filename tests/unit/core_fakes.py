@@ -141,6 +141,8 @@ class FakeTree:
     """When the attempt foresaw a hang (asked for early native stacks), in virtual time."""
     averted: list[float] = field(default_factory=list)
     """When it said that a hang it foresaw did not come (only after one was foreseen)."""
+    held: int = 0
+    """How often the attempt stopped its launcher (a rank killed by a signal)."""
     _exits: list[RankExit] = field(default_factory=list)
     _on_launcher_exit: Callable[[int], None] | None = None
     _on_rank_exit: Callable[[RankExit], None] | None = None
@@ -174,6 +176,9 @@ class FakeTree:
     def foresee_hang(self, directory: Path) -> None:
         if not self.foreseen or (self.averted and self.averted[-1] > self.foreseen[-1]):
             self.foreseen.append(self.clock.monotonic() if self.clock else 0.0)
+
+    def hold_launcher(self) -> None:
+        self.held += 1
 
     def hang_averted(self) -> None:
         pending = self.foreseen and (not self.averted or self.foreseen[-1] > self.averted[-1])

@@ -134,6 +134,27 @@ def test_crash_then_success(tmp_path: Path) -> None:
     assert [t.torn_down for t in rig.launches.trees] == [True, True]
 
 
+async def rank1_raises(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    await train(ch, clock, range(3))
+    tree.rank_ends(1, code=1)
+    tree.launcher_ends(1)
+
+
+def test_a_rank_killed_by_a_signal_stops_the_launcher_at_once(tmp_path: Path) -> None:
+    """A rank killed by a signal ends the attempt: its launcher is stopped when the death is
+    seen (torchrun must not race the teardown); after a rank's error exit, and when the job
+    succeeds, it is left to run (it relays the rank's last words)."""
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "raised").mkdir()
+    killed = Rig(tmp_path / "killed", [rank1_killed, succeeds])
+    assert killed.run() == ExitCode.OK
+    assert [t.held for t in killed.launches.trees] == [1, 0]
+    raised = Rig(tmp_path / "raised", [rank1_raises, succeeds])
+    assert raised.run() == ExitCode.OK
+    assert [t.held for t in raised.launches.trees] == [0, 0]
+    assert all(t.torn_down for t in killed.launches.trees + raised.launches.trees)
+
+
 def test_hang_found_in_virtual_time(tmp_path: Path) -> None:
     """Ranks that stop finishing steps are a hang after the automatic 5 s timeout; stacks are
     collected before the teardown, and the next attempt runs."""
