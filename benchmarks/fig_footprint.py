@@ -65,16 +65,28 @@ def sample(procs: dict[str, psutil.Process], until: float) -> dict[str, Usage]:
 
 
 def _agent_of(
-    run: Run, marks: tuple[str, ...] = ("torchrun", "ft_launcher")
+    run: Run,
+    marks: tuple[str, ...] = ("torchrun", "ft_launcher"),
+    unless: tuple[str, ...] = (),
 ) -> psutil.Process | None:
-    """The torchrun/ft_launcher process of a launch (the root, or the daemon's child)."""
+    """The first process of a launch (the root, or one below it) whose command line holds one
+    of ``marks`` and none of ``unless``: by default the torchrun/ft_launcher agent."""
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(run.proc.pid)
         for pr in [root, *root.children(recursive=True)]:
-            line = " ".join(pr.cmdline())
-            if any(mark in line for mark in marks):
-                return pr
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(pr.cmdline())
+                if any(m in line for m in marks) and not any(u in line for u in unless):
+                    return pr
     return None
+
+
+# rvsup's warm standby: started cold (-c ... worker_sdk._standby) or forked from the zygote (its
+# command line then reads "python .../worker_sdk/_standby.py"); the zygote itself
+# (-m worker_sdk._zygote), not the clients that stand in for its ranks (worker_sdk._bootstrap)
+_STANDBY_MARKS = ("worker_sdk._standby", "worker_sdk/_standby.py")
+_ZYGOTE_MARKS = ("worker_sdk._zygote",)
+_NOT_ZYGOTE = ("worker_sdk._bootstrap", "_standby")
 
 
 def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
@@ -90,9 +102,12 @@ def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
             procs["agent"] = agent
         if isinstance(tool, Rvsup):
             procs["daemon"] = psutil.Process(run.proc.pid)
-            standby = _agent_of(run, ("worker_sdk._standby",))
+            standby = _agent_of(run, _STANDBY_MARKS, unless=("worker_sdk._bootstrap",))
             if standby is not None:
                 procs["standby"] = standby
+            zygote = _agent_of(run, _ZYGOTE_MARKS, unless=_NOT_ZYGOTE)
+            if zygote is not None:
+                procs["zygote"] = zygote
         steps_left = p.footprint_steps - 40
         window = max(1.0, steps_left * 0.01)  # ends before the job does (13-20 ms a step)
         return sample(procs, time.monotonic() + window)
@@ -107,6 +122,7 @@ def footprint(ctx: Context) -> Table:
         "rvsup daemon",
         "torchrun agent (under rvsup)",
         "warm standby torchrun (rvsup)",
+        "zygote (rvsup)",
         "torchrun agent (plain)",
         "ft_launcher agent",
     ]
@@ -114,8 +130,9 @@ def footprint(ctx: Context) -> Table:
         cols[0]: ("rvsup", "daemon"),
         cols[1]: ("rvsup", "agent"),
         cols[2]: ("rvsup", "standby"),
-        cols[3]: ("torchrun", "agent"),
-        cols[4]: ("ft_launcher", "agent"),
+        cols[3]: ("rvsup", "zygote"),
+        cols[4]: ("torchrun", "agent"),
+        cols[5]: ("ft_launcher", "agent"),
     }
     found: dict[str, list[Usage]] = {col: [] for col in cols}
     for i in range(ctx.profile.n_windows):  # the jobs interleaved, one window each per round
@@ -134,13 +151,17 @@ def footprint(ctx: Context) -> Table:
     cpu: dict[str, Cell | str] = {}
     for col, usages in found.items():
         if not usages:
-            why = (ft.unavailable() if col == cols[4] else None) or "n/a"
+            why = (ft.unavailable() if col == cols[5] else None) or "n/a"
             rss[col] = cpu[col] = why
             continue
         rss[col] = Cell(_peaks(usages), " MB", digits=1, note="peak of each window")
         cpu[col] = Cell(_cpu(usages), " %", digits=2)
     t.row("RSS", rss)
     t.row("CPU (% of one core)", cpu)
+    t.notes.append(
+        "the zygote's RSS counts the pages it shares with the ranks it forked (torch's code and"
+        " imported modules): what it adds is less"
+    )
     daemon = rss[cols[0]]
     if isinstance(daemon, Cell) and daemon.values:
         worst = max(daemon.values)
