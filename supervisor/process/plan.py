@@ -126,10 +126,13 @@ class Launches:
         interpreter)."""
         if self.standby is None:
             return
-        zygote = self.zygote
-        python = self.torchrun.python
-        same = python is not None and zygote is not None and same_interpreter(python, zygote.python)
-        if zygote is not None and same and zygote.forks():
+        zygote, python = self.zygote, self.torchrun.python
+        if (
+            zygote is not None
+            and python is not None
+            and same_interpreter(python, zygote.python)
+            and zygote.forks()
+        ):
             env = zygote.environment(plan.env, plan.nproc_per_node)
             self.standby.prepare(plan, zygote=zygote.name, env=env)
         else:

@@ -173,8 +173,9 @@ def teardown(
         alive |= descendants(pid)
     seen = set(alive)  # a zombie counted gone may be re-parented to us later: reap it at the end
     signalled = len(alive)
-    _signal_all(alive - set(spared), signal.SIGTERM)
-    _signal_all(alive - set(spared), signal.SIGCONT)
+    told = alive - set(spared)
+    _signal_all(told, signal.SIGTERM)
+    _signal_all(told, signal.SIGCONT)
     deadline = t0 + term_timeout_s
     if workers is not None and not _wait_gone(set(workers) & alive, deadline, owned):
         deadline = time.monotonic()
