@@ -30,7 +30,7 @@ from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitStalled
 from supervisor.rules import culprits, hangs
-from supervisor.rules.failures import Observation, RankExit, RankReport, StopReason
+from supervisor.rules.observation import Observation, RankExit, RankReport, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 

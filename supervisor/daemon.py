@@ -33,16 +33,16 @@ from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
 from supervisor.record import history, rundir
+from supervisor.record.entries import Entry
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
     AttemptClosed,
     CheckpointCommitted,
-    Entry,
     JobStarted,
     SupervisorError,
 )
 from supervisor.rules.budget import budget_of
-from supervisor.rules.failures import StopReason
+from supervisor.rules.observation import StopReason
 from supervisor.rules.states import ExitCode
 from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
 from supervisor.service.sdnotify import Notifier

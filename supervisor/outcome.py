@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from supervisor.rules.failures import Observation
+from supervisor.rules.observation import Observation
 
 __all__ = ["AttemptResult", "Ending", "Outcome"]
 

@@ -46,7 +46,8 @@ from supervisor.record.schema import (
 )
 from supervisor.rules import budget as budgets
 from supervisor.rules.budget import Budget
-from supervisor.rules.failures import Failure, FailureKind, StopReason, classify
+from supervisor.rules.failures import classify
+from supervisor.rules.observation import Failure, FailureKind, StopReason
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 from supervisor.rules.states import ExitCode, JobState, check_transition, exit_code
 

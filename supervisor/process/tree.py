@@ -26,7 +26,7 @@ from supervisor.process import launcher, proctree
 from supervisor.process.launcher import LaunchPlan
 from supervisor.ranks import diagnostics, native
 from supervisor.ranks.exits import ExitLedger
-from supervisor.rules.failures import RankExit
+from supervisor.rules.observation import RankExit
 from supervisor.slurm import commands as slurm
 
 __all__ = ["AttemptTree", "ProcessTree", "Spawn"]

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from supervisor.rules.failures import RankExit, RankReport
 from supervisor.rules.hangs import Silence, StepTimes
+from supervisor.rules.observation import RankExit, RankReport
 from worker_sdk import protocol as p
 
 __all__ = [

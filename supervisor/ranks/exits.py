@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable
 
 from supervisor.process import proctree
-from supervisor.rules.failures import RankExit
+from supervisor.rules.observation import RankExit
 
 __all__ = ["ExitLedger"]
 

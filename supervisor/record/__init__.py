@@ -1,4 +1,4 @@
 """The job's history: its events defined once (:mod:`.schema`), written as JSON lines
-(:mod:`.events`), read back as rows (:mod:`.history`)."""
+(:mod:`.events`), read back as entries (:mod:`.entries`) and as rows (:mod:`.history`)."""
 
-__all__ = ["events", "history", "rundir", "schema", "typed_json"]
+__all__ = ["entries", "events", "history", "rundir", "schema", "summary", "typed_json"]

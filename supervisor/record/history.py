@@ -22,13 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
-from supervisor.record import schema
+from supervisor.record.entries import Entry, parse_all
 from supervisor.record.schema import (
     AttemptClosed,
     AttemptStarted,
     CheckpointCommitted,
     CheckpointLoaded,
-    Entry,
     Event,
     FailureDetected,
     JobGaveUp,
@@ -119,7 +118,7 @@ class History:
 def read(path: Path) -> History:
     """The history in ``path``; a missing file is an empty history."""
     objects, unreadable = _read_objects(path)
-    parsed = schema.parse_all(objects)
+    parsed = parse_all(objects)
     return History(parsed.entries, unreadable, parsed.invalid, parsed.unknown)
 
 
@@ -237,7 +236,7 @@ def unfinished(rows: Sequence[AttemptRow]) -> list[AttemptRow]:
 
 def attempts(events: Sequence[Mapping[str, Any]]) -> list[AttemptRow]:
     """The rows of a history given as JSON objects (``attempt_rows`` of their parsed entries)."""
-    return attempt_rows(schema.parse_all(events).entries)
+    return attempt_rows(parse_all(events).entries)
 
 
 def _fold(acc: _Attempt, event: Event, at: datetime) -> None:

@@ -1,8 +1,10 @@
 """Pure rules: no I/O, no clock, no process. Everything here is a function of its arguments.
 
 - :mod:`.states` — the job lifecycle and its allowed transitions.
+- :mod:`.observation` — what an attempt's end looks like: ``Observation``, ``Failure``, the kinds.
 - :mod:`.failures` — ``classify(observation) -> Failure``.
 - :mod:`.hangs` — when silence is a hang (the automatic timeout, the quiet ranks).
+- :mod:`.culprits` — which ranks hung the group, from their stacks.
 - :mod:`.budget` — the restart budget as one fold over the history's events.
 - :mod:`.policy` — ``decide(budget, failure, policy) -> Restart | GiveUp | Requeue``.
 
@@ -10,4 +12,4 @@ A unit test (``tests/unit/test_architecture.py``) checks that nothing here impor
 does I/O.
 """
 
-__all__ = ["budget", "failures", "hangs", "policy", "states"]
+__all__ = ["budget", "culprits", "failures", "hangs", "observation", "policy", "states"]

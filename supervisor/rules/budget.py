@@ -37,7 +37,7 @@ from supervisor.record.schema import (
     JobStarted,
     RestartScheduled,
 )
-from supervisor.rules.failures import FailureKind
+from supervisor.rules.observation import FailureKind
 
 __all__ = ["Budget", "Signature", "budget_of", "fold", "signature"]
 

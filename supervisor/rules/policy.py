@@ -2,7 +2,7 @@
 
 :func:`decide` takes the job's :class:`~supervisor.rules.budget.Budget` (folded from the history
 up to the attempt that just ended: :mod:`supervisor.rules.budget`), the classified
-:class:`~supervisor.rules.failures.Failure`, the configured :class:`RestartPolicy` and a random
+:class:`~supervisor.rules.observation.Failure`, the configured :class:`RestartPolicy` and a random
 number drawn by the caller (so that the function stays pure), and returns a :data:`Decision`:
 
 - ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias, get_args
 
 from supervisor.rules.budget import Budget
-from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
+from supervisor.rules.failures import deterministic_signature
+from supervisor.rules.observation import Failure, FailureKind
 
 __all__ = [
     "Decision",

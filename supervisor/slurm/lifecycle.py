@@ -13,7 +13,7 @@ from supervisor.config.model import RequeueMode
 from supervisor.loops import SYSTEM_CLOCK, Clock
 from supervisor.record.events import EventLog
 from supervisor.record.schema import RequeueFailed, TimeLeftUnknown
-from supervisor.rules.failures import StopReason
+from supervisor.rules.observation import StopReason
 from supervisor.slurm import commands as slurm
 
 __all__ = ["TIME_LEFT_POLL_S", "requeue", "watch_time_limit"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from supervisor.config import JobConfig, load_config
 from supervisor.process.launcher import LaunchPlan
 from supervisor.record.schema import ColdStart
-from supervisor.rules.failures import RankExit
+from supervisor.rules.observation import RankExit
 from worker_sdk import protocol as p
 
 WORLD = 2

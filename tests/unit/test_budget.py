@@ -24,7 +24,8 @@ from supervisor.record.schema import (
     StopRequested,
 )
 from supervisor.rules.budget import Budget, budget_of, fold, signature
-from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
+from supervisor.rules.failures import deterministic_signature
+from supervisor.rules.observation import Failure, FailureKind
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 
 K = FailureKind

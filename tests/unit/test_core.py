@@ -18,7 +18,7 @@ from supervisor.ranks import native
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget
-from supervisor.rules.failures import StopReason
+from supervisor.rules.observation import StopReason
 from supervisor.rules.states import ExitCode, JobState
 from supervisor.supervisor import Supervisor
 from tests.unit.core_fakes import (

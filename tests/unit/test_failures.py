@@ -6,15 +6,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from supervisor.rules.failures import (
+from supervisor.rules.failures import classify, deterministic_signature
+from supervisor.rules.observation import (
     Failure,
     FailureKind,
     Observation,
     RankExit,
     RankReport,
     StopReason,
-    classify,
-    deterministic_signature,
     signal_name,
 )
 from worker_sdk.protocol import EXIT_OOM

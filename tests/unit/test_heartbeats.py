@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
-from supervisor.rules.failures import RankExit
+from supervisor.rules.observation import RankExit
 from worker_sdk import protocol as p
 
 # ---------------------------------------------------------------- RankTable.observe

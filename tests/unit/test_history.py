@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.record.entries import parse_all
 from supervisor.record.history import (
     AttemptRow,
     attempt_rows,
@@ -33,7 +34,6 @@ from supervisor.record.schema import (
     JobSucceeded,
     RestartScheduled,
     StopRequested,
-    parse_all,
     to_json,
 )
 

@@ -10,7 +10,8 @@ import pytest
 
 from supervisor.record.schema import Event, JobStarted, JobStopped, RestartScheduled
 from supervisor.rules.budget import Budget, budget_of, fold
-from supervisor.rules.failures import Failure, FailureKind, deterministic_signature
+from supervisor.rules.failures import deterministic_signature
+from supervisor.rules.observation import Failure, FailureKind
 from supervisor.rules.policy import (
     Decision,
     GiveUp,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from supervisor.record import schema
+from supervisor.record.entries import Entry, parse, parse_all, parse_entry
 from supervisor.record.events import EventLog
 from supervisor.record.rundir import EVENTS_FILE
 from supervisor.record.schema import (
@@ -23,7 +24,6 @@ from supervisor.record.schema import (
     CheckpointLoaded,
     CheckpointSkipped,
     ColdStart,
-    Entry,
     Event,
     ExitStalled,
     FailureDetected,
@@ -37,12 +37,9 @@ from supervisor.record.schema import (
     StopRequested,
     SupervisorError,
     TimeLeftUnknown,
-    parse,
-    parse_all,
-    parse_entry,
     to_json,
 )
-from supervisor.rules.failures import FailureKind, StopReason
+from supervisor.rules.observation import FailureKind, StopReason
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ("timestamp", "event", "level", "job", "attempt")

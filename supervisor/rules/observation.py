@@ -1,0 +1,159 @@
+"""What an attempt's end looks like to the rules: the observation the supervisor collects and
+the failure :func:`supervisor.rules.failures.classify` makes of it.
+
+Plain frozen data and the two enums of the history's ``kind`` and ``reason`` fields; no rule
+lives here.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` for Python 3.10: members are their string values."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = [
+    "Failure",
+    "FailureKind",
+    "Observation",
+    "RankExit",
+    "RankReport",
+    "StopReason",
+    "signal_name",
+]
+
+
+class FailureKind(StrEnum):
+    """Why an attempt ended; the values are the ``kind`` field of ``failure_detected``."""
+
+    CRASH = "crash"
+    OOM = "oom"
+    HANG = "hang"
+    PREEMPTED = "preempted"
+    TIMELIMIT = "timelimit"
+    NODE_FAILURE = "node_failure"
+    STOPPED = "stopped"
+
+
+class StopReason(StrEnum):
+    """Why the supervisor asked the ranks to stop; the ``reason`` of ``stop_requested`` and
+    ``job_stopped``, and the failure kind of the attempt it ends."""
+
+    PREEMPTED = "preempted"
+    """Slurm's SIGTERM (preemption, scancel)."""
+    TIMELIMIT = "timelimit"
+    """SIGUSR1, or the allocation's time limit is near (``slurm.stop_before_end``)."""
+    STOPPED = "stopped"
+    """``rvsup stop``, SIGINT."""
+
+    @property
+    def kind(self) -> FailureKind:
+        return FailureKind(self.value)
+
+    @property
+    def text(self) -> str:
+        return _STOP_TEXT[self]
+
+
+_STOP_TEXT: Final[Mapping[StopReason, str]] = {
+    StopReason.PREEMPTED: "stopped on preemption",
+    StopReason.TIMELIMIT: "stopped before the time limit",
+    StopReason.STOPPED: "stopped on request",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """One rank's process ended."""
+
+    rank: int | None
+    """The rank, or None if the process never said hello (only its pid is known)."""
+    pid: int
+    exit_code: int | None
+    """The exit status; None if killed by a signal or unknown."""
+    signal: int | None
+    """The number of the signal that killed it, if any."""
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """What a rank said before dying (the SDK's FAILURE message)."""
+
+    rank: int
+    kind: str
+    """``"oom"`` or ``"exception"``."""
+    type: str
+    """The exception's type name, e.g. ``"torch.OutOfMemoryError"``."""
+    message: str
+    step: int
+    """The rank's last finished step (-1 before the first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything the supervisor saw that ended (or is ending) an attempt."""
+
+    exits: tuple[RankExit, ...] = ()
+    """Ranks that ended, in the order seen."""
+    reports: tuple[RankReport, ...] = ()
+    """SDK failure reports during this attempt."""
+    launcher_exit: int | None = None
+    """torchrun's (or srun's) exit status if it ended; negative: ``-signal``."""
+    silent_ranks: tuple[int, ...] = ()
+    """Live ranks without progress past the hang timeout."""
+    hang_timeout_s: float | None = None
+    last_steps: Mapping[int, int] = field(default_factory=dict)
+    """Rank -> last finished step it reported."""
+    stop_reason: StopReason | None = None
+    """Set when a stop was requested."""
+    stderr_tail: str = ""
+    """The last lines of the ranks' stderr (OOM fallback)."""
+    host_oom_kills: int = 0
+    """New ``oom_kill`` count from the cgroup's ``memory.events`` during this attempt."""
+    lost_nodes: tuple[str, ...] = ()
+    """Nodes whose srun task or slurmd went away."""
+    hang_culprits: tuple[int, ...] = ()
+    """In a hang, the ranks that were not in a collective while others were (their stacks)."""
+    hang_evidence: str = ""
+    """What the stacks said, e.g. ``"rank 1 is not in a collective (...); rank 0 waits in ..."``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One classified failure, as ``failure_detected`` records it."""
+
+    kind: FailureKind
+    ranks: tuple[int, ...]
+    """Ranks implicated: the first failing (or furthest behind) first, then the others
+    ascending (so that the same failure twice gives the same tuple); may be empty."""
+    exit_codes: tuple[int, ...]
+    """Exit statuses of the implicated ranks that exited with a code, in the order seen."""
+    signals: tuple[str, ...]
+    """Names of the signals that killed implicated ranks, e.g. ``("SIGKILL",)``."""
+    last_step: int | None
+    """The highest last finished step over all ranks (None if none finished a step)."""
+    detail: str
+    """One human sentence, e.g. ``"rank 1 killed by SIGKILL at step 57"``."""
+    nodes: tuple[str, ...] = ()
+
+
+def signal_name(signum: int) -> str:
+    """``9 -> "SIGKILL"``; a number this platform does not name becomes ``"SIG<n>"``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
