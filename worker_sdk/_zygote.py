@@ -312,16 +312,19 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             _say({"refused": program, "rank": _rank_of(request)})
             wire.send(conn, {"refused": program})
             return None
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(go_w)
             try:
+                _wait_for_go(go_r)
                 child.become(request, fds, zygote, served.added_env)
             except BaseException:  # noqa: BLE001 -- a child that cannot become the rank ends
                 traceback.print_exc()
                 os._exit(127)
             return child.Job(program, request["cwd"])
-        conn.settimeout(None)
-        wire.send(conn, {"pid": pid})
+        os.close(go_r)
+        _answer_then_go(conn, pid, go_w)
     except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return None
     else:
@@ -330,6 +333,29 @@ def _answer(conn: socket.socket, served: Served) -> Any:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
+
+
+def _wait_for_go(go: int) -> None:
+    """In the forked child: wait until the client has the rank's pid. Without it (the zygote
+    died, or the client left, before the answer) the child ends here, before any of the rank's
+    code runs, so that the client's cold start is the only run of the rank."""
+    if not os.read(go, 1):
+        os._exit(1)
+    os.close(go)
+
+
+def _answer_then_go(conn: socket.socket, pid: int, go: int) -> None:
+    """Tell the client the rank's pid, then let the forked child run; when the client cannot
+    be told, the child ends without running and is reaped here."""
+    try:
+        conn.settimeout(None)
+        wire.send(conn, {"pid": pid})
+        os.write(go, b"!")
+    except OSError:
+        os.close(go)
+        os.waitpid(pid, 0)
+        raise
+    os.close(go)
 
 
 def _rank_of(request: dict[str, Any]) -> int | None:

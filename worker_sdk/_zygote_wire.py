@@ -8,6 +8,8 @@ The conversation, over one connection to the zygote's abstract Unix socket:
 1. client -> zygote: a :func:`send` of the request (argv, env, cwd, umask, rlimits, CPU
    affinity, signal mask) carrying the client's fds 0, 1 and 2 (``SCM_RIGHTS``);
 2. zygote -> client: ``{"pid": N}`` (rank N runs) or ``{"refused": "why"}`` (start cold);
+   the forked rank waits for this answer to be sent before it runs, so a zygote that dies
+   first leaves no rank behind and the client's cold start is the rank's only run;
 3. zygote -> client: ``{"status": W}``, the rank's wait status, when it ended.
 
 The zygote kills the rank when the connection closes before it ended (the client died).

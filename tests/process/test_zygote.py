@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,8 @@ import pytest
 
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
+from worker_sdk import _zygote_wire as wire
+from worker_sdk._zygote_client import request_of
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -278,6 +281,39 @@ def test_a_dead_zygote_takes_its_ranks_and_the_next_start_is_cold(
     with reaped(client(zygote, [sys.executable, "s.py"], env, tmp_path)) as proc:
         out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (0, "ran\n", "")
+
+
+def test_a_client_gone_before_the_answer_leaves_no_rank_that_ran(
+    tmp_path: Path, env: dict[str, str], zygote: Zygote
+) -> None:
+    """A client that hangs up after its request, before the zygote answers (as one whose zygote
+    dies between the fork and the answer sees it, and then starts the rank cold): the forked
+    child ends without running one line of the rank's program, and the zygote reaps it."""
+    wait_ready(zygote)
+    assert zygote.pid is not None
+    marker = tmp_path / "ran"
+    (tmp_path / "mark.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    request = request_of([sys.executable, "mark.py"])
+    request.update(env=env, cwd=str(tmp_path))
+    os.kill(zygote.pid, signal.SIGSTOP)  # the request waits in the socket; the answer cannot go
+    try:
+        with (
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+            open(os.devnull, "r+b") as null,
+        ):
+            sock.connect("\0" + zygote.name)
+            wire.send(sock, request, fds=(null.fileno(),) * 3)
+    finally:
+        os.kill(zygote.pid, signal.SIGCONT)
+    (tmp_path / "s.py").write_text("print('ran')\n")
+    with reaped(client(zygote, [sys.executable, "s.py"], env, tmp_path)) as proc:
+        out, err = proc.communicate(timeout=60)  # served after the first request, one at a time
+    assert (proc.returncode, out, err) == (0, "ran\n", "")
+    deadline = time.monotonic() + 2  # a child that was let go runs mark.py in a few ms
+    while time.monotonic() < deadline and not marker.exists():
+        time.sleep(0.05)
+    assert not marker.exists()
+    assert psutil.Process(zygote.pid).children() == []
 
 
 def test_forked_ranks_draw_their_own_random_numbers(tmp_path: Path, env: dict[str, str]) -> None:
