@@ -8,11 +8,11 @@ fields ``timestamp``, ``event``, ``level``, ``job``, ``attempt`` plus :func:`to_
 
 Building an event checks its values against the field types and normalises them (lists to
 tuples, enum members to plain strings, the floats named in ``DIGITS`` rounded as written), so an
-event read back compares equal to the one logged. Reading (:func:`parse`, :func:`parse_all`)
-takes any line any version of rvsup wrote: a missing or malformed field is empty (None, ``""``,
-``False``, ``()``, ``{}``), except a non-optional ``int``/``float``, which is required — without
-it the line is skipped and counted as invalid (the rules: :mod:`.typed_json`; the reading:
-:mod:`.entries`); an event name this version does not know is skipped and counted as unknown.
+event read back compares equal to the one logged. Reading (:mod:`.entries`) takes any line
+any version of rvsup wrote: a missing or malformed field is empty (None, ``""``, ``False``,
+``()``, ``{}``), except a non-optional ``int``/``float``, which is required — without it the
+line is skipped and counted as invalid (the rules: :mod:`.typed_json`); an event name this
+version does not know is skipped and counted as unknown.
 
 Pure: no I/O and no clock (the rules import it).
 """
