@@ -28,9 +28,15 @@ from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, 
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import ExitStalled
-from supervisor.rules import culprits, hangs
-from supervisor.rules.observation import Observation, RankExit, RankReport, StopReason
+from supervisor.record.schema import ExitAborted, ExitStalled
+from supervisor.rules import culprits, failures, hangs
+from supervisor.rules.observation import (
+    Observation,
+    RankExit,
+    RankReport,
+    StopReason,
+    signal_name,
+)
 from supervisor.rules.states import JobState
 from worker_sdk import protocol as p
 
@@ -42,6 +48,7 @@ SETTLE_NODES_S = 0.25  # the same on several nodes, where the ranks' reports cro
 EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
+_ABORT_TAIL_LINES = 10  # of a rank's stderr, in exit_aborted
 
 
 class Attempt:
@@ -136,6 +143,7 @@ class Attempt:
                 )
             if ending in (Ending.FAILED, Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
+            self._log_aborts_after_end()
         finally:
             for name in loops:
                 self.liveness.forget(name)
@@ -290,7 +298,27 @@ class Attempt:
 
     async def _settle_then_fail(self) -> None:
         await self.clock.sleep(SETTLE_S if self.plan.nnodes == 1 else SETTLE_NODES_S)
-        self._finish(Ending.FAILED)
+        done = failures.scripts_finished(
+            self.world_size, self._ended, self.tree.exits, self._reports
+        )
+        self._finish(Ending.SUCCEEDED if done else Ending.FAILED)
+
+    def _log_aborts_after_end(self) -> None:
+        """``exit_aborted`` for each rank that died of a signal after its script ended."""
+        steps = {st.rank: st.last_step for st in self.ranks}
+        for e in failures.aborted_after_end(self.tree.exits, self._ended):
+            assert e.rank is not None
+            signum = e.signal if e.signal is not None else -1
+            step = steps.get(e.rank)
+            tail = self.tree.stderr_tail(e.rank).strip().splitlines()[-_ABORT_TAIL_LINES:]
+            self.events.log(
+                ExitAborted(
+                    rank=e.rank,
+                    signal=signal_name(signum) if signum > 0 else f"exit code {e.exit_code}",
+                    last_step=step if step is not None and step >= 0 else None,
+                    stderr_tail="\n".join(tail),
+                )
+            )
 
     # ------------------------------------------------------------------ the tick
     async def _tick_loop(self) -> None:

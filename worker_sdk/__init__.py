@@ -29,10 +29,18 @@ if TYPE_CHECKING:  # the supervisor imports worker_sdk.protocol: keep torch out 
     from ._runtime import Runtime
     from .checkpoint import Stateful
 
-__all__ = ["phase", "protocol", "resume", "step"]
+__all__ = ["UsageError", "phase", "protocol", "resume", "step"]
 
 _runtime: Runtime | None = None
 _monotonic = time.monotonic
+
+
+class UsageError(RuntimeError):
+    """The script called the SDK in a way it refuses; the message says what to change.
+
+    Under rvsup a rank that dies of it exits with :data:`worker_sdk.protocol.EXIT_USAGE`, and
+    the job gives up at once instead of restarting a script that would fail the same way.
+    """
 
 
 def resume(
@@ -82,7 +90,14 @@ def resume(
         keep_last=keep_last,
         async_save=async_save,
     )
-    rank, world_size = _rank_and_world()
+    try:
+        rank, world_size = _rank_and_world()
+    except UsageError:
+        if settings.supervised:
+            from ._runtime import exit_on_usage_error
+
+            exit_on_usage_error()
+        raise
     if rank == 0:
         from ._determinism import reordered_sums_warning
 
@@ -158,9 +173,19 @@ def _rank_and_world() -> tuple[int, int]:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a requirement of the SDK
         dist = None  # type: ignore[assignment]
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    distributed = dist is not None and dist.is_available()
+    if distributed and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if distributed and world_size > 1:
+        raise UsageError(
+            f"worker_sdk.resume() was called before torch.distributed.init_process_group(), "
+            f"in a job of {world_size} processes (WORLD_SIZE={world_size}, this is rank {rank}): "
+            "without a process group the ranks cannot agree on the checkpoint to restore. "
+            "Call init_process_group() first, then wrap the model (DDP/FSDP), build the "
+            "optimizer, and call resume()"
+        )
+    return rank, world_size
 
 
 def _reset_for_tests() -> None:

@@ -412,3 +412,21 @@ def install_excepthook(rt: Runtime) -> None:
             os._exit(p.EXIT_OOM)
 
     sys.excepthook = hook
+
+
+def exit_on_usage_error() -> None:
+    """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
+    :data:`~worker_sdk.protocol.EXIT_USAGE` once its traceback is printed, so that the
+    supervisor gives up at once instead of restarting a script that fails the same way."""
+    from . import UsageError
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, exc, tb)
+        if isinstance(exc, UsageError):
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(p.EXIT_USAGE)
+
+    sys.excepthook = hook

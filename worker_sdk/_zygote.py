@@ -203,11 +203,10 @@ def _serve(listener: socket.socket, served: Served) -> Any:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     sel.close()
-                    for fd in (listener.fileno(), wake_r, wake_w, conn.fileno()):
+                    for fd in (wake_r, wake_w):
                         os.close(fd)
-                    for other in ranks.values():
-                        if other.conn.fileno() >= 0:
-                            os.close(other.conn.fileno())
+                    for sock in (listener, conn, *(other.conn for other in ranks.values())):
+                        _let_go(sock)
                     return answer
                 if answer is None:
                     conn.close()
@@ -216,6 +215,16 @@ def _serve(listener: socket.socket, served: Served) -> Any:
                     sel.register(conn, selectors.EVENT_READ, answer)
             elif isinstance(key.data, int):  # a client hung up (or spoke out of turn)
                 _on_client(key.data, ranks, sel)
+
+
+def _let_go(sock: socket.socket) -> None:
+    """Close ``sock``'s descriptor and detach it from the object. A socket object that only had
+    its number closed (``os.close(sock.fileno())``) still owns that number and closes it again
+    when it is collected: in a forked rank, at the end of the script, when the number belongs to
+    something else by then (the SDK's ZeroMQ signaler, whose poll then aborts the process)."""
+    fd = sock.detach()
+    if fd >= 0:
+        os.close(fd)
 
 
 @dataclass(slots=True)

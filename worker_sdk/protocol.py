@@ -96,6 +96,7 @@ ENV_REPORT_EXIT: Final = "RVSUP_REPORT_EXIT"  # "1": the bootstrap reports how t
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
+EXIT_USAGE: Final = 87  # the script called the SDK in a way it refuses (worker_sdk.UsageError)
 EXIT_SYNC_TIMEOUT: Final = 88  # a coordinated save never got the supervisor's answer
 
 # ---------------------------------------------------------------- limits

@@ -318,10 +318,12 @@ def _dismiss(proc: subprocess.Popen[bytes]) -> None:
             proc.stdin.close()
 
 
-def stderr_tail(log_dir: Path, *, max_bytes: int = 8192) -> str:
-    """The end of every rank's stderr log of an attempt (OOM evidence when the SDK could not say)."""
+def stderr_tail(log_dir: Path, *, max_bytes: int = 8192, local_rank: int | None = None) -> str:
+    """The end of every rank's stderr log of an attempt (OOM evidence when the SDK could not say),
+    or of one local rank's."""
+    pattern = "**/stderr.log" if local_rank is None else f"**/attempt_*/{local_rank}/stderr.log"
     parts: list[str] = []
-    for path in sorted(log_dir.glob("**/stderr.log")):
+    for path in sorted(log_dir.glob(pattern)):
         try:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)

@@ -56,7 +56,7 @@ class ProcessTree(Protocol):
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
     async def lost_nodes(self) -> tuple[str, ...]: ...
     def host_oom_kills(self) -> int: ...
-    def stderr_tail(self) -> str: ...
+    def stderr_tail(self, rank: int | None = None) -> str: ...
     async def teardown(self) -> None: ...
 
 
@@ -179,8 +179,12 @@ class AttemptTree:
             return 0
         return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
 
-    def stderr_tail(self) -> str:
-        return launcher.stderr_tail(self.plan.log_dir)
+    def stderr_tail(self, rank: int | None = None) -> str:
+        """The end of the ranks' stderr on this node; with ``rank``, of that rank's alone."""
+        if rank is None:
+            return launcher.stderr_tail(self.plan.log_dir)
+        local = rank % self.plan.nproc_per_node  # static rendezvous: node after node
+        return launcher.stderr_tail(self.plan.log_dir, max_bytes=2048, local_rank=local)
 
     async def teardown(self) -> None:
         """Kill and reap the whole tree; runs to its end even if the caller is cancelled."""

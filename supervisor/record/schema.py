@@ -36,6 +36,7 @@ __all__ = [
     "CheckpointSkipped",
     "ColdStart",
     "Event",
+    "ExitAborted",
     "ExitStalled",
     "FailureDetected",
     "JobGaveUp",
@@ -319,6 +320,24 @@ class ExitStalled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ExitAborted(Event):
+    """A rank whose script had ended was killed by a signal while its interpreter shut down
+    (an extension's destructor, an ``atexit`` hook): its training was done, so when every rank's
+    script ended and none reported a failure, the attempt counts as succeeded."""
+
+    NAME = "exit_aborted"
+    LEVEL = "warning"
+    rank: int
+    """The rank whose process aborted."""
+    signal: str
+    """The signal's name, e.g. ``SIGABRT``."""
+    last_step: int | None
+    """The rank's last finished step."""
+    stderr_tail: str
+    """The last lines the rank wrote to its stderr (what the abort printed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessagesDropped(Event):
     """Malformed or unauthenticated messages were dropped."""
 
@@ -392,6 +411,7 @@ _CLASSES: Final = (
     JobGaveUp,
     JobStopped,
     ExitStalled,
+    ExitAborted,
     MessagesDropped,
     RequeueFailed,
     TimeLeftUnknown,

@@ -28,7 +28,7 @@ wrapper shell or ``srun``) means "killed by signal N", and a negative launcher s
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar
 
 from supervisor.rules.observation import (
@@ -40,20 +40,32 @@ from supervisor.rules.observation import (
     StopReason,
     signal_name,
 )
-from worker_sdk.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT
+from worker_sdk.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT, EXIT_USAGE
 
-__all__ = ["OOM_MARKERS", "classify", "deterministic_signature"]
+__all__ = [
+    "OOM_MARKERS",
+    "USAGE_MARKER",
+    "aborted_after_end",
+    "classify",
+    "deterministic_signature",
+    "scripts_finished",
+]
 
 OOM_MARKERS: Final = ("OutOfMemoryError", "CUDA out of memory")
 """Substrings of a rank's stderr that mean it ran out of memory (fallback evidence)."""
+
+USAGE_MARKER: Final = "worker_sdk.UsageError: "
+"""How the line of a rank's stderr that says what the SDK refused begins."""
 
 _T = TypeVar("_T")
 _SHELL_SIGNAL_BASE: Final = 128
 _MAX_SIGNAL: Final = 64
 _DETAIL_MESSAGE_CHARS: Final = 160
+_USAGE_MESSAGE_CHARS: Final = 400  # it says what to change: keep all of it
 _EXIT_MEANINGS: Final[Mapping[int, str]] = {
     EXIT_OOM: "out of memory",
     EXIT_SYNC_TIMEOUT: "a coordinated save timed out",
+    EXIT_USAGE: "the script called worker_sdk wrongly",
 }
 
 
@@ -75,6 +87,32 @@ def classify(obs: Observation) -> Failure:
     if obs.silent_ranks:
         return _hang(obs, last_step)
     return _crash(obs, last_step)
+
+
+def aborted_after_end(exits: Iterable[RankExit], ended: Collection[int]) -> tuple[RankExit, ...]:
+    """The exits by a signal of ranks that had said their script ended (the SDK's last words,
+    sent from ``atexit``): aborts in interpreter teardown, after the training was done."""
+    return tuple(e for e in exits if e.rank in ended and _signal_of(e) is not None)
+
+
+def scripts_finished(
+    world_size: int,
+    ended: Collection[int],
+    exits: Iterable[RankExit],
+    reports: Sequence[RankReport],
+) -> bool:
+    """Whether an attempt counts as finished although a process ended badly.
+
+    The rule: every rank said its script ended, no rank reported a failure, and every failing
+    exit is a rank's abort after its script ended (:func:`aborted_after_end`). No final
+    checkpoint is needed: a finished job is not resumed. A non-zero exit *code* after the end is
+    the script's own verdict (``sys.exit(1)`` after a failed evaluation) and stays a failure.
+    """
+    if reports or len(set(ended)) < world_size:
+        return False
+    exits = tuple(exits)
+    aborted = set(aborted_after_end(exits, ended))
+    return all(e in aborted for e in exits if _failed(e))
 
 
 # ---------------------------------------------------------------- one rule each
@@ -181,6 +219,8 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
         detail = f"{_who(culprit)} {_how(culprit)}{_at_step(where)}"
         if report is not None:
             detail += f" ({_summary(report)})"
+        elif culprit.exit_code == EXIT_USAGE:
+            detail += _usage_message(obs.stderr_tail)
     elif exceptions:
         report = next(iter(exceptions.values()))
         ranks = _unique([report.rank, *exceptions])
@@ -291,6 +331,17 @@ def _summary(report: RankReport) -> str:
     if len(message) > _DETAIL_MESSAGE_CHARS:
         message = message[: _DETAIL_MESSAGE_CHARS - 3] + "..."
     return f"{report.type}: {message}" if message else report.type
+
+
+def _usage_message(stderr_tail: str) -> str:
+    """``": <what the SDK said>"`` from the ranks' stderr, or nothing when it is not there."""
+    for line in reversed(stderr_tail.splitlines()):
+        if line.startswith(USAGE_MARKER):
+            message = " ".join(line[len(USAGE_MARKER) :].split())
+            if len(message) > _USAGE_MESSAGE_CHARS:
+                message = message[: _USAGE_MESSAGE_CHARS - 3] + "..."
+            return f": {message}"
+    return ""
 
 
 def _ranks_text(ranks: list[int]) -> str:

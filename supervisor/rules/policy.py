@@ -7,6 +7,9 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
 
 - ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
   budget, even when the budget is spent.
+- A ``crash`` in which a rank exited with :data:`worker_sdk.protocol.EXIT_USAGE` (the script
+  called the SDK in a way it refuses, e.g. ``resume()`` before ``init_process_group``) ->
+  :class:`GiveUp` at once: the same script fails the same way on every restart.
 - ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
   -> :class:`GiveUp`; so is ``node_failure`` when the allocation has fewer nodes left than the
   job's minimum (``nodes``: left, minimum; ``launch.min_nnodes``, by default ``nnodes``).
@@ -31,6 +34,7 @@ from typing import Final, Literal, TypeAlias, get_args
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import deterministic_signature
 from supervisor.rules.observation import Failure, FailureKind
+from worker_sdk.protocol import EXIT_USAGE
 
 __all__ = [
     "Decision",
@@ -159,6 +163,8 @@ def decide(
         and budget.charged_failure == deterministic_signature(failure)
     )
     suffix = f" ({deterministic_text(failure)})" if deterministic else ""
+    if failure.kind == FailureKind.CRASH and EXIT_USAGE in failure.exit_codes:
+        return GiveUp(f"the training script must be changed, no restart can help: {failure.detail}")
     if failure.kind == FailureKind.OOM and policy.on_oom == "fail":
         return GiveUp(f'out of memory and restart.on_oom = "fail"{suffix}')
     if failure.kind == FailureKind.NODE_FAILURE and policy.on_node_failure == "fail":

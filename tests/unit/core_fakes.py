@@ -143,6 +143,8 @@ class FakeTree:
     """When it said that a hang it foresaw did not come (only after one was foreseen)."""
     held: int = 0
     """How often the attempt stopped its launcher (a rank killed by a signal)."""
+    stderr: dict[int, str] = field(default_factory=dict)
+    """Rank -> what it wrote to its stderr."""
     _exits: list[RankExit] = field(default_factory=list)
     _on_launcher_exit: Callable[[int], None] | None = None
     _on_rank_exit: Callable[[RankExit], None] | None = None
@@ -201,8 +203,8 @@ class FakeTree:
     def host_oom_kills(self) -> int:
         return 0
 
-    def stderr_tail(self) -> str:
-        return ""
+    def stderr_tail(self, rank: int | None = None) -> str:
+        return self.stderr.get(rank, "") if rank is not None else ""
 
     async def teardown(self) -> None:
         if self.teardown_gate is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -79,7 +80,10 @@ class Rig:
             finally:
                 for task in self.launches.tasks:
                     task.cancel()
-                await asyncio.gather(*self.launches.tasks, return_exceptions=True)
+                ended = await asyncio.gather(*self.launches.tasks, return_exceptions=True)
+                for outcome in ended:  # a scenario that broke proves nothing
+                    if isinstance(outcome, Exception):
+                        raise outcome
 
         t0 = time.monotonic()
         try:
@@ -463,3 +467,47 @@ def test_a_rank_stuck_at_interpreter_exit_does_not_fail_a_finished_job(tmp_path:
     assert failing.run() == ExitCode.OK
     assert [f["kind"] for f in failing.named("failure_detected")] == ["crash"]
     assert failing.named("exit_stalled") == []
+
+
+async def ends_then_aborts(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    """Both scripts end; rank 0's interpreter then dies of SIGABRT, torchrun reports it."""
+    await train(ch, clock, range(5))
+    for rank in range(2):
+        ch.put(rank, p.Kind.EXITING, step=4, payload={"reason": p.ExitingReason.END.value})
+    await clock.sleep(0.5)
+    tree.stderr[0] = "step 4 done\nAssertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)\n"
+    tree.rank_ends(0, sig=signal.SIGABRT)
+    tree.rank_ends(1, code=0)
+    tree.launcher_ends(1)
+    await asyncio.Event().wait()
+
+
+async def one_ends_then_aborts(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    """Rank 0's script ends and its interpreter aborts while rank 1 still trains."""
+    await train(ch, clock, range(5))
+    ch.put(0, p.Kind.EXITING, step=4, payload={"reason": p.ExitingReason.END.value})
+    await clock.sleep(0.5)
+    tree.rank_ends(0, sig=signal.SIGABRT)
+    await asyncio.Event().wait()
+
+
+def test_an_abort_after_every_script_ended_is_not_a_crash(tmp_path: Path) -> None:
+    """Every rank's script ended, then rank 0 died of SIGABRT in interpreter teardown: the job
+    succeeds at once (no restart), and ``exit_aborted`` names rank 0, its signal, its last step
+    and what it printed; a rank that aborts while another has not finished fails the attempt,
+    and ``exit_aborted`` still says what happened."""
+    rig = Rig(tmp_path, [ends_then_aborts])
+    assert rig.run() == ExitCode.OK
+    (aborted,) = rig.named("exit_aborted")
+    assert aborted["rank"] == 0
+    assert aborted["signal"] == "SIGABRT"
+    assert aborted["last_step"] == 4
+    assert aborted["stderr_tail"].endswith(
+        "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)"
+    )
+    assert rig.named("job_succeeded") and not rig.named("failure_detected")
+    (tmp_path / "b").mkdir()
+    partial = Rig(tmp_path / "b", [one_ends_then_aborts, succeeds])
+    assert partial.run() == ExitCode.OK
+    assert [f["kind"] for f in partial.named("failure_detected")] == ["crash"]
+    assert [a["rank"] for a in partial.named("exit_aborted")] == [0]

@@ -24,6 +24,7 @@ from supervisor.rules.policy import (
 )
 from tests.unit.test_budget import attempt as attempt_started
 from tests.unit.test_budget import commit, failure_event
+from worker_sdk.protocol import EXIT_USAGE
 
 K = FailureKind
 POLICY = RestartPolicy(max_restarts=5, backoff_s=5.0, backoff_max_s=300.0, max_no_progress=2)
@@ -58,6 +59,15 @@ def restart(n_used: int, *, max_restarts: int = 5, kind: str = "crash") -> Resta
 
 
 SPENT = Budget(restarts_used=5, no_progress_streak=1)
+USAGE_CRASH = Failure(
+    K.CRASH,
+    (0,),
+    (EXIT_USAGE,),
+    (),
+    None,
+    "rank 0 exited with code 87 (the script called worker_sdk wrongly): call "
+    "init_process_group() first",
+)
 CASES = {
     "preempted-uncharged-even-when-spent": Case(SPENT, failure(K.PREEMPTED), Requeue("preempted")),
     "timelimit-requeues": Case(SPENT, failure(K.TIMELIMIT), Requeue("timelimit")),
@@ -120,6 +130,14 @@ CASES = {
         GiveUp("no progress: 1 restart in a row without a new checkpoint"),
         policy=policy(max_no_progress=1),
         progressed=False,
+    ),
+    "usage-error-gives-up-at-once": Case(
+        Budget(),
+        USAGE_CRASH,
+        GiveUp(
+            "the training script must be changed, no restart can help: rank 0 exited with "
+            "code 87 (the script called worker_sdk wrongly): call init_process_group() first"
+        ),
     ),
     "jitter-stretches-delay": Case(
         Budget(restarts_used=3),
