@@ -12,6 +12,7 @@ including cancellation, the attempt's whole process tree is torn down and reaped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_eve
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.ranks.silence import SilenceWatch
-from supervisor.record import rundir
+from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitAborted, ExitStalled
 from supervisor.rules import culprits, failures, hangs
@@ -192,6 +193,7 @@ class Attempt:
         st = self.ranks.observe(identity, msg, now)
         if kind is p.Kind.HELLO:
             self.tree.watch_rank(msg.pid, msg.rank, st.host)
+            self._note_logs(msg)
             if self.sync is not None:
                 self.sync.ask(self.channel, self.ranks, msg.rank, now)
         elif kind is p.Kind.HEARTBEAT:
@@ -214,6 +216,13 @@ class Attempt:
         elif kind is p.Kind.FAILURE:
             self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
+
+    def _note_logs(self, msg: p.Message) -> None:
+        """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
+        out, err = msg.payload.get("stdout"), msg.payload.get("stderr")
+        if isinstance(out, str) and isinstance(err, str) and out[:1] == err[:1] == "/":
+            with contextlib.suppress(OSError):  # the logs are a convenience, never a failure
+                rank_logs.note(self.cfg.job.run_dir, self.number, msg.rank, out, err)
 
     def _on_exiting(self, msg: p.Message, now: float) -> None:
         reason = msg.payload.get("reason")

@@ -1,8 +1,9 @@
-"""``rvsup start|validate|status|stop|history JOB.toml``.
+"""``rvsup start|validate|status|stop|history|logs JOB.toml``, ``rvsup version``,
+``rvsup completion SHELL``.
 
 Exit codes: 0 success; 2 bad configuration or usage; 3 gave up; 75 (EX_TEMPFAIL) stopped on request,
 preemption or time limit with the job resumable; 1 anything else (``status``/``stop`` without a
-running daemon).
+running daemon); 141 (128 + SIGPIPE) when the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +21,8 @@ from pathlib import Path
 
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
 from supervisor.config.torchrun import resolve_torchrun
+from supervisor.console import logs, status_view
+from supervisor.console.version import version_text
 from supervisor.record import history, rundir, summary
 from supervisor.record.schema import JobStopped
 from supervisor.rules.states import ExitCode
@@ -27,6 +31,7 @@ from supervisor.service import control
 __all__ = [
     "build_parser",
     "cmd_history",
+    "cmd_logs",
     "cmd_start",
     "cmd_status",
     "cmd_stop",
@@ -88,34 +93,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print(f"{cfg.job.name}: not running ({exc}); last attempt: {last}")
         return ExitCode.ERROR
+    if args.watch is not None:
+        if args.watch <= 0:
+            print("rvsup: --watch needs a number of seconds above 0", file=sys.stderr)
+            return ExitCode.USAGE
+        status_view.watch(
+            lambda: _ask_status(cfg),
+            lambda: _history_rows(cfg),
+            sys.stdout,
+            interval_s=args.watch,
+            terminal=sys.stdout.isatty(),
+        )
+        rows = _history_rows(cfg)
+        print(f"{cfg.job.name}: not running; last attempt: {rows[-1].outcome if rows else '-'}")
+        return ExitCode.OK
     if args.json:
         print(json.dumps(answer, indent=2))
         return ExitCode.OK
-    print(
-        f"{answer['job']}: {answer['state']}, attempt {answer['attempt']}, "
-        f"restarts {answer['restarts_used']}/{answer['max_restarts']}, "
-        f"newest checkpoint step {answer['newest_checkpoint_step']}, "
-        f"hang timeout {_fmt(answer['hang_timeout_s'])}, daemon pid {answer['pid']}"
-    )
-    print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'last step':>9}  {'heartbeat age':>13}  phase")
-    for r in answer["ranks"]:
-        print(
-            f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['last_step']:>9}  "
-            f"{r['heartbeat_age_s']:>12.1f}s  {r['phase'] or ''}"
-        )
-    for failed in answer.get("checkpoint_failures", []):
-        print(
-            f"checkpoint of step {failed['step']} failed on rank {failed['rank']} "
-            f"(not committed, the previous one is kept): {failed['reason']}"
-        )
-    msgs = answer["messages"]
-    dropped = ", ".join(f"{k}: {v}" for k, v in sorted(msgs["dropped"].items())) or "none"
-    print(f"messages accepted: {msgs['accepted']}; dropped: {dropped}")
+    print("\n".join(status_view.render(answer, _history_rows(cfg), rate=None)))
     return ExitCode.OK
 
 
-def _fmt(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.1f}s"
+def _ask_status(cfg: JobConfig) -> dict[str, object] | None:
+    try:
+        return control.request(cfg.job.run_dir, "status")
+    except (control.NotRunningError, OSError, ValueError):
+        return None
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -197,10 +200,77 @@ def cmd_history(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    cfg = _load(args.job)
+    run_dir = cfg.job.run_dir
+    try:
+        if args.follow:
+            logs.follow(
+                run_dir,
+                sys.stdout,
+                attempt=args.attempt,
+                rank=args.rank,
+                running=lambda: _daemon_running(run_dir),
+            )
+        else:
+            logs.show(run_dir, sys.stdout, attempt=args.attempt, rank=args.rank)
+    except logs.LogsError as exc:
+        print(f"rvsup: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    except KeyboardInterrupt:
+        return ExitCode.OK
+    return ExitCode.OK
+
+
+def _daemon_running(run_dir: Path) -> bool:
+    try:
+        info = json.loads((run_dir / rundir.DAEMON_FILE).read_text())
+        return _alive(int(info["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def cmd_version(_: argparse.Namespace) -> int:
+    sys.stdout.write(version_text())
+    return ExitCode.OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import shtab  # generates the script from the parser itself: it cannot fall behind it
+
+    parser = build_parser()
+    for action in _all_actions(parser):
+        if action.dest == "job":
+            action.complete = shtab.FILE  # type: ignore[attr-defined]
+    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    return ExitCode.OK
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    found = list(parser._actions)  # noqa: SLF001 -- argparse offers no public walk
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in action.choices.values():
+                found += _all_actions(sub)
+    return found
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: rvsup's, Python's and torch's versions, then exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        sys.stdout.write(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rvsup", description="Fault-tolerant supervisor for PyTorch training."
     )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -216,6 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = add("status", "state, attempt, per-rank last step and heartbeat age")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until the job ends; q quits",
+    )
     p.set_defaults(func=cmd_status)
     p = add("stop", "checkpoint at a common step, then stop the job (it exits 75)")
     p.add_argument("--no-wait", action="store_true", help="return once the daemon has the request")
@@ -223,13 +301,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("history", "one row per attempt")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
+    p = add("logs", "the ranks' stdout and stderr of an attempt (the latest by default)")
+    p.add_argument("--rank", type=int, metavar="N", help="only rank N, without prefixes")
+    p.add_argument("--attempt", type=int, metavar="K", help="attempt K instead of the latest")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="follow, across restarts, until the job ends"
+    )
+    p.set_defaults(func=cmd_logs)
+    p = sub.add_parser("version", help="print the versions", description="print the versions")
+    p.set_defaults(func=cmd_version)
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description='print a completion script: eval "$(rvsup completion bash)"',
+    )
+    p.add_argument("shell", choices=["bash", "zsh", "tcsh"])
+    p.set_defaults(func=cmd_completion)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        # the reader left (``rvsup history job.toml | head``): end quietly, as a command killed
+        # by SIGPIPE would; stdout goes to /dev/null so that the interpreter's last flush of it
+        # at exit cannot raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    if not Path(args.job).is_file() and args.command != "validate":
-        print(f"rvsup: {args.job}: no such job file", file=sys.stderr)
+    job = getattr(args, "job", None)
+    if job is not None and not Path(job).is_file() and args.command != "validate":
+        print(f"rvsup: {job}: no such job file", file=sys.stderr)
         return ExitCode.USAGE
     code: int = args.func(args)
     return code

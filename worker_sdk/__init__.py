@@ -51,6 +51,7 @@ def resume(
     every: float | None = None,
     keep_last: int | None = None,
     async_save: bool | None = None,
+    total_steps: int | None = None,
 ) -> tuple[int, Any]:
     """Register what to checkpoint, restore the newest complete checkpoint; return (start_step, extra).
 
@@ -60,6 +61,8 @@ def resume(
     arguments apply only when the script runs without rvsup (job.toml wins under rvsup);
     ``async_save=True`` (job.toml: ``[checkpoint] async = true``) makes ``step()`` block only
     while the state is copied to shared memory, a background process writing it.
+    ``total_steps``, optional, is the number of steps the script runs to: ``rvsup status``
+    shows how long the rest will take from it.
 
     Any parallelism, nothing to configure: plain modules and DDP are saved once (replicated);
     FSDP1, FSDP2 (``fully_shard``) and other DTensor models, with their optimizers, are saved by
@@ -76,6 +79,12 @@ def resume(
     global _runtime
     if _runtime is not None:
         raise RuntimeError("worker_sdk.resume() was already called in this process")
+    if total_steps is not None and (
+        not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1
+    ):
+        raise ValueError(
+            f"total_steps must be a whole number of steps above 0, not {total_steps!r}"
+        )
     from ._runtime import Runtime, install_excepthook
     from ._settings import resolve
     from .checkpoint import Checkpointer, LoadResult
@@ -129,6 +138,7 @@ def resume(
             attempt=settings.attempt,
         )
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
+    rt.total_steps = total_steps
     start = rt.start(loaded)
     install_excepthook(rt)
     atexit.register(rt.leaving)

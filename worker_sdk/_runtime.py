@@ -61,6 +61,7 @@ class Runtime:
         "sync_mode",
         "sync_save_at",
         "t_last",
+        "total_steps",
         "world_size",
     )
 
@@ -81,6 +82,7 @@ class Runtime:
         self.rank = rank
         self.world_size = world_size
         self.extra_default: Any = None
+        self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
         self.saver: AsyncSaver | None = None
         if checkpointer is not None and settings.async_save:
             from ._async_save import AsyncSaver
@@ -122,6 +124,8 @@ class Runtime:
                     "host": s.host,
                     "local_rank": _local_rank(),
                     "world_size": self.world_size,
+                    "total_steps": self.total_steps,
+                    **_output_files(),
                 },
             )
             for path, reason in loaded.skipped:
@@ -389,6 +393,19 @@ def _is_oom(exc: BaseException) -> bool:
         if isinstance(exc, torch.OutOfMemoryError):
             return True
     return type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
+
+
+def _output_files() -> dict[str, str | None]:
+    """The files this process's stdout and stderr are (``rvsup logs`` finds a rank's output by
+    them); None for a stream that is not a file (a terminal, a pipe)."""
+    found: dict[str, str | None] = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            path: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = None
+        found[name] = path if path is not None and path.startswith("/") else None
+    return found
 
 
 def _local_rank() -> int:

@@ -112,7 +112,7 @@ FLAG_STOP: Final = 1  # SAVE_AT / SYNC_REQUEST: exit after the save
 class Kind(enum.IntEnum):
     """Message types. Values below 20 travel rank -> supervisor, the rest the other way."""
 
-    HELLO = 1  # payload: host, local_rank, world_size
+    HELLO = 1  # payload: host, local_rank, world_size, total_steps, stdout, stderr (file paths)
     HEARTBEAT = 2  # step: last finished step; value: longest step (s) since the last heartbeat
     SYNC = 3  # step: last finished step; the rank waits for CONTINUE or SAVE_AT
     CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes, mode, blocked_s (rank 0)

@@ -41,8 +41,11 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
 
-    # CALL 1: restore the newest checkpoint (model, optimizer, schedule, RNG states, `extra`)
-    start, extra = worker_sdk.resume(model, optimizer, scheduler, extra={"samples": 0})
+    # CALL 1: restore the newest checkpoint (model, optimizer, schedule, RNG states, `extra`);
+    # total_steps (optional) lets `rvsup status` say how long the rest will take
+    start, extra = worker_sdk.resume(
+        model, optimizer, scheduler, extra={"samples": 0}, total_steps=args.steps
+    )
 
     for step in range(start, args.steps):
         if start == 0 and step == args.kill_at_step:

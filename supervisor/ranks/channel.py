@@ -66,6 +66,7 @@ class RankState:
     last_seen_t: float = 0.0
     first_step_t: float | None = None
     phase: str | None = None
+    total_steps: int | None = None  # what the script said it runs to (resume(total_steps=))
     saving_since: float | None = None
     saving_step: int = -1  # the step of the save that began at saving_since
     step_times: collections.deque[float] = field(
@@ -81,6 +82,7 @@ class RankState:
             "heartbeat_age_s": round(now - self.last_seen_t, 3),
             "progress_age_s": round(now - self.last_progress_t, 3),
             "phase": self.phase,
+            "total_steps": self.total_steps,
         }
 
 
@@ -112,6 +114,7 @@ class RankTable:
         st.last_seen_t = now
         if msg.kind is p.Kind.HELLO:
             st.host = str(msg.payload.get("host", st.host))
+            st.total_steps = _positive_int(msg.payload.get("total_steps"))
             st.resume_step = msg.step
             st.last_step = max(st.last_step, msg.step - 1)
         elif msg.kind in (p.Kind.HEARTBEAT, p.Kind.SYNC, p.Kind.CKPT_COMMITTED, p.Kind.EXITING):
@@ -359,3 +362,10 @@ def _routable_host() -> str:
         return socket.gethostbyname(name)
     except OSError:
         return name
+
+
+def _positive_int(value: object) -> int | None:
+    """``value`` when it is an int above 0 (a field a rank may leave out), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None

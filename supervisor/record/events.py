@@ -42,15 +42,23 @@ class _DurableWriter:
 
 
 def _console_tee(stream: IO[str] | None) -> Any:
+    """A processor that shows each event as one line on ``stream``, until writing to it fails
+    (a pipe whose reader left, ``| head``; a closed terminal): then the console is dropped and
+    the history goes on, in its file."""
+    console = [stream] if stream is not None else []
+
     def tee(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-        if stream is not None:
+        for out in console:
             fields = " ".join(
                 f"{k}={_short(v)}"
                 for k, v in event_dict.items()
                 if k not in ("event", "timestamp", "level", "job") and v not in (None, "", [], {})
             )
-            print(f"rvsup[{event_dict['job']}] {event_dict['event']} {fields}", file=stream)
-            stream.flush()
+            try:
+                print(f"rvsup[{event_dict['job']}] {event_dict['event']} {fields}", file=out)
+                out.flush()
+            except (OSError, ValueError):  # EPIPE, EIO; ValueError: the stream was closed
+                console.clear()
         return event_dict
 
     return tee

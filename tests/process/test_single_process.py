@@ -54,6 +54,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert res.returncode == 0, res.stdout + res.stderr
     evs = events(tmp / "runs" / "single-process")
     assert not named(evs, "failure_detected") and not named(evs, "exit_aborted"), evs
+    assert not named(evs, "messages_dropped"), "every message of the SDK is accepted"
     assert [e["last_step"] for e in named(evs, "job_succeeded")] == [STEPS - 1]
     return tmp / "final.pt"
 

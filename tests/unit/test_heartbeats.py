@@ -134,10 +134,13 @@ def test_new_pid_replaces_rank_state() -> None:
     assert table.ranks == {}
 
 
-def test_to_status() -> None:
-    """to_status reports ages relative to 'now'."""
+@pytest.mark.parametrize(("total", "kept"), [(500, 500), (0, None), (True, None), ("9", None)])
+def test_to_status(total: object, kept: int | None) -> None:
+    """to_status reports ages relative to 'now', and the total the hello said when it is a
+    whole number of steps above 0."""
     table = RankTable()
-    table.observe(b"i", _msg(p.Kind.HELLO, step=0, payload={"host": "n1"}), 1.0)
+    hello = _msg(p.Kind.HELLO, step=0, payload={"host": "n1", "total_steps": total})
+    table.observe(b"i", hello, 1.0)
     st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=3), 2.0)
     assert st.to_status(4.5) == {
         "rank": 0,
@@ -147,6 +150,7 @@ def test_to_status() -> None:
         "heartbeat_age_s": 2.5,
         "progress_age_s": 2.5,
         "phase": None,
+        "total_steps": kept,
     }
 
 

@@ -1,0 +1,76 @@
+"""What ``rvsup status`` shows, from a status answer: pure rendering, progress and time left."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor.console.status_view import Progress, render
+
+RANK = {"rank": 0, "host": "n1", "pid": 7, "heartbeat_age_s": 0.4, "phase": None}
+
+
+def answer(*steps: int, total: int | None = None) -> dict[str, Any]:
+    return {
+        "job": "toy",
+        "state": "running",
+        "attempt": 2,
+        "restarts_used": 1,
+        "max_restarts": 5,
+        "hang_timeout_s": 5.0,
+        "pid": 99,
+        "newest_checkpoint_step": 39,
+        "ranks": [
+            {**RANK, "rank": r, "last_step": s, "total_steps": total} for r, s in enumerate(steps)
+        ],
+        "messages": {"accepted": 10, "dropped": {}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("steps", "total", "rate", "line"),
+    [
+        ((50, 48), 1000, 10.0, "step 48 of 1000, 10.00 steps/s, time left ~0:01:35"),
+        (
+            (50, 48),
+            None,
+            10.0,
+            "step 48, 10.00 steps/s (the time left needs resume(total_steps=...))",
+        ),
+        ((50, 48), 1000, None, "step 48 of 1000, - steps/s, time left: -"),
+        ((), None, None, "step -, - steps/s (the time left needs resume(total_steps=...))"),
+        ((999,), 1000, 2.0, "step 999 of 1000, 2.00 steps/s, time left ~0:00:00"),
+    ],
+)
+def test_progress_line(
+    steps: tuple[int, ...], total: int | None, rate: float | None, line: str
+) -> None:
+    """The slowest rank's step, the rate and the time left to the script's last step (only
+    where the script said its total)."""
+    assert render(answer(*steps, total=total), [], rate)[1] == line
+
+
+def test_render_names_the_job_restarts_left_and_every_rank() -> None:
+    """The first line says the state, attempt and restarts left; every rank has a row."""
+    lines = render(answer(50, 48), [], None)
+    assert lines[0] == (
+        "toy: running, attempt 2, restarts 1/5 (4 left), hang timeout 5.0s, daemon pid 99"
+    )
+    assert lines[2] == "newest checkpoint: storage step 39"
+    assert sum(1 for ln in lines if ln.lstrip().startswith(("0  n1", "1  n1"))) == 2
+
+
+def test_progress_rate_is_over_one_attempt_and_a_window() -> None:
+    """Steps per second come from refreshes of one attempt; a new attempt starts over, and
+    samples older than the window are dropped."""
+    p = Progress()
+    assert p.rate() is None
+    p.add(0.0, 1, 10)
+    p.add(2.0, 1, 30)
+    assert p.rate() == 10.0
+    p.add(3.0, 2, 5)
+    assert p.rate() is None
+    p.add(4.0, 2, 9)
+    p.add(100.0, 2, 500)
+    assert p.rate() is None  # the older samples left the window
