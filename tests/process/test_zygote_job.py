@@ -41,9 +41,9 @@ def test_kill9_restart_from_the_zygote_is_quick_and_bit_identical(
     with running(job) as proc:
         st = wait_progress(job, min_step=15)
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
+        parents = _parents(st)  # before the kill: a reaped rank has no parent to ask for
         killed_at = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
-        parents = _parents(st)
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert all("worker_sdk._zygote" in p for p in parents), parents
