@@ -21,7 +21,9 @@ DataLoaders make, and puts the checkpoint's RNG states back where the uninterrup
 The batch that the first resumed step trains on is fetched last before that step, so the step
 sees the RNG stream the uninterrupted run saw. What cannot be made equal is reported at the
 first ``step()``: an epoch under way at the checkpoint whose iterator was made again from the
-global RNG, with a shuffling sampler or worker processes seeded from it (see :func:`advice`).
+global RNG, with a shuffling sampler or worker processes seeded from it (see :func:`advice`),
+and a loop that read more than an epoch's batches to skip them (it iterates over the epochs
+done: their data is read for nothing; the loop should start at the checkpoint's epoch).
 Outside the window an iterator costs one attribute test per batch.
 """
 
@@ -61,10 +63,13 @@ class _ResumedIterator:
 
     def __next__(self) -> Any:
         w = self.window
-        if w.open:
-            _rng.restore(self.after_iter if _yielded(self.it) == 0 else w.states)
-            w.last = self
-        return next(self.it)
+        if not w.open:
+            return next(self.it)
+        _rng.restore(self.after_iter if _yielded(self.it) == 0 else w.states)
+        batch = next(self.it)
+        w.last = self
+        w.fetched += 1
+        return batch
 
     def __len__(self) -> int:
         return len(self.it)
@@ -80,6 +85,7 @@ class LoaderWindow:
         self.states = states  # the checkpoint's RNG states, as restored
         self.open = True
         self.making = False  # inside a wrapped __iter__
+        self.fetched = 0  # batches fetched in the window
         self.last: _ResumedIterator | None = None  # the iterator of the latest batch
         self._given = {id(o) for o in resumed_objects}
         self._patched: list[tuple[type[Any], Callable[..., Any]]] = []
@@ -122,11 +128,26 @@ class LoaderWindow:
             cls.__iter__ = original
         self._patched.clear()
         last, self.last = self.last, None
-        if last is None or (last.made_fresh and _yielded(last.it) <= 1):
-            return None  # no loader iterator, or one that began its epoch with this step
-        if id(last.loader) in self._given:
-            return None  # a stateful loader restored with resume(): it keeps its own seeds
-        return advice(last.loader)
+        if last is None:
+            return None  # no loader iterator made in the window
+        notes = []
+        try:
+            per_epoch = len(last.loader)
+        except TypeError:  # an IterableDataset without __len__
+            per_epoch = 0
+        if 0 < per_epoch < self.fetched:
+            notes.append(
+                f"rvsup: {self.fetched} batches were fetched between resume() and the first "
+                "step(), more than an epoch's: the loop reads the data of the epochs the "
+                "checkpoint had finished only to skip it. Start the epoch loop at the "
+                "checkpoint's epoch: `for epoch in range(start // len(loader), epochs)`."
+            )
+        # exact: an iterator that began its epoch with this step, or a stateful loader restored
+        # by resume(), which keeps its own seeds
+        fresh = last.made_fresh and _yielded(last.it) <= 1
+        if not fresh and id(last.loader) not in self._given:
+            notes.append(advice(last.loader) or "")
+        return " ".join(n for n in notes if n) or None
 
 
 def advice(loader: Any) -> str | None:
