@@ -51,11 +51,13 @@ class _ResumedIterator:
 
     __slots__ = ("after_iter", "it", "loader", "made_fresh", "window")
 
-    def __init__(self, it: Any, loader: Any, window: LoaderWindow, after_iter: Any) -> None:
+    def __init__(
+        self, it: Any, loader: Any, window: LoaderWindow, after_iter: Callable[[], None]
+    ) -> None:
         self.it = it
         self.loader = loader
         self.window = window
-        self.after_iter = after_iter  # the RNG states right after this iterator was made
+        self.after_iter = after_iter  # puts back the RNG states right after it was made
         self.made_fresh = _yielded(it) == 0  # False: a stateful loader resumed mid-epoch
 
     def __iter__(self) -> _ResumedIterator:
@@ -65,7 +67,7 @@ class _ResumedIterator:
         w = self.window
         if not w.open:
             return next(self.it)
-        _rng.restore(self.after_iter if _yielded(self.it) == 0 else w.states)
+        (self.after_iter if _yielded(self.it) == 0 else w.put_back)()
         batch = next(self.it)
         w.last = self
         w.fetched += 1
@@ -82,7 +84,7 @@ class LoaderWindow:
     """Installed by ``resume()`` when it loaded a checkpoint; closed by the first ``step()``."""
 
     def __init__(self, states: Any, resumed_objects: Sequence[Any]) -> None:
-        self.states = states  # the checkpoint's RNG states, as restored
+        self.put_back = _rng.prepare(states)  # the checkpoint's RNG states, as restored
         self.open = True
         self.making = False  # inside a wrapped __iter__
         self.fetched = 0  # batches fetched in the window
@@ -111,13 +113,13 @@ class LoaderWindow:
         def __iter__(loader: Any) -> Any:  # noqa: N807 - it replaces a class's __iter__
             if not window.open or window.making:
                 return original(loader)
-            _rng.restore(window.states)
+            window.put_back()
             window.making = True  # a subclass's __iter__ calling its base's: wrap once
             try:
                 it = original(loader)
             finally:
                 window.making = False
-            return _ResumedIterator(it, loader, window, _rng.capture())
+            return _ResumedIterator(it, loader, window, _rng.prepare(_rng.capture()))
 
         return __iter__
 
