@@ -20,7 +20,11 @@ WARNING = re.compile(r"^[WE]\d{4} \d\d:\d\d:\d\d|Warning\b", re.MULTILINE)
 
 
 def run_example(
-    tmp: Path, *args: str, every_steps: int = 10, kill_at: int | None = 37
+    tmp: Path,
+    *args: str,
+    every_steps: int = 10,
+    kill_at: int | None = 37,
+    async_save: bool = False,
 ) -> tuple[str, list[dict[str, object]]]:
     """The example's job.toml with its folders under ``tmp``, ``args`` added to the command and
     rank 1's kill at ``kill_at`` (None: uninterrupted); the output and the history."""
@@ -30,6 +34,8 @@ def run_example(
         command += ["--kill-at-step", str(kill_at)]
     text = re.sub(r"(?m)^command = .*$", f"command = {json.dumps([*command, *args])}", text)
     text = re.sub(r"(?m)^every_steps = \d+$", f"every_steps = {every_steps}", text)
+    if async_save:
+        text = text.replace("[checkpoint]\n", "[checkpoint]\nasync = true\n")
     tmp.mkdir(parents=True, exist_ok=True)
     job = tmp / "job.toml"
     job.write_text(text)
@@ -57,7 +63,8 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
     """The example as shipped: rank 1 SIGKILLs itself at step 37 (epoch 2, 16 steps an epoch),
     rvsup resumes from the step-29 checkpoint (mid-epoch 1), and the final weights, optimizer,
     GradScaler and each rank's RunningLoss equal an uninterrupted run's, with no warning; with
-    a checkpoint every 16 steps the resume starts epoch 2 (from step 31's) and ends equal too."""
+    an asynchronous checkpoint every 16 steps the resume starts epoch 2 (from step 31's) and
+    ends equal too."""
     _, evs = run_example(tmp_path / "ref", kill_at=None)
     assert [e["last_step"] for e in named(evs, "job_succeeded")] == [63]
     output, evs = run_example(tmp_path / "mid")
@@ -69,8 +76,9 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
     manifest = tmp_path / "mid" / "checkpoints" / "epoch-ddp" / "step-0000000059" / "MANIFEST.json"
     objects = json.loads(manifest.read_text())["objects"]
     assert [o["state"] for o in objects] == ["shared", "shared", "shared", "rank"], objects
-    output, evs = run_example(tmp_path / "end", every_steps=16)
+    output, evs = run_example(tmp_path / "end", every_steps=16, async_save=True)
     assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 32]
+    assert {c["mode"] for c in named(evs, "checkpoint_committed")} == {"async"}
     assert not WARNING.search(output), WARNING.findall(output)
     assert_same_finals(tmp_path / "ref" / "final", tmp_path / "end" / "final")
 
