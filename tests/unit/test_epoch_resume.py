@@ -58,6 +58,8 @@ def epoch_script(
         loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     elif loader_kind == "shuffle":  # no sampler: a RandomSampler seeded from the global RNG
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    elif loader_kind == "workers":
+        loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2)
     elif loader_kind == "shuffle-generator":
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, generator=gen)
     else:
@@ -170,6 +172,15 @@ def test_a_shuffling_dataloader_without_generator_is_named_and_the_advice_works(
         reference, run = resumed(tmp_path / "fixed", "shuffle-generator", 17)
     assert run.final is not None and reference.final is not None
     assert_same(reference.final, run.final)
+
+
+def test_worker_processes_seeded_from_the_global_rng_are_named(tmp_path: Path) -> None:
+    """A DataLoader with worker processes and no generator, resumed mid-epoch: the workers'
+    seeds come from the global RNG when the iterator is made again, so random draws in them
+    would differ; the first step() says so, and what to change."""
+    epoch_script(tmp_path / "ckpt", loader_kind="workers", kill_before=17)
+    with pytest.warns(RuntimeWarning, match=r"worker processes seeded from the global RNG"):
+        epoch_script(tmp_path / "ckpt", loader_kind="workers")
 
 
 @STATEFUL

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from worker_sdk import _per_rank, layout
+import worker_sdk
 from worker_sdk.layout import MANIFEST, committed_name
 
 from .test_checkpoint import make
@@ -63,7 +63,7 @@ def test_an_object_whose_state_differs_between_ranks_comes_back_to_each_rank(
     """Two ranks whose Position differs (7 and 11): the manifest says the object is saved per
     rank, and each rank gets its own value back, not rank 0's."""
     save_two_ranks(tmp_path, (7, 11))
-    assert where_saved(tmp_path) == [layout.STATE_SHARED, layout.STATE_RANK]
+    assert where_saved(tmp_path) == ["shared", "rank"]
     assert loaded_value(tmp_path, 0, 2) == (7, ())
     assert loaded_value(tmp_path, 1, 2) == (11, ())
 
@@ -81,10 +81,10 @@ def test_the_ranks_compare_digests_and_keep_equal_state_shared(
 
     monkeypatch.setattr("worker_sdk.checkpoint.all_gather_ints", gather)
     save_two_ranks(tmp_path / "equal", (5, 5), grouped=True)
-    assert where_saved(tmp_path / "equal") == [layout.STATE_SHARED, layout.STATE_SHARED]
+    assert where_saved(tmp_path / "equal") == ["shared", "shared"]
     digests.clear()
     save_two_ranks(tmp_path / "differ", (5, 6), grouped=True)
-    assert where_saved(tmp_path / "differ") == [layout.STATE_SHARED, layout.STATE_RANK]
+    assert where_saved(tmp_path / "differ") == ["shared", "rank"]
 
 
 def test_per_rank_state_on_another_world_size_is_named(tmp_path: Path) -> None:
@@ -101,6 +101,22 @@ def test_per_rank_state_on_another_world_size_is_named(tmp_path: Path) -> None:
     assert "object 1 (Position) had per-rank state on 2 ranks" in notes[0]
 
 
+def test_resume_warns_about_per_rank_state_on_another_world_size(tmp_path: Path) -> None:
+    """worker_sdk.resume() on 1 rank from a 2-rank checkpoint with per-rank state warns that
+    rank 1's state is not used, and gives rank 0 its own."""
+    save_two_ranks(tmp_path, (7, 11))
+    torch.manual_seed(0)
+    position = Position(-1)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"the state of ranks 1\.\.1 is not used"):
+            start, _ = worker_sdk.resume(
+                torch.nn.Linear(2, 2), position, checkpoint_dir=tmp_path, every_steps=100
+            )
+    finally:
+        worker_sdk._reset_for_tests()
+    assert (start, position.value) == (4, 7)
+
+
 def test_split_raises_a_failed_state_dict_only_after_the_ranks_compared() -> None:
     """A state_dict() that raises on one rank is raised after the digests' collective, which
     every rank enters."""
@@ -114,6 +130,8 @@ def test_split_raises_a_failed_state_dict_only_after_the_ranks_compared() -> Non
     def gather(mine: list[int]) -> list[list[int]]:
         calls.append(mine)
         return [mine, mine]
+
+    from worker_sdk import _per_rank
 
     with pytest.raises(OSError, match="no state"):
         _per_rank.split(["other", "other"], [Position(1), Broken(2)], world_size=2, gather=gather)
