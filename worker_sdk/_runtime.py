@@ -389,6 +389,9 @@ class Runtime:
         self.shutdown()
 
     def shutdown(self) -> None:
+        if self.window is not None:  # no step() came: put DataLoader.__iter__ back
+            self.window.close()
+            self.window = None
         if self.channel is not None:
             self.channel.close()
         if self._dump_file is not None:
