@@ -56,7 +56,15 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0, help="pretend steps are slower")
     parser.add_argument("--kill-at-step", type=int, default=-1, help="rank 1 SIGKILLs itself here")
     parser.add_argument("--save-final", default="", help="every rank writes its state here")
+    parser.add_argument(
+        "--from-epoch-0",
+        action="store_true",
+        help="loop over every epoch from 0, skipping the steps before the checkpoint's (as many "
+        "scripts do: it resumes exactly too, and reads the epochs done for nothing)",
+    )
     args = parser.parse_args()
+    if args.from_epoch_0 and args.loader == "stateful":
+        parser.error("--from-epoch-0 is for a DataLoader: a StatefulDataLoader resumes its epoch")
 
     distributed = "RANK" in os.environ
     if distributed:
@@ -93,16 +101,14 @@ def main() -> None:
 
     steps_per_epoch = len(loader)
     step = start
-    while step < args.epochs * steps_per_epoch:
-        epoch = step // steps_per_epoch
+    epoch = 0 if args.from_epoch_0 else start // steps_per_epoch
+    while epoch < args.epochs:
         sampler.set_epoch(epoch)
-        # a DataLoader starts the epoch again: skip the batches trained before the checkpoint; a
-        # StatefulDataLoader resumes where the checkpoint left it (after an epoch's last batch,
-        # its first pass yields nothing, and the loop comes back to begin the next epoch)
-        skip = 0 if stateful else step % steps_per_epoch
         for i, (xb, yb) in enumerate(loader):
-            if i < skip:
-                continue
+            if not stateful:  # a DataLoader starts its epoch again
+                step = epoch * steps_per_epoch + i
+                if step < start:
+                    continue  # trained before the checkpoint
             if rank == 1 and start == 0 and step == args.kill_at_step:
                 print(f"rank 1: killing itself at step {step} (--kill-at-step)", flush=True)
                 time.sleep(0.5)  # torchrun relays the line above from a log file, every 0.1 s
@@ -121,6 +127,9 @@ def main() -> None:
             # CALL 2: heartbeat, checkpoint when due, stop cleanly when asked.
             worker_sdk.step(step)
             step += 1
+        # a StatefulDataLoader resumes where the checkpoint left it; restored after an epoch's
+        # last batch, its first pass yields nothing, and the loop comes back to begin the next
+        epoch = step // steps_per_epoch if stateful else epoch + 1
 
     print(f"rank {rank}: done, {step} steps, mean loss {running.total / running.count:.4f}")
     if args.save_final:

@@ -34,6 +34,8 @@ def run_example(
         command += ["--kill-at-step", str(kill_at)]
     text = re.sub(r"(?m)^command = .*$", f"command = {json.dumps([*command, *args])}", text)
     text = re.sub(r"(?m)^every_steps = \d+$", f"every_steps = {every_steps}", text)
+    # a loaded machine can take seconds to write a checkpoint: no hang is mistaken for one
+    text = text.replace('hang_timeout = "auto"', 'hang_timeout = "60s"')
     if async_save:
         text = text.replace("[checkpoint]\n", "[checkpoint]\nasync = true\n")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -62,9 +64,10 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
 ) -> None:
     """The example as shipped: rank 1 SIGKILLs itself at step 37 (epoch 2, 16 steps an epoch),
     rvsup resumes from the step-29 checkpoint (mid-epoch 1), and the final weights, optimizer,
-    GradScaler and each rank's RunningLoss equal an uninterrupted run's, with no warning; with
-    an asynchronous checkpoint every 16 steps the resume starts epoch 2 (from step 31's) and
-    ends equal too."""
+    GradScaler and each rank's RunningLoss equal an uninterrupted run's, with no warning. A loop
+    over every epoch from 0 (skipping the steps before the checkpoint's), with an asynchronous
+    checkpoint every 16 steps, resumes at epoch 2's start (from step 31's) and ends equal too;
+    each rank warns that it read the 2 epochs done only to skip them."""
     _, evs = run_example(tmp_path / "ref", kill_at=None)
     assert [e["last_step"] for e in named(evs, "job_succeeded")] == [63]
     output, evs = run_example(tmp_path / "mid")
@@ -76,10 +79,12 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
     manifest = tmp_path / "mid" / "checkpoints" / "epoch-ddp" / "step-0000000059" / "MANIFEST.json"
     objects = json.loads(manifest.read_text())["objects"]
     assert [o["state"] for o in objects] == ["shared", "shared", "shared", "rank"], objects
-    output, evs = run_example(tmp_path / "end", every_steps=16, async_save=True)
+    output, evs = run_example(tmp_path / "end", "--from-epoch-0", every_steps=16, async_save=True)
     assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 32]
     assert {c["mode"] for c in named(evs, "checkpoint_committed")} == {"async"}
-    assert not WARNING.search(output), WARNING.findall(output)
+    # the one warning: the loop read epochs 0 and 1 again only to skip them
+    assert len(WARNING.findall(output)) == 2, WARNING.findall(output)  # one a rank
+    assert output.count("rvsup: 33 batches were fetched between resume() and the first") == 2
     assert_same_finals(tmp_path / "ref" / "final", tmp_path / "end" / "final")
 
 
