@@ -66,8 +66,9 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
     rvsup resumes from the step-29 checkpoint (mid-epoch 1), and the final weights, optimizer,
     GradScaler and each rank's RunningLoss equal an uninterrupted run's, with no warning. A loop
     over every epoch from 0 (skipping the steps before the checkpoint's), with an asynchronous
-    checkpoint every 16 steps, resumes at epoch 2's start (from step 31's) and ends equal too;
-    each rank warns that it read the 2 epochs done only to skip them."""
+    checkpoint every 16 steps, killed at the epoch boundary (step 32, the first of epoch 2),
+    resumes at epoch 2's start from step 31's checkpoint and ends equal too; each rank warns
+    that it read the 2 epochs done only to skip them."""
     _, evs = run_example(tmp_path / "ref", kill_at=None)
     assert [e["last_step"] for e in named(evs, "job_succeeded")] == [63]
     output, evs = run_example(tmp_path / "mid")
@@ -79,7 +80,9 @@ def test_the_epoch_example_survives_a_kill_mid_epoch_and_at_an_epoch_end_bit_exa
     manifest = tmp_path / "mid" / "checkpoints" / "epoch-ddp" / "step-0000000059" / "MANIFEST.json"
     objects = json.loads(manifest.read_text())["objects"]
     assert [o["state"] for o in objects] == ["shared", "shared", "shared", "rank"], objects
-    output, evs = run_example(tmp_path / "end", "--from-epoch-0", every_steps=16, async_save=True)
+    output, evs = run_example(
+        tmp_path / "end", "--from-epoch-0", every_steps=16, kill_at=32, async_save=True
+    )
     assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 32]
     assert {c["mode"] for c in named(evs, "checkpoint_committed")} == {"async"}
     # the one warning: the loop read epochs 0 and 1 again only to skip them
