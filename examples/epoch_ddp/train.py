@@ -8,6 +8,8 @@ differs between ranks (each averages its own shard's losses); rvsup saves it per
 
 ``--loader stateful`` uses torchdata's StatefulDataLoader instead (``pip install torchdata``),
 given to ``resume()`` so that it resumes mid-epoch without replaying the epoch's first batches.
+``--from-epoch-0`` loops over every epoch from 0 as many scripts do: it resumes exactly too, and
+rvsup warns that the epochs done are read only to be skipped.
 """
 
 from __future__ import annotations
