@@ -74,7 +74,14 @@ def resume(
     state loads as it is. Per rank: rank r < N gets rank r's RNG states and ``extra`` back; a
     new rank r >= N gets the ``extra`` given here and its RNGs (Python, NumPy, torch CPU and
     CUDA) seeded from the step and its rank (``worker_sdk._rng.derived_seed(step, r)``); the
-    parts of ranks >= M are not used.
+    parts of ranks >= M are not used. Objects whose state differs between ranks (a stateful
+    data loader, a per-rank sampler) are saved by every rank: rank r < N gets its own back, a new
+    rank keeps the object as constructed, and ``resume()`` warns about both on another world size.
+
+    An epoch loop that makes its DataLoader iterators again after ``resume()`` (skipping the
+    batches before ``start_step``) resumes bit-exactly: until the first ``step()``, every
+    iterator made and every batch fetched sees the RNG states the uninterrupted run had there.
+    Where that cannot be made exact, the first ``step()`` warns and says what to change.
     """
     global _runtime
     if _runtime is not None:
@@ -137,8 +144,17 @@ def resume(
             rank=rank,
             attempt=settings.attempt,
         )
+    for note in loaded.notes:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
+    if loaded.step is not None:
+        from . import _rng
+        from ._loader_rng import LoaderWindow
+
+        # the DataLoader iterators the script makes until the first step() (an epoch loop)
+        rt.window = LoaderWindow(_rng.capture(), objects)
+        rt.window.install()
     start = rt.start(loaded)
     install_excepthook(rt)
     atexit.register(rt.leaving)

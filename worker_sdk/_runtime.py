@@ -19,6 +19,7 @@ import mmap
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,7 @@ from .heartbeat import Channel
 
 if TYPE_CHECKING:
     from ._async_save import AsyncSaver, Outcome
+    from ._loader_rng import LoaderWindow
 
 _NEVER = sys.maxsize
 
@@ -62,6 +64,7 @@ class Runtime:
         "sync_save_at",
         "t_last",
         "total_steps",
+        "window",
         "world_size",
     )
 
@@ -83,6 +86,7 @@ class Runtime:
         self.world_size = world_size
         self.extra_default: Any = None
         self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
+        self.window: LoaderWindow | None = None  # until the first step() after a resume
         self.saver: AsyncSaver | None = None
         if checkpointer is not None and settings.async_save:
             from ._async_save import AsyncSaver
@@ -146,6 +150,8 @@ class Runtime:
         if self.saver is not None:
             self.saver.start()
         self.t_last = time.monotonic()
+        if self.window is not None:
+            self.next_due = 0.0  # the first step() closes the window
         return start
 
     def _map_step_slot(self, step: int) -> None:
@@ -184,6 +190,8 @@ class Runtime:
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> None:
         """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
+        if self.window is not None:
+            self._close_window()
         saver = self.saver
         if saver is not None and saver.in_flight is not None:
             outcome = saver.poll()
@@ -197,6 +205,13 @@ class Runtime:
             self._save(step, extra)
         in_flight = saver is not None and saver.in_flight is not None
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
+
+    def _close_window(self) -> None:
+        assert self.window is not None
+        advice = self.window.close()
+        self.window = None
+        if advice is not None:
+            warnings.warn(advice, RuntimeWarning, stacklevel=4)
 
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
@@ -378,6 +393,9 @@ class Runtime:
         self.shutdown()
 
     def shutdown(self) -> None:
+        if self.window is not None:  # no step() came: put DataLoader.__iter__ back
+            self.window.close()
+            self.window = None
         if self.channel is not None:
             self.channel.close()
         if self._dump_file is not None:

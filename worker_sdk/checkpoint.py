@@ -7,8 +7,9 @@ What goes where (``_parallel`` decides, from the objects given to ``resume()``):
 - sharded state (FSDP1, FSDP2 and other DTensor modules, with the optimizers over their
   parameters) is written by every rank, each its own shards, through torch.distributed.checkpoint
   (``get_state_dict``/``set_state_dict``) into ``dcp/``;
-- per-rank values (RNG states, ``extra``) go into each rank's own ``rank-<rank>.pt``: no key is
-  ever saved by several ranks holding different values.
+- per-rank values (RNG states, ``extra``, and objects whose state differs between ranks, found
+  by comparing digests at every save: :mod:`worker_sdk._per_rank`) go into each rank's own
+  ``rank-<rank>.pt``: no key is ever saved once for ranks holding different values.
 
 Save (correct under ``kill -9`` of any rank at any instant), in steps that an asynchronous save
 can split between the training thread and a writer:
@@ -36,7 +37,8 @@ that turns out to be unreadable.
 Another world size: a checkpoint of N ranks loads on M. Sharded state is resharded by DCP,
 replicated state loads anywhere. Per-rank values follow one rule: rank r < N gets rank r's RNG
 states and ``extra`` back; a rank r >= N (a new one) gets the ``extra`` given to ``resume()``
-and RNGs seeded from (step, r) (:func:`worker_sdk._rng.derived_seed`); ranks >= M are dropped.
+and RNGs seeded from (step, r) (:func:`worker_sdk._rng.derived_seed`), and keeps its objects with
+per-rank state as constructed; ranks >= M are dropped. ``resume()`` warns about the last two.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from typing import Any, Final
 
 import torch
 
-from . import _arena, _dcp, _parallel, _rng, layout
+from . import _arena, _dcp, _parallel, _per_rank, _rng, layout
 from ._arena import Arena
 from ._collectives import all_gather_ints, broadcast_ints
 from ._commit import commit, write_durable
@@ -63,6 +65,7 @@ from .layout import (
     MARKER,
     SHARED,
     STATE_DCP,
+    STATE_RANK,
     STATE_SHARED,
     CheckpointInfo,
     committed_name,
@@ -266,21 +269,33 @@ class Checkpointer(Restorer):
         self, plan: StatePlan, objects: Sequence[Stateful], extra: Any, began: float
     ) -> _Snapshot:
         """Step 1: references to everything a checkpoint holds, nothing written yet."""
+        gather = all_gather_ints if self._group_active() else None
+        per_rank, states = _per_rank.split(
+            plan.kinds, objects, world_size=self.world_size, gather=gather
+        )
         where = []
         for i, obj in enumerate(objects):
             # an optimizer that has not stepped yet has no state to shard: saved as it is
             # (DCP's get_state_dict would invent zero moments for it, in place)
             empty = isinstance(obj, torch.optim.Optimizer) and not obj.state
-            where.append(STATE_DCP if i in plan.sharded and not empty else STATE_SHARED)
+            if i in per_rank:
+                where.append(STATE_RANK)
+            else:
+                where.append(STATE_DCP if i in plan.sharded and not empty else STATE_SHARED)
         shared = None
         if self.rank == 0:
             table = {
-                str(i): {"class": plan.classes[i], "state": unwrap(obj).state_dict()}
+                str(i): {
+                    "class": plan.classes[i],
+                    "state": states[i] if i in states else unwrap(obj).state_dict(),
+                }
                 for i, obj in enumerate(objects)
                 if where[i] == STATE_SHARED
             }
             shared = {"format": _PAYLOAD_FORMAT, "objects": table}
         part = {"format": _PAYLOAD_FORMAT, "rank": self.rank, "rng": _rng.capture(), "extra": extra}
+        if per_rank:
+            part["objects"] = {str(i): states[i] for i in sorted(per_rank)}
         sharded_state = None
         if plan.sharded:
             sharded_state = _dcp.capture(dcp_groups(plan, tuple(where)))

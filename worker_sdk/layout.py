@@ -11,7 +11,8 @@ Layout::
         MANIFEST.json                  the only proof that the checkpoint is complete (below)
         shared.pt                      replicated state (plain modules, DDP, schedulers, ...),
                                        written once, by rank 0
-        rank-00000.pt ...              per-rank state (RNG states, ``extra``), one per rank
+        rank-00000.pt ...              per-rank state (RNG states, ``extra``, objects whose
+                                       state differs between ranks), one per rank
         dcp/                           format 2, when some state is sharded (FSDP1, FSDP2,
           .metadata                    DTensor): a torch.distributed.checkpoint directory,
           __0_0.distcp ...             each rank's shards in its own files
@@ -23,7 +24,7 @@ The manifest (JSON)::
      "files": {name: bytes, ...},            every file of the checkpoint ("dcp/..." included)
      "checksums": {name: crc32, ...},        format 2: the files inside dcp/ (shared.pt and
                                              the rank files carry zip CRCs of their own)
-     "objects": [{"class": "Linear", "state": "shared" | "dcp"}, ...]}   format 2
+     "objects": [{"class": "Linear", "state": "shared" | "dcp" | "rank"}, ...]}   format 2
 
 Format 1 (written by earlier releases) has no ``checksums`` and ``objects`` and no ``dcp/``;
 it still loads. A torch.distributed.checkpoint directory alone proves nothing here: DCP
@@ -58,6 +59,7 @@ FORMATS: Final = frozenset({1, 2})  # what it loads
 SAVE_MODES: Final = ("sync", "async")  # a manifest's "mode"
 STATE_SHARED: Final = "shared"  # an object's state lives in shared.pt
 STATE_DCP: Final = "dcp"  # an object's state lives in dcp/ (torch.distributed.checkpoint)
+STATE_RANK: Final = "rank"  # each rank's own state of the object lives in its rank file
 
 _MAX_STEP: Final = 10**10 - 1
 _MAX_MANIFEST_BYTES: Final = 64 * 1024 * 1024
@@ -189,7 +191,7 @@ def _checked_objects(
     for entry in objects:
         cls = entry.get("class") if isinstance(entry, dict) else None
         where = entry.get("state") if isinstance(entry, dict) else None
-        if not isinstance(cls, str) or where not in (STATE_SHARED, STATE_DCP):
+        if not isinstance(cls, str) or where not in (STATE_SHARED, STATE_DCP, STATE_RANK):
             raise CorruptCheckpointError(f"{MANIFEST} has a bad object entry {entry!r}")
         out.append((cls, str(where)))
     if any(where == STATE_DCP for _, where in out) and DCP_METADATA not in files:
