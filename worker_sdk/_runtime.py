@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._loader_rng import LoaderWindow
 
 _NEVER = sys.maxsize
+FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
 
 
 class Runtime:
@@ -385,6 +386,10 @@ class Runtime:
         """At interpreter exit: finish the save in flight, then tell the supervisor that the
         silence to come is the end."""
         if self.channel is None or not self.channel.closed:
+            if self.saver is not None and self.saver.in_flight is not None:
+                # no step() comes to heartbeat while the last save is waited for: a long one
+                # would look like a hang of a rank whose script has ended
+                self.phase_changed(FINAL_SAVE_PHASE, True)
             self._finish_async(close=True)
         if self.channel is not None and not self.channel.closed:
             self.channel.send(
