@@ -92,7 +92,8 @@ def resume(
         raise ValueError(
             f"total_steps must be a whole number of steps above 0, not {total_steps!r}"
         )
-    from ._runtime import Runtime, install_excepthook
+    from ._exit_hooks import install_excepthook
+    from ._runtime import Runtime
     from ._settings import resolve
     from .checkpoint import Checkpointer, LoadResult
 
@@ -110,7 +111,7 @@ def resume(
         rank, world_size = _rank_and_world()
     except UsageError:
         if settings.supervised:
-            from ._runtime import exit_on_usage_error
+            from ._exit_hooks import exit_on_usage_error
 
             exit_on_usage_error()
         raise

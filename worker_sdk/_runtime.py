@@ -22,11 +22,11 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from . import _flight
 from . import protocol as p
+from ._exit_hooks import is_oom
 from ._settings import Settings
 from .checkpoint import Checkpointer, LoadResult, SaveError, Stateful
 from .heartbeat import Channel
@@ -369,7 +369,7 @@ class Runtime:
 
     def report_exception(self, exc: BaseException) -> bool:
         """Tell the supervisor why this rank dies; True when it is an out-of-memory error."""
-        oom = _is_oom(exc)
+        oom = is_oom(exc)
         if self.channel is not None:
             self.channel.send(
                 p.Kind.FAILURE,
@@ -409,15 +409,6 @@ class Runtime:
             self._dump_file = None
 
 
-def _is_oom(exc: BaseException) -> bool:
-    if "torch" in sys.modules:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    return type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
-
-
 def _output_files() -> dict[str, str | None]:
     """The files this process's stdout and stderr are (``rvsup logs`` finds a rank's output by
     them); None for a stream that is not a file (a terminal, a pipe)."""
@@ -433,40 +424,3 @@ def _output_files() -> dict[str, str | None]:
 
 def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def install_excepthook(rt: Runtime) -> None:
-    """Report uncaught exceptions (OOM in particular) before the rank dies."""
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        oom = False
-        try:
-            oom = rt.report_exception(exc)
-            rt.shutdown()
-        finally:
-            previous(kind, exc, tb)
-        if oom:
-            sys.stderr.flush()
-            sys.stdout.flush()
-            os._exit(p.EXIT_OOM)
-
-    sys.excepthook = hook
-
-
-def exit_on_usage_error() -> None:
-    """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
-    :data:`~worker_sdk.protocol.EXIT_USAGE` once its traceback is printed, so that the
-    supervisor gives up at once instead of restarting a script that fails the same way."""
-    from . import UsageError
-
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        previous(kind, exc, tb)
-        if isinstance(exc, UsageError):
-            sys.stderr.flush()
-            sys.stdout.flush()
-            os._exit(p.EXIT_USAGE)
-
-    sys.excepthook = hook
