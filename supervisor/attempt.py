@@ -335,7 +335,9 @@ class Attempt:
             self._log_slow_phase(now, finished=True)
             return
         phase = self.slow.phase
-        if self.cfg.heartbeat.native_stacks and (phase is None or now >= phase.cap_t - 2):
+        if self.cfg.heartbeat.native_stacks and (
+            phase is None or now >= phase.cap_t - native.LEAD_S
+        ):
             self.tree.foresee_hang(self.diag_dir)  # the native stacks, while the hang is confirmed
         silent_s = max(s.silent_s for s in found.silences)
         stuck = self.slow.review(
