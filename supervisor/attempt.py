@@ -104,7 +104,6 @@ class Attempt:
         self._noticed_at: float | None = None
         self._settling: asyncio.Task[None] | None = None
         self._verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
-        self._stuck_note = ""  # a busy phase that lasted hang_timeout_max: said in the detail
         self._steps_final = False  # last steps fixed when a hang was caught
         self._done: asyncio.Future[Ending] | None = None
         self._stop_deadline = float("inf")
@@ -335,15 +334,12 @@ class Attempt:
             self._log_slow_phase(now, finished=True)
             return
         phase = self.slow.phase
-        if self.cfg.heartbeat.native_stacks and (
-            phase is None or now >= phase.cap_t - native.LEAD_S
-        ):
+        if self.cfg.heartbeat.native_stacks and self.slow.native_due(now, native.LEAD_S):
             self.tree.foresee_hang(self.diag_dir)  # the native stacks, while the hang is confirmed
-        silent_s = max(s.silent_s for s in found.silences)
         stuck = self.slow.review(
             now,
             hung=bool(found.ranks),
-            silent_s=silent_s,
+            silent_s=max(s.silent_s for s in found.silences),
             review_s=self.silence.timeout_s or self.cfg.heartbeat.startup_timeout_s,
             pids=self.tree.rank_pids(),
         )
@@ -355,14 +351,9 @@ class Attempt:
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks}
         self._silent, self._hang_silence_s = hangs.quiet_ranks(found.silences, hung, last_steps)
-        self._stuck_note = stuck.detail if self.slow.capped else ""
         self._first_sign_t = now
         self._noticed_at = self.clock.wall()
         self._finish(Ending.HANG)
-
-    def _hang_evidence(self) -> str:
-        parts = [self._stuck_note, "" if self._verdict is None else self._verdict.detail]
-        return "; ".join(part for part in parts if part)
 
     def _log_slow_phase(self, now: float, *, finished: bool) -> None:
         event = self.slow.close(now, finished=finished)
@@ -404,6 +395,7 @@ class Attempt:
     ) -> AttemptResult:
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
+        verdict = self._verdict or culprits.Verdict((), (), "")
         obs = Observation(
             exits=self.tree.exits,
             reports=tuple(self._reports),
@@ -415,8 +407,8 @@ class Attempt:
             stderr_tail=self.tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
             host_oom_kills=self.tree.host_oom_kills(),
             lost_nodes=lost,
-            hang_culprits=() if self._verdict is None else self._verdict.culprits,
-            hang_evidence=self._hang_evidence(),
+            hang_culprits=verdict.culprits,
+            hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

@@ -60,7 +60,7 @@ class SlowWatch:
         self._cap_s = cap_s
         self._window: _Window | None = None
         self.phase: Phase | None = None
-        self.capped = False  # the last Stuck came from a phase that reached cap_s
+        self.note = ""  # a hang that was a busy phase until cap_s: says so (the failure's detail)
 
     def review(
         self,
@@ -77,13 +77,12 @@ class SlowWatch:
         phase = self.phase
         if phase is not None:
             if now >= phase.cap_t:
-                self.capped = True
                 lasted = f"{self._cap_s:g}s"
-                return Stuck(
-                    phase.ranks,
+                self.note = (
                     f"{_who(phase.ranks)} ran for hang_timeout_max ({lasted}) without a finished"
-                    f" step ({phase.where})",
+                    f" step ({phase.where})"
                 )
+                return Stuck(phase.ranks, self.note)
             if now < phase.review_t - LEAD_S:
                 return None
             hung = now >= phase.review_t
@@ -98,6 +97,11 @@ class SlowWatch:
             return verdict
         self._extend(verdict, now, silent_s=silent_s, review_s=review_s)
         return None
+
+    def native_due(self, now: float, lead_s: float) -> bool:
+        """Whether native stacks are worth taking ahead of a declaration now: not inside a busy
+        phase, except within ``lead_s`` of its cap."""
+        return self.phase is None or now >= self.phase.cap_t - lead_s
 
     def close(self, now: float, *, finished: bool) -> SlowPhase | None:
         """The silence ended (``finished``: the ranks finished a step again; else the attempt

@@ -136,4 +136,4 @@ def test_a_slow_phase_is_a_hang_at_its_cap(tmp_path: Path) -> None:
         cap = watch.phase.cap_t
         late = watch.review(cap, hung=True, silent_s=60.0, review_s=5.0, pids=pids)
     assert late is not None and "ran for hang_timeout_max (60s)" in late.detail
-    assert watch.capped
+    assert watch.note == late.detail
