@@ -4,10 +4,11 @@
 runs out, the evidence :func:`supervisor.rules.stuck.judge_silence` judges: each local rank's
 process state, CPU time and wait channel (:mod:`supervisor.process.activity`) at both ends of the
 window, and its Python stacks (faulthandler's dump on ``protocol.DUMP_SIGNAL``, asked for at the
-window's start, only of ranks that handle that signal). A stuck group is declared hung at its
-timeout, as before. A busy one opens a *slow phase*: its silence is judged again every timeout
-and is declared a hang once it has lasted ``hang_timeout_max``; when the ranks finish a step
-again, the phase is over and recorded (``slow_phase``).
+window's start, only of ranks that handle that signal, and not into a stacks file grown past
+16 MB, which a job that keeps coming close to its timeout would otherwise fill). A stuck group
+is declared hung at its timeout, as before. A busy one opens a *slow phase*: its silence is
+judged again every timeout and is declared a hang once it has lasted ``hang_timeout_max``; when
+the ranks finish a step again, the phase is over and recorded (``slow_phase``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = ["LEAD_S", "MIN_WINDOW_S", "Phase", "SlowWatch"]
 
 LEAD_S = 1.0  # the window opens this long before the timeout runs out
 MIN_WINDOW_S = 0.5  # a window opened late (the first tick found the ranks hung) lasts this long
+STACKS_CAP_BYTES = 16 << 20  # a rank's stacks file this large is not added to: /proc alone judges
 HINT = 'wrap it in `with worker_sdk.phase("...")`: declared phases get startup_timeout'
 
 
@@ -137,8 +139,9 @@ class SlowWatch:
         before = {pid: s for pid in pids if (s := activity.read(pid)) is not None}
         offsets: dict[int, int] = {}
         for pid, rank in pids.items():
-            if pid in before and activity.catches(pid, p.DUMP_SIGNAL):
-                offsets[rank] = _size(self._diag_dir / p.stacks_file(rank))
+            size = _size(self._diag_dir / p.stacks_file(rank))
+            if pid in before and size < STACKS_CAP_BYTES and activity.catches(pid, p.DUMP_SIGNAL):
+                offsets[rank] = size
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, p.DUMP_SIGNAL)
         return _Window(now, dict(pids), before, offsets)

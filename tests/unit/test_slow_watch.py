@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.ranks.slow import MIN_WINDOW_S, SlowWatch
+from supervisor.ranks.slow import MIN_WINDOW_S, STACKS_CAP_BYTES, SlowWatch
 from supervisor.rules.stuck import Stuck
 from worker_sdk import protocol as p
 
@@ -137,3 +137,14 @@ def test_a_slow_phase_is_a_hang_at_its_cap(tmp_path: Path) -> None:
         late = watch.review(cap, hung=True, silent_s=60.0, review_s=5.0, pids=pids)
     assert late is not None and "ran for hang_timeout_max (60s)" in late.detail
     assert watch.note == late.detail
+
+
+def test_a_full_stacks_file_is_not_added_to(tmp_path: Path) -> None:
+    """A rank whose stacks file has grown to the cap (a job that keeps coming close to its
+    timeout) is not asked for more stacks: judged from /proc alone."""
+    with ranks(tmp_path, ["sleep"]) as pids:
+        stacks = tmp_path / p.stacks_file(0)
+        os.truncate(stacks, STACKS_CAP_BYTES)
+        watch, stuck = judged(tmp_path, pids)
+    assert stacks.stat().st_size == STACKS_CAP_BYTES
+    assert stuck is None and watch.phase is not None and watch.phase.where == "no stack"
