@@ -22,6 +22,7 @@ from . import (
     fig_footprint,
     fig_lifecycle,
     fig_sdk,
+    fig_slow,
     machine,
 )
 from .profiles import PROFILES, Context
@@ -41,6 +42,7 @@ FIGURES: dict[str, Callable[[Context], Table]] = {
     "checkpoint_stall": fig_ckpt_stall.stall,
     "footprint": fig_footprint.footprint,
     "scale": fig_footprint.scale,
+    "slow": fig_slow.slow,
 }
 SMOKE_FIGURES = ("crash", "sdk", "checkpoint", "scale")
 NVRX_ENV = "RVSUP_BENCH_NVRX_VENV"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,11 +71,13 @@ def run_trial(
     cap_s: float,
     *,
     during: Callable[[Run], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Launch, optionally act on the run (``during``), wait for the end or the cap, kill the tree."""
+    """Launch (``env``: more environment), optionally act on the run (``during``), wait for the
+    end or the cap, kill the tree."""
     if workdir.exists():
         shutil.rmtree(workdir)
-    run = tool.launch(spec, workdir)
+    run = tool.launch(spec, workdir, env)
     with run:
         if during is not None:
             during(run)

@@ -18,7 +18,9 @@ Faults: ``BENCH_FAULT="kind:rank:step[:every]"`` (several separated by ","). Wit
 fault fires once per run (a marker file in the record directory remembers it across restarts).
 Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``stuck`` (a receive nobody sends, so
 the rank blocks inside gloo while the others block in their next all_reduce: an extra all_reduce
-is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError).
+is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError),
+``deadlock`` (the main thread waits on a lock it holds), and healthy slow work of ``BENCH_SLOW_S``
+seconds (:func:`slow_work`): ``eval``, ``ckptwrite``, ``hooksleep``, ``epoch``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import IO, Any  # noqa: E402
 
@@ -90,8 +93,43 @@ def inject(kind: str, step: int) -> None:
         dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())
     elif kind == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory at step {step} (injected)")
+    elif kind == "deadlock":  # the main thread waits on a lock it holds
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+    elif kind in SLOW_KINDS:
+        slow_work(kind, float(os.environ.get("BENCH_SLOW_S", "8")))
     else:
         raise ValueError(f"unknown fault kind {kind!r}")
+
+
+SLOW_KINDS = ("eval", "ckptwrite", "hooksleep", "epoch")
+
+
+def slow_work(kind: str, seconds: float) -> None:
+    """Healthy work of ``seconds`` between two steps, without ``worker_sdk.phase()``: ``eval``
+    (CPU, this rank alone; the others wait in the next all_reduce), ``ckptwrite`` (a checkpoint
+    of the user's own: 16 MB writes, each fsynced, to one file), ``hooksleep`` (a blocking
+    ``time.sleep`` in a logging hook), ``epoch`` (an epoch boundary: every rank reshuffles, rank
+    r for ``seconds / (r + 1)``, then a barrier)."""
+    end = time.monotonic() + (seconds / (dist.get_rank() + 1) if kind == "epoch" else seconds)
+    if kind == "hooksleep":
+        time.sleep(seconds)
+    elif kind == "ckptwrite":
+        path = Path(os.environ["BENCH_RECORD_DIR"]) / f"user-ckpt-{dist.get_rank()}.bin"
+        chunk = os.urandom(16 * 2**20)
+        with open(path, "wb") as f:
+            while time.monotonic() < end:
+                f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        path.unlink()
+    else:
+        a = torch.full((64, 64), 0.01)
+        while time.monotonic() < end:
+            a = torch.tanh(a @ a)
+    if kind == "epoch":
+        dist.barrier()
 
 
 def build_model(width: int) -> nn.Module:

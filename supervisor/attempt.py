@@ -21,12 +21,13 @@ from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
-from supervisor.ranks import native
+from supervisor.ranks import native, slow
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
 from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_event, trouble_event
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.ranks.silence import SilenceWatch
+from supervisor.ranks.slow import SlowWatch
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitAborted, ExitStalled
@@ -93,8 +94,10 @@ class Attempt:
             ranks,
             world_size=self.world_size,
             t0=clock.monotonic(),
-            lead_s=native.LEAD_S if hb.native_stacks else 0.0,  # early native stacks
+            # early native stacks; the hang rule's evidence window
+            lead_s=max(native.LEAD_S if hb.native_stacks else 0.0, slow.LEAD_S),
         )
+        self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
         self._started_step = tracker.newest_step
         self._reports: list[RankReport] = []
         # (rank, step, reason) of each failed background save, for ``rvsup status``
@@ -146,6 +149,7 @@ class Attempt:
                 lost = await self.tree.lost_nodes()
             self._log_aborts_after_end()
         finally:
+            self._log_slow_phase(self.clock.monotonic(), finished=False)
             for name in loops:
                 self.liveness.forget(name)
             if self._settling is not None:
@@ -364,18 +368,34 @@ class Attempt:
         found = self.silence.check(now, finishing=self.tree.any_left_cleanly())
         if found is None:
             self.tree.hang_averted()
+            self._log_slow_phase(now, finished=True)
             return
-        if not found.ranks:  # close to the timeout: take the native stacks while confirming
-            self.tree.foresee_hang(self.diag_dir)
+        phase = self.slow.phase
+        if self.cfg.heartbeat.native_stacks and self.slow.native_due(now, native.LEAD_S):
+            self.tree.foresee_hang(self.diag_dir)  # the native stacks, while the hang is confirmed
+        stuck = self.slow.review(
+            now,
+            hung=bool(found.ranks),
+            silent_s=max(s.silent_s for s in found.silences),
+            review_s=self.silence.timeout_s or self.cfg.heartbeat.startup_timeout_s,
+            pids=self.tree.rank_pids(),
+        )
+        if stuck is None:
+            if self.slow.phase is not None and phase is None:
+                self.tree.hang_averted()  # busy: native stacks taken early are stale
             return
+        hung = found.ranks or tuple(s.rank for s in found.silences)
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks}
-        self._silent, self._hang_silence_s = hangs.quiet_ranks(
-            found.silences, found.ranks, last_steps
-        )
+        self._silent, self._hang_silence_s = hangs.quiet_ranks(found.silences, hung, last_steps)
         self._first_sign_t = now
         self._noticed_at = self.clock.wall()
         self._finish(Ending.HANG)
+
+    def _log_slow_phase(self, now: float, *, finished: bool) -> None:
+        event = self.slow.close(now, finished=finished)
+        if event is not None:
+            self.events.log(event)
 
     def _maybe_schedule_save(self, now: float) -> None:
         every = self.cfg.checkpoint.every_s
@@ -412,6 +432,7 @@ class Attempt:
     ) -> AttemptResult:
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
+        verdict = self._verdict or culprits.Verdict((), (), "")
         obs = Observation(
             exits=self.tree.exits,
             reports=tuple(self._reports),
@@ -423,8 +444,8 @@ class Attempt:
             stderr_tail=self.tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
             host_oom_kills=self.tree.host_oom_kills(),
             lost_nodes=lost,
-            hang_culprits=() if self._verdict is None else self._verdict.culprits,
-            hang_evidence="" if self._verdict is None else self._verdict.detail,
+            hang_culprits=verdict.culprits,
+            hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

@@ -277,6 +277,15 @@ def _read_heartbeat(t: _Table) -> HeartbeatSection:
     if hang is not None and hang <= interval and t.ok("interval", "hang_timeout"):
         longer = f"must be longer than heartbeat.interval ({format_duration(interval)})"
         t.report("hang_timeout", longer)
+    if hang_max <= interval and t.ok("interval", "hang_timeout_max"):
+        longer = f"must be longer than heartbeat.interval ({format_duration(interval)})"
+        t.report("hang_timeout_max", longer)
+    elif hang is not None and hang_max < hang and t.ok("hang_timeout", "hang_timeout_max"):
+        if "hang_timeout_max" in t.table:
+            minimum, got = format_duration(hang), format_duration(hang_max)
+            message = f"must be at least heartbeat.hang_timeout ({minimum}), got {got}"
+            t.report("hang_timeout_max", message)
+        hang_max = hang  # only the default is below it: a longer hang_timeout raises it
     return HeartbeatSection(interval, startup_timeout, hang, hang_max, transport, native_stacks)
 
 

@@ -193,7 +193,10 @@ class HeartbeatSection:
     - ``startup_timeout`` (default ``"10m"``, > 0): launch -> first finished step.
     - ``hang_timeout`` (default ``"auto"``: learnt from observed step times, then None):
       no progress for this long while processes live is a hang; > the interval.
-    - ``hang_timeout_max`` (default ``"30m"``, > 0): ceiling of the automatic hang timeout.
+    - ``hang_timeout_max`` (default ``"30m"``, or ``hang_timeout`` where that is longer; >
+      the interval and >= a configured ``hang_timeout``): the ceiling of the automatic hang
+      timeout, and the longest a silence may last while ranks outside collectives work or
+      wait on their own (evaluating alone, a sleep in a hook) and the others wait for them.
     - ``transport`` (default ``"auto"``): ``"auto"``, ``"ipc"`` or ``"tcp"``.
     - ``native_stacks`` (default true): a hang's diagnostics include every rank's native
       (C/C++) stacks where py-spy is installed. py-spy needs about a second a rank (at most

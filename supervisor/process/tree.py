@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +50,7 @@ class ProcessTree(Protocol):
     def exits(self) -> tuple[RankExit, ...]: ...
     def any_left_cleanly(self) -> bool: ...
     def scan(self) -> None: ...
+    def rank_pids(self) -> Mapping[int, int]: ...
     def foresee_hang(self, directory: Path) -> None: ...
     def hold_launcher(self) -> None: ...
     def hang_averted(self) -> None: ...
@@ -124,6 +125,10 @@ class AttemptTree:
             except (psutil.Error, ValueError):
                 rank = -1
             self._ledger.watch(child.pid, rank=None if rank < 0 else rank)
+
+    def rank_pids(self) -> Mapping[int, int]:
+        """pid -> rank of every rank watched on this node (for the hang rule's evidence)."""
+        return self._ledger.known_ranks()
 
     def hold_launcher(self) -> None:
         """A rank was killed by a signal, so the attempt ends: on a single node, stop torchrun

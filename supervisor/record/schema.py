@@ -47,6 +47,7 @@ __all__ = [
     "MessagesDropped",
     "RequeueFailed",
     "RestartScheduled",
+    "SlowPhase",
     "StopRequested",
     "SupervisorError",
     "TimeLeftUnknown",
@@ -306,6 +307,29 @@ class JobStopped(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SlowPhase(Event):
+    """Ranks went longer than the hang timeout without a finished step, but were working (or
+    waiting on their own) while the others waited for them, so it was not taken for a hang:
+    one line per such phase, when steps resume (or the attempt ends inside it)."""
+
+    NAME = "slow_phase"
+    LEVEL = "warning"
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 3}
+    ranks: tuple[int, ...]
+    """The ranks that were busy, outside collectives."""
+    where: str
+    """Where the first of them was, ``train.py:90 in main``."""
+    seconds: float
+    """From the ranks' last finished step to the end of the phase."""
+    finished: bool
+    """True when steps resumed; false when the attempt ended inside the phase."""
+    detail: str
+    """What each silent rank was doing."""
+    hint: str
+    """What to do about it (declare the phase with ``worker_sdk.phase()``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExitStalled(Event):
     """Every rank's script had ended without a failure, but some interpreters had not exited
     after a grace period: they were ended by the teardown and the attempt counts as succeeded."""
@@ -412,6 +436,7 @@ _CLASSES: Final = (
     JobStopped,
     ExitStalled,
     ExitAborted,
+    SlowPhase,
     MessagesDropped,
     RequeueFailed,
     TimeLeftUnknown,

@@ -10,6 +10,8 @@ over the last 256 heartbeats of every rank (FACTOR = 10, FLOOR_S = 5 s, ceiling 
 applies instead. While a rank writes a checkpoint or is inside ``worker_sdk.phase()`` its silence
 is judged against ``max(timeout, startup_timeout)``: saves and declared phases may be long.
 A configured ``hang_timeout`` replaces the automatic value (the same extensions apply).
+A silence past its limit is a hang only once :mod:`supervisor.rules.stuck` judges the group
+stuck; a busy group gets until ``hang_timeout_max``.
 """
 
 from __future__ import annotations

@@ -56,14 +56,15 @@ def _check_hang(
             1,
             None,
         ),  # a stopped process: cannot even answer; still killed and reaped
-        ("sleep:1:12:1", 1, "inject"),  # stuck in Python inside the loop
+        ("deadlock:1:12:1", 1, "inject"),  # a Python deadlock on a lock inside the loop
         ("mismatch:0:12:1", 0, None),  # mismatched collectives: recv vs all-reduce
     ],
 )
 def test_hang_is_detected_within_the_timeout_with_stacks(
     tmp_path: Path, fault: str, culprit: int, where: str | None
 ) -> None:
-    """SIGSTOP, a sleep in the loop, mismatched collectives (a real gloo hang): each is caught within
+    """SIGSTOP, a deadlock on a lock in the loop, mismatched collectives (a real gloo hang): each is
+    caught within
     hang_timeout + 1 s, every rank's Python and native stacks and flight recorder are on disk, no
     rank finishes a step after the hang was caught, the restarted job completes, and the culprit
     is named first: the rank outside any collective while the other
@@ -108,7 +109,7 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
 def test_automatic_hang_timeout_catches_a_fast_job_in_seconds(tmp_path: Path) -> None:
     """hang_timeout = "auto" on a ~20 ms/step job: the learned timeout is the 5 s floor, and the hang
     is caught within it + 1 s."""
-    evs = _run_hanging_job(tmp_path, "sleep:1:25:1", '"auto"')
+    evs = _run_hanging_job(tmp_path, "deadlock:1:25:1", '"auto"')
     hang = _check_hang(evs, timeout_s=5.0, culprit=1)
     assert hang["hang_timeout_s"] == 5.0
     noticed = datetime.datetime.fromisoformat(str(hang["noticed_at"]))
@@ -132,10 +133,11 @@ def test_a_declared_phase_longer_than_the_hang_timeout_is_not_a_hang(tmp_path: P
 
 
 def test_the_same_silence_without_a_phase_is_a_hang(tmp_path: Path) -> None:
-    """Control for the test above: the same 6 s pause, undeclared, is caught as a hang."""
+    """Control for the test above: the same silence, undeclared, with every rank deadlocked on a
+    lock (no work, no collective) is caught as a hang."""
     job = write_job(
         tmp_path,
-        env={"FAULT": "sleep:*:10:1", "STEP_SLEEP": "0.02"},
+        env={"FAULT": "deadlock:*:10:1", "STEP_SLEEP": "0.02"},
         total=20,
         heartbeat='interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "3s"',
     )

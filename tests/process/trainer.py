@@ -2,7 +2,9 @@
 
 FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means every rank, attempt
 "*" or absent every attempt. Kinds: raise, kill (SIGKILL itself), oom (raise
-torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP itself), mismatch
+torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP itself), deadlock
+(the main thread waits on a lock it holds), spin (a busy infinite loop), eval (EVAL_S seconds of
+CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), mismatch
 (a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
 ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +40,15 @@ def faults_now(rank: int, step: int, attempt: int) -> list[str]:
     return out
 
 
+def evaluate(seconds: float) -> None:
+    """Busy work that touches neither the model nor any random generator (an evaluation that
+    leaves the training bit-identical)."""
+    a = torch.full((64, 64), 0.01)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
+
+
 def inject(kind: str, step: int) -> None:
     if kind == "raise":
         raise RuntimeError(f"injected failure at step {step}")
@@ -49,6 +61,18 @@ def inject(kind: str, step: int) -> None:
             time.sleep(3600)
     if kind == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "deadlock":  # a Python deadlock: the main thread waits on a lock it holds
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+    if kind == "spin":  # a busy infinite loop outside any collective
+        spin = 0
+        while True:
+            spin += 1
+    if kind == "eval":  # EVAL_S seconds of CPU work on this rank alone, undeclared (no phase)
+        evaluate(float(os.environ.get("EVAL_S", "8")))
+    if kind == "hooksleep":  # a blocking sleep of EVAL_S seconds in a logging hook
+        time.sleep(float(os.environ.get("EVAL_S", "8")))
     if kind == "mismatch":  # a receive the peer never sends; the peer then waits in all-reduce
         dist.recv(torch.zeros(1), src=1 - dist.get_rank())
     if kind == "ignore_term":

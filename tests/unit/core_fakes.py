@@ -175,6 +175,9 @@ class FakeTree:
     def scan(self) -> None:
         return None
 
+    def rank_pids(self) -> dict[int, int]:
+        return {}  # nothing runs: no evidence, so a silence is judged as before (stuck)
+
     def foresee_hang(self, directory: Path) -> None:
         if not self.foreseen or (self.averted and self.averted[-1] > self.foreseen[-1]):
             self.foreseen.append(self.clock.monotonic() if self.clock else 0.0)

@@ -249,6 +249,16 @@ def test_minimal_file_gets_every_default() -> None:
             id="every-float",
         ),
         pytest.param(
+            with_section("heartbeat", 'hang_timeout = "1h"'),
+            {"heartbeat.hang_timeout_s": 3600.0, "heartbeat.hang_timeout_max_s": 3600.0},
+            id="hang-timeout-raises-the-default-max",
+        ),
+        pytest.param(
+            with_section("heartbeat", 'hang_timeout_max = "2m"'),
+            {"heartbeat.hang_timeout_s": None, "heartbeat.hang_timeout_max_s": 120.0},
+            id="hang-timeout-max",
+        ),
+        pytest.param(
             with_section("slurm", "requeue = true"), {"slurm.requeue": "always"}, id="requeue-true"
         ),
         pytest.param(

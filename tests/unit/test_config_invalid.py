@@ -226,6 +226,26 @@ INVALID: list[Any] = [
         id="hang-short",
     ),
     pytest.param(
+        with_section("heartbeat", 'hang_timeout_max = "never"'),
+        [("heartbeat.hang_timeout_max", f"{NOT_A_DURATION}, got 'never'")],
+        id="hang-max-not-a-duration",
+    ),
+    pytest.param(
+        with_section("heartbeat", 'hang_timeout_max = "0s"'),
+        [("heartbeat.hang_timeout_max", "must be greater than 0")],
+        id="hang-max-zero",
+    ),
+    pytest.param(
+        with_section("heartbeat", 'interval = "2s"\nhang_timeout_max = "2s"'),
+        [("heartbeat.hang_timeout_max", "longer than heartbeat.interval (2s)")],
+        id="hang-max-short",
+    ),
+    pytest.param(
+        with_section("heartbeat", 'hang_timeout = "10m"\nhang_timeout_max = "5m"'),
+        [("heartbeat.hang_timeout_max", "must be at least heartbeat.hang_timeout (10m), got 5m")],
+        id="hang-max-below-hang-timeout",
+    ),
+    pytest.param(
         with_section("checkpoint", "keep_last = 0\nevery_steps = -1"),
         [
             ("checkpoint.keep_last", "must be at least 1, got 0"),

@@ -1,0 +1,194 @@
+"""Before a silence is declared a hang: is the group stuck, or is a rank busy? (the noisy edge)
+
+:class:`SlowWatch` gathers, over a window that opens about a second before the ranks' timeout
+runs out, the evidence :func:`supervisor.rules.stuck.judge_silence` judges: each local rank's
+process state, CPU time and wait channel (:mod:`supervisor.process.activity`) at both ends of the
+window, and its Python stacks (faulthandler's dump on ``protocol.DUMP_SIGNAL``, asked for at the
+window's start, only of ranks that handle that signal, and not into a stacks file grown past
+16 MB, which a job that keeps coming close to its timeout would otherwise fill). A stuck group
+is declared hung at its timeout, as before. A busy one opens a *slow phase*: its silence is
+judged again every timeout and is declared a hang once it has lasted ``hang_timeout_max``; when
+the ranks finish a step again, the phase is over and recorded (``slow_phase``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.process import activity
+from supervisor.record.schema import SlowPhase
+from supervisor.rules import culprits
+from supervisor.rules.stuck import Busy, RankEvidence, Stuck, judge_silence
+from worker_sdk import protocol as p
+
+__all__ = ["LEAD_S", "MIN_WINDOW_S", "Phase", "SlowWatch"]
+
+LEAD_S = 1.0  # the window opens this long before the timeout runs out
+MIN_WINDOW_S = 0.5  # a window opened late (the first tick found the ranks hung) lasts this long
+STACKS_CAP_BYTES = 16 << 20  # a rank's stacks file this large is not added to: /proc alone judges
+HINT = 'wrap it in `with worker_sdk.phase("...")`: declared phases get startup_timeout'
+
+
+@dataclass
+class _Window:
+    t0: float
+    pids: dict[int, int]  # pid -> rank
+    before: dict[int, activity.ProcSample]  # pid -> sample at t0
+    offsets: dict[int, int]  # rank -> size of its stacks file before the dump (asked ones)
+
+
+@dataclass
+class Phase:
+    """A silence judged busy, until the ranks finish a step again or it lasts too long."""
+
+    start_t: float  # when the silence began (the ranks' last progress)
+    ranks: tuple[int, ...]
+    where: str
+    detail: str
+    review_t: float  # when it is judged again
+    cap_t: float  # when it is a hang whatever it looks like
+
+
+class SlowWatch:
+    """One attempt's judge of silences (see the module docstring); ``diag_dir`` is where the
+    ranks write their stacks, ``cap_s`` is ``hang_timeout_max``."""
+
+    def __init__(self, diag_dir: Path, *, cap_s: float) -> None:
+        self._diag_dir = diag_dir
+        self._cap_s = cap_s
+        self._window: _Window | None = None
+        self.phase: Phase | None = None
+        self.note = ""  # a hang that was a busy phase until cap_s: says so (the failure's detail)
+
+    def review(
+        self,
+        now: float,
+        *,
+        hung: bool,
+        silent_s: float,
+        review_s: float,
+        pids: Mapping[int, int],
+    ) -> Stuck | None:
+        """Called on every tick where some rank is near or past its limit (``hung``): a
+        :class:`Stuck` when the silence is to be declared a hang now, else None (not yet, or the
+        group is busy). ``silent_s`` is the longest silence, ``pids`` the local ranks."""
+        phase = self.phase
+        if phase is not None:
+            if now >= phase.cap_t:
+                lasted = f"{self._cap_s:g}s"
+                self.note = (
+                    f"{_who(phase.ranks)} ran for hang_timeout_max ({lasted}) without a finished"
+                    f" step ({phase.where})"
+                )
+                return Stuck(phase.ranks, self.note)
+            if now < phase.review_t - LEAD_S:
+                return None
+            hung = now >= phase.review_t
+        if self._window is None:
+            self._window = self._open(now, pids)
+            return None
+        if not hung or now - self._window.t0 < MIN_WINDOW_S:
+            return None
+        verdict = judge_silence(self._evidence(self._window, now))
+        self._window = None
+        if isinstance(verdict, Stuck):
+            return verdict
+        self._extend(verdict, now, silent_s=silent_s, review_s=review_s)
+        return None
+
+    def native_due(self, now: float, lead_s: float) -> bool:
+        """Whether native stacks are worth taking ahead of a declaration now: not inside a busy
+        phase, except within ``lead_s`` of its cap."""
+        return self.phase is None or now >= self.phase.cap_t - lead_s
+
+    def close(self, now: float, *, finished: bool) -> SlowPhase | None:
+        """The silence ended (``finished``: the ranks finished a step again; else the attempt
+        ends inside it): the phase's event, if one was open."""
+        self._window = None
+        phase, self.phase = self.phase, None
+        if phase is None:
+            return None
+        return SlowPhase(
+            ranks=phase.ranks,
+            where=phase.where,
+            seconds=now - phase.start_t,
+            finished=finished,
+            detail=phase.detail,
+            hint=HINT,
+        )
+
+    def _extend(self, verdict: Busy, now: float, *, silent_s: float, review_s: float) -> None:
+        if self.phase is None:
+            start = now - silent_s
+            self.phase = Phase(
+                start_t=start,
+                ranks=verdict.ranks,
+                where=verdict.where,
+                detail=verdict.detail,
+                review_t=now + review_s,
+                cap_t=start + self._cap_s,
+            )
+        else:
+            self.phase.review_t = now + review_s
+
+    def _open(self, now: float, pids: Mapping[int, int]) -> _Window:
+        before = {pid: s for pid in pids if (s := activity.read(pid)) is not None}
+        offsets: dict[int, int] = {}
+        for pid, rank in pids.items():
+            size = _size(self._diag_dir / p.stacks_file(rank))
+            if pid in before and size < STACKS_CAP_BYTES and activity.catches(pid, p.DUMP_SIGNAL):
+                offsets[rank] = size
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, p.DUMP_SIGNAL)
+        return _Window(now, dict(pids), before, offsets)
+
+    def _evidence(self, window: _Window, now: float) -> list[RankEvidence]:
+        out = []
+        for pid, rank in window.pids.items():
+            first, last = window.before.get(pid), activity.read(pid)
+            if first is None or last is None:
+                out.append(RankEvidence(rank))
+                continue
+            frames: tuple[culprits.Frame, ...] = ()
+            offset = window.offsets.get(rank)
+            if offset is not None:
+                text = _tail(self._diag_dir / p.stacks_file(rank), offset)
+                frames = tuple(culprits.main_thread(text))
+            out.append(
+                RankEvidence(
+                    rank,
+                    state=last.state,
+                    cpu_s=last.cpu_s - first.cpu_s,
+                    window_s=now - window.t0,
+                    wchan=last.wchan,
+                    frames=frames,
+                    stack_read=offset is not None,
+                )
+            )
+        return out
+
+
+def _who(ranks: tuple[int, ...]) -> str:
+    if not ranks:
+        return "the ranks"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,149 @@
+"""Stuck or busy: whether ranks that finished no step for their hang timeout are hung (pure).
+
+A timeout alone cannot tell a rank that works (rank 0 evaluating alone for minutes, a checkpoint
+of the user's own, a slow logging hook) from one that never will (a collective nobody completes,
+a stopped process, a deadlock). Before a hang is declared, the silent group is judged from what
+each rank's process shows over a window of about a second (:class:`RankEvidence`: its state, its
+CPU time, the kernel's wait channel of its main thread, its main thread's Python stack):
+
+=============== ============================================================ ==========
+activity        evidence                                                     counts as
+=============== ============================================================ ==========
+stopped         state ``T`` (SIGSTOP, SIGTSTP)                               stuck
+collective      main thread inside a collective (c10d, DDP, autograd)        waiting
+working         outside collectives, CPU time advanced (>= 5 % of a core)    busy
+uninterruptible outside collectives, state ``D``, no CPU                     stuck
+locked          outside collectives, no CPU, main thread waits on a futex    stuck
+                (a lock, a condition, an event: a deadlock)
+silent          outside collectives, no CPU, no Python stack written         stuck
+own wait        outside collectives, no CPU, sleeping or waiting for I/O or  busy
+                for its data loader (``time.sleep``, ``select``, a read)
+unknown         no evidence (a rank on another node, a process gone)         --
+=============== ============================================================ ==========
+
+The group is :class:`Stuck` when any rank is stuck, or when no rank is busy (every rank waits in
+a collective: the gloo/NCCL hang; or nothing is known). Otherwise it is :class:`Busy`: the ranks
+outside collectives are doing something of their own and the others wait for them. A sleep counts
+as busy because, to the kernel and the stacks, a rank that sleeps in a logging hook looks exactly
+like one that sleeps forever; only time tells them apart, so a busy group is given up to
+``hang_timeout_max`` (and judged again meanwhile) before its silence is declared a hang.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from supervisor.rules.culprits import Frame, collective_of, where
+
+__all__ = [
+    "WORKING_SHARE",
+    "Activity",
+    "Busy",
+    "RankEvidence",
+    "Stuck",
+    "activity",
+    "judge_silence",
+]
+
+WORKING_SHARE = 0.05  # the share of one core a rank must use over the window to be working
+_DATA_LOADER = "torch/utils/data/"  # waiting for its data loader's workers: its own wait
+
+
+class Activity(enum.Enum):
+    """What one silent rank is doing (see the module docstring)."""
+
+    STOPPED = "stopped by a signal"
+    COLLECTIVE = "waits in a collective"
+    WORKING = "working"
+    UNINTERRUPTIBLE = "in uninterruptible sleep (state D)"
+    LOCKED = "blocked on a lock"
+    SILENT = "wrote no stack and uses no CPU"
+    OWN_WAIT = "waiting on its own (a sleep or I/O)"
+    UNKNOWN = "not observed"
+
+
+_STUCK = frozenset({Activity.STOPPED, Activity.UNINTERRUPTIBLE, Activity.LOCKED, Activity.SILENT})
+_BUSY = frozenset({Activity.WORKING, Activity.OWN_WAIT})
+
+
+@dataclass(frozen=True, slots=True)
+class RankEvidence:
+    """One rank's process over the judging window; None where it could not be read."""
+
+    rank: int
+    state: str | None = None  # /proc state letter at the end of the window (R, S, D, T, ...)
+    cpu_s: float | None = None  # CPU time (all threads) used during the window
+    window_s: float = 0.0  # the window's length
+    wchan: str = ""  # the kernel function the main thread sleeps in ("" running or unknown)
+    frames: tuple[Frame, ...] = ()  # the main thread's Python stack, innermost first
+    stack_read: bool = False  # a stack was asked for and read (frames may still be empty)
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Ranks outside collectives are doing something of their own: not a hang (yet)."""
+
+    ranks: tuple[int, ...]
+    where: str  # where the first of them is, ``train.py:90 in main``
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stuck:
+    """Nothing moves: a hang."""
+
+    ranks: tuple[int, ...]  # the stuck ranks (empty: all wait in collectives, or unknown)
+    detail: str
+
+
+def activity(e: RankEvidence) -> Activity:
+    """One rank's activity from its evidence (the table in the module docstring)."""
+    if e.state is None and e.cpu_s is None:
+        return Activity.UNKNOWN
+    if e.state == "T":  # not "t", a tracing stop: py-spy reading it
+        return Activity.STOPPED
+    if collective_of(e.frames) is not None:
+        return Activity.COLLECTIVE
+    if e.cpu_s is not None and e.window_s > 0 and e.cpu_s >= WORKING_SHARE * e.window_s:
+        return Activity.WORKING
+    if e.state == "D":
+        return Activity.UNINTERRUPTIBLE
+    if any(_DATA_LOADER in f.file.replace("\\", "/") for f in e.frames):
+        return Activity.OWN_WAIT
+    if "futex" in e.wchan:
+        return Activity.LOCKED
+    if e.stack_read and not e.frames:
+        return Activity.SILENT
+    return Activity.OWN_WAIT
+
+
+def judge_silence(evidence: Sequence[RankEvidence]) -> Busy | Stuck:
+    """Whether the silent group is busy or stuck (see the module docstring)."""
+    seen = [(e, activity(e)) for e in sorted(evidence, key=lambda e: e.rank)]
+    stuck = [(e, a) for e, a in seen if a in _STUCK]
+    if stuck:
+        parts = [f"rank {e.rank} is {a.value}{_at(e)}" for e, a in stuck]
+        return Stuck(tuple(e.rank for e, _ in stuck), "; ".join(parts))
+    busy = [(e, a) for e, a in seen if a in _BUSY]
+    if not busy:
+        waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]
+        if waiting:
+            return Stuck((), f"{_ranks(waiting)} wait in collectives and nothing else runs")
+        return Stuck((), "no rank could be observed")
+    parts = [f"rank {e.rank} is {a.value}{_at(e)}" for e, a in busy]
+    waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]
+    if waiting:
+        parts.append(f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it")
+    first = busy[0][0]
+    return Busy(tuple(e.rank for e, _ in busy), where(first.frames), "; ".join(parts))
+
+
+def _at(e: RankEvidence) -> str:
+    return f" ({where(e.frames)})" if e.frames else ""
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {', '.join(str(r) for r in ranks)}"

@@ -1,0 +1,134 @@
+"""The hang rule's judge of a silent group: stuck (a hang) or busy (a rank works), from tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.rules.culprits import Frame
+from supervisor.rules.stuck import Activity, Busy, RankEvidence, Stuck, activity, judge_silence
+
+ALL_REDUCE = (
+    Frame("/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 81, "wrapper"),
+    Frame("/job/train.py", 60, "main"),
+)
+BACKWARD = (
+    Frame("/venv/lib/python3.11/site-packages/torch/autograd/graph.py", 829, "_engine_run"),
+    Frame("/job/train.py", 58, "main"),
+)
+EVAL = (
+    Frame("/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+    Frame("/job/train.py", 90, "evaluate"),
+    Frame("/job/train.py", 120, "main"),
+)
+HOOK = (Frame("/job/train.py", 40, "log_hook"), Frame("/job/train.py", 121, "main"))
+LOADER = (
+    Frame("/usr/lib/python3.11/threading.py", 331, "wait"),
+    Frame("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1131, "_get"),
+    Frame("/job/train.py", 50, "main"),
+)
+
+
+def ev(
+    rank: int, state: str = "S", cpu: float = 0.0, wchan: str = "", frames: tuple[Frame, ...] = ()
+) -> RankEvidence:
+    return RankEvidence(
+        rank,
+        state=state,
+        cpu_s=cpu,
+        window_s=1.0,
+        wchan=wchan,
+        frames=tuple(frames),
+        stack_read=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        (ev(0, "R", 0.9, "", EVAL), Activity.WORKING),
+        (ev(0, "S", 0.06, "futex_do_wait", EVAL), Activity.WORKING),  # 6 % of a core
+        (ev(0, "D", 0.4, "", EVAL), Activity.WORKING),  # writing: D between bursts of CPU
+        (ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), Activity.COLLECTIVE),
+        (ev(0, "R", 1.0, "", ALL_REDUCE), Activity.COLLECTIVE),  # NCCL spins while it waits
+        (ev(0, "S", 0.0, "futex_do_wait", BACKWARD), Activity.COLLECTIVE),
+        (ev(0, "T", 0.0, "do_signal_stop", HOOK), Activity.STOPPED),
+        (ev(0, "T", 0.0, "", ()), Activity.STOPPED),
+        (ev(0, "t", 0.0, "hrtimer_nanosleep", HOOK), Activity.OWN_WAIT),  # py-spy reading it
+        (ev(0, "D", 0.0, "nfs_wait_bit_killable", HOOK), Activity.UNINTERRUPTIBLE),
+        (ev(0, "S", 0.0, "futex_do_wait", HOOK), Activity.LOCKED),  # a deadlock
+        (ev(0, "S", 0.01, "futex_wait_queue", HOOK), Activity.LOCKED),  # under 5 %: no work
+        (ev(0, "S", 0.0, "hrtimer_nanosleep", HOOK), Activity.OWN_WAIT),  # time.sleep
+        (ev(0, "S", 0.0, "do_select", HOOK), Activity.OWN_WAIT),  # time.sleep on 3.10
+        (ev(0, "S", 0.0, "futex_do_wait", LOADER), Activity.OWN_WAIT),  # waits for its data
+        (ev(0, "S", 0.0, "futex_do_wait", ()), Activity.LOCKED),
+        (ev(0, "S", 0.0, "ep_poll", ()), Activity.SILENT),  # no stack: stuck outside Python
+        (ev(0, "R", 0.8, "", ()), Activity.WORKING),  # no stack, but native code runs
+        (RankEvidence(0), Activity.UNKNOWN),  # another node
+        (RankEvidence(0, state="S", cpu_s=0.0, window_s=1.0), Activity.OWN_WAIT),  # not asked
+    ],
+)
+def test_activity_of_one_rank(evidence: RankEvidence, expected: Activity) -> None:
+    """Each row: one rank's state, CPU over a 1 s window, wait channel and stack -> activity."""
+    assert activity(evidence) is expected
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        # rank 0 evaluates alone; rank 1 waits for it in the next all-reduce: busy
+        ([ev(0, "R", 0.95, "", EVAL), ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE)], Busy),
+        # a blocking sleep in a logging hook on rank 1: busy (its own wait)
+        ([ev(0, "S", 0.0, "futex_do_wait", BACKWARD), ev(1, "S", 0.0, "do_nanosleep", HOOK)], Busy),
+        # every rank evaluates: busy
+        ([ev(0, "R", 0.9, "", EVAL), ev(1, "R", 0.9, "", EVAL)], Busy),
+        # a gloo/NCCL hang: every rank in a collective, nothing else runs
+        (
+            [
+                ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE),
+                ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE),
+            ],
+            Stuck,
+        ),
+        # NCCL ranks spinning inside the collective are still stuck
+        ([ev(0, "R", 1.0, "", ALL_REDUCE), ev(1, "R", 1.0, "", ALL_REDUCE)], Stuck),
+        # SIGSTOP of rank 1 while rank 0 waits
+        ([ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "T", 0.0, "", ())], Stuck),
+        # a deadlock on a lock
+        (
+            [ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "S", 0.0, "futex_do_wait", HOOK)],
+            Stuck,
+        ),
+        # uninterruptible sleep with no CPU (a dead file server)
+        ([ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "D", 0.0, "nfs_wait", HOOK)], Stuck),
+        # one rank works but another is stopped: the stopped one decides
+        ([ev(0, "R", 0.9, "", EVAL), ev(1, "T", 0.0, "", ())], Stuck),
+        # nothing observed (every rank on another node): as before, a hang
+        ([RankEvidence(0), RankEvidence(1)], Stuck),
+        ([], Stuck),
+        # a local rank works, the other node's rank is unknown: busy
+        ([ev(0, "R", 0.9, "", EVAL), RankEvidence(1)], Busy),
+    ],
+)
+def test_judge_silence(evidence: list[RankEvidence], expected: type) -> None:
+    """Each row: the silent group's evidence -> Busy (not a hang yet) or Stuck (a hang)."""
+    assert type(judge_silence(evidence)) is expected
+
+
+def test_busy_names_the_working_rank_and_where_it_is() -> None:
+    """The verdict names the rank outside collectives, where it is in the user's code, and who
+    waits for it."""
+    verdict = judge_silence(
+        [ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(0, "R", 0.9, "", EVAL)]
+    )
+    assert isinstance(verdict, Busy)
+    assert verdict.ranks == (0,)
+    assert verdict.where == "train.py:90 in evaluate"
+    assert verdict.detail == "rank 0 is working (train.py:90 in evaluate); rank 1 waits for it"
+
+
+def test_stuck_names_the_stuck_rank() -> None:
+    """A deadlocked rank is named with where its main thread is."""
+    verdict = judge_silence(
+        [ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "S", 0.0, "futex_do_wait", HOOK)]
+    )
+    assert verdict == Stuck((1,), "rank 1 is blocked on a lock (train.py:40 in log_hook)")
