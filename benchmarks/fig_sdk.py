@@ -133,7 +133,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
                     _noop(i)
 
             result = {"step_ns": per_call_ns(steps, calls), "empty_ns": per_call_ns(empty, calls)}
-            rt = worker_sdk._runtime
+            rt = worker_sdk._current
             assert rt is not None
             assert rt.channel is not None
             sends, due = [], []

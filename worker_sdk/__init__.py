@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the supervisor imports worker_sdk.protocol: keep torch out 
 
 __all__ = ["UsageError", "phase", "protocol", "resume", "step"]
 
-_runtime: Runtime | None = None
+_current: Runtime | None = None
 _monotonic = time.monotonic
 
 
@@ -83,8 +83,8 @@ def resume(
     iterator made and every batch fetched sees the RNG states the uninterrupted run had there.
     Where that cannot be made exact, the first ``step()`` warns and says what to change.
     """
-    global _runtime
-    if _runtime is not None:
+    global _current
+    if _current is not None:
         raise RuntimeError("worker_sdk.resume() was already called in this process")
     if total_steps is not None and (
         not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1
@@ -97,9 +97,6 @@ def resume(
     from ._settings import resolve
     from .checkpoint import Checkpointer, LoadResult
 
-    # the first import of the submodule worker_sdk._runtime bound this global to the module:
-    # unbind it, or a resume() that raises below would look like one that succeeded
-    _runtime = None
     settings = resolve(
         checkpoint_dir=checkpoint_dir,
         every_steps=every_steps,
@@ -159,13 +156,13 @@ def resume(
     start = rt.start(loaded)
     install_excepthook(rt)
     atexit.register(rt.leaving)
-    _runtime = rt
+    _current = rt
     return start, loaded.extra
 
 
 def step(step: int, extra: Any = None) -> None:
     """Mark iteration ``step`` (0-based) finished: heartbeat, save or stop when one is due."""
-    rt = _runtime
+    rt = _current
     if rt is None:
         raise RuntimeError("call worker_sdk.resume() before worker_sdk.step()")
     now = _monotonic()
@@ -182,7 +179,7 @@ def step(step: int, extra: Any = None) -> None:
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Declare a long phase (evaluation, a big save) so that it is not taken for a hang."""
-    rt = _runtime
+    rt = _current
     if rt is None:
         yield
         return
@@ -217,7 +214,7 @@ def _rank_and_world() -> tuple[int, int]:
 
 def _reset_for_tests() -> None:
     """Forget the runtime (tests that call resume() twice in one process)."""
-    global _runtime
-    if _runtime is not None:
-        _runtime.shutdown()
-    _runtime = None
+    global _current
+    if _current is not None:
+        _current.shutdown()
+    _current = None

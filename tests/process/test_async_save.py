@@ -218,7 +218,7 @@ for step in range(26):
     opt.step()
     opt.zero_grad()
     worker_sdk.step(step)
-    worker_sdk._runtime.saver.wait()
+    worker_sdk._current.saver.wait()
     if step in (5, 25):
         marks[step] = rss()
 print("RSS", marks[5], marks[25], flush=True)
