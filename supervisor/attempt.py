@@ -446,6 +446,7 @@ class Attempt:
             lost_nodes=lost,
             hang_culprits=verdict.culprits,
             hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
+            rank_nodes={st.rank: st.host for st in self.ranks if st.host != "?"},
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

@@ -27,10 +27,12 @@ wrapper shell or ``srun``) means "killed by signal N", and a negative launcher s
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar
 
+from supervisor.rules import attribution
 from supervisor.rules.observation import (
     Failure,
     FailureKind,
@@ -75,7 +77,13 @@ def deterministic_signature(f: Failure) -> tuple[str, tuple[int, ...], int | Non
 
 
 def classify(obs: Observation) -> Failure:
-    """Classify what ended an attempt; see the module docstring for the precedence."""
+    """Classify what ended an attempt; see the module docstring for the precedence. Its
+    ``nodes`` are those :func:`supervisor.rules.attribution.nodes_of` attributes it to."""
+    failure = _classify(obs)
+    return dataclasses.replace(failure, nodes=attribution.nodes_of(failure, obs))
+
+
+def _classify(obs: Observation) -> Failure:
     last_step = _overall_last_step(obs)
     if obs.stop_reason is not None:
         return _stop(obs, last_step)

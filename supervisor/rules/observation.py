@@ -130,6 +130,8 @@ class Observation:
     """In a hang, the ranks that were not in a collective while others were (their stacks)."""
     hang_evidence: str = ""
     """What the stacks said, e.g. ``"rank 1 is not in a collective (...); rank 0 waits in ..."``."""
+    rank_nodes: Mapping[int, str] = field(default_factory=dict)
+    """Rank -> the node (host name) it ran on, as its hello said."""
 
 
 @dataclass(frozen=True, slots=True)

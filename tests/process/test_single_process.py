@@ -4,6 +4,7 @@ and cold, sync and async saves, a kill, a stop; and the wrong call order of a 2-
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def test_a_killed_single_process_job_resumes_bit_identically(
     evs = events(tmp_path / "runs" / "single-process")
     (failure,) = named(evs, "failure_detected")
     assert (failure["kind"], failure["signals"], failure["last_step"]) == ("crash", ["SIGKILL"], 49)
+    assert failure["nodes"] == [socket.gethostname()], failure
     assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 40]
     assert not named(evs, "exit_aborted")
     assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))

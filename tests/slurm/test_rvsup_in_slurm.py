@@ -187,9 +187,11 @@ def test_the_ranks_of_both_nodes_are_forked_from_their_zygotes(
 
 
 def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -> None:
-    """The crash names rank 2 killed by SIGKILL on node2, as it would on a single node."""
+    """The crash names rank 2 killed by SIGKILL, as it would on a single node, and is attributed
+    to node2 alone (the ranks the teardown ended on node1 are collateral)."""
     failure = killed_rank.job.named("failure_detected")[0]
     assert failure["ranks"][0] == 2 and failure["signals"][:1] == ["SIGKILL"], failure["detail"]
+    assert failure["nodes"] == ["node2"], failure
 
 
 # ---------------------------------------------------------------------- node2's zygote killed

@@ -1,0 +1,49 @@
+"""Where a failure came from: the node(s) it is attributed to, as one pure rule.
+
+:func:`nodes_of` is applied by :func:`supervisor.rules.failures.classify` to every failure it
+makes; the ``nodes`` of ``failure_detected`` are its answer. The rule, by kind:
+
+- ``node_failure``: the lost nodes.
+- ``crash``: the culprit's node, the first rank of the failure (the one that failed first; the
+  others are usually collateral, killed by the group's teardown).
+- ``oom``: the nodes of every rank that ran out of memory.
+- ``hang``: the nodes of the culprits the stacks named (ranks outside a collective while the
+  others waited in one); a hang without a culprit names no node: every rank waited, and which
+  node's network or GPU held them up cannot be told from here.
+- ``preempted``, ``timelimit``, ``stopped``: no node; nothing failed.
+
+A rank's node is the one its exit was seen on, else the one its hello named; a rank known by
+neither adds no node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from supervisor.rules.observation import Failure, FailureKind, Observation
+
+__all__ = ["nodes_of"]
+
+
+def nodes_of(failure: Failure, obs: Observation) -> tuple[str, ...]:
+    """The nodes ``failure`` is attributed to, in the order of its ranks (module docstring)."""
+    kind = failure.kind
+    if kind is FailureKind.NODE_FAILURE:
+        return failure.nodes
+    if kind is FailureKind.CRASH:
+        return _nodes(obs, failure.ranks[:1])
+    if kind is FailureKind.OOM:
+        return _nodes(obs, failure.ranks)
+    if kind is FailureKind.HANG:
+        return _nodes(obs, obs.hang_culprits)
+    return ()
+
+
+def _nodes(obs: Observation, ranks: Iterable[int]) -> tuple[str, ...]:
+    seen_on = {e.rank: e.node for e in obs.exits if e.rank is not None and e.node}
+    found: dict[str, None] = {}
+    for rank in ranks:
+        node = seen_on.get(rank) or obs.rank_nodes.get(rank)
+        if node:
+            found.setdefault(node)
+    return tuple(found)
