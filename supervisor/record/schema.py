@@ -236,7 +236,9 @@ class FailureDetected(Event):
     noticed_at: str | None
     """When the first sign was seen (ISO-8601 UTC)."""
     nodes: tuple[str, ...]
-    """Nodes found lost (``node_failure``)."""
+    """The nodes the failure is attributed to (``supervisor.rules.attribution``): the lost
+    nodes, a crash's culprit's node, an OOM's nodes, a hang's culprits' nodes; none for a
+    stop or a hang without a culprit."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
