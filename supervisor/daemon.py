@@ -29,6 +29,7 @@ from typing import IO, Any
 from supervisor.config import JobConfig
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
+from supervisor.process.cgroup import TREE_WALK, JobGroups, ended_events
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
@@ -61,6 +62,15 @@ STOP_SIGNALS: dict[signal.Signals, StopReason] = {
 }
 
 
+def _end_job_processes(launches: Launches, events: EventLog, containment: str) -> None:
+    """At the job's end: the zygote, the standby and anything left in the job's cgroups end,
+    and the history says so."""
+    report = launches.close()
+    if report is not None:
+        for event in ended_events(report, scope="job", mechanism=containment):
+            events.log(event)
+
+
 class AlreadyRunningError(RuntimeError):
     """Another daemon holds this job's run directory."""
 
@@ -91,7 +101,11 @@ async def _house(
         alloc = await asyncio.to_thread(slurm.detect)
         torchrun = launcher.resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
-        launches = Launches(cfg, alloc, torchrun)
+        groups = JobGroups.create()
+        containment = (
+            groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
+        )
+        launches = Launches(cfg, alloc, torchrun, groups if isinstance(groups, JobGroups) else None)
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport
         tcp = transport == "tcp" or (transport == "auto" and launches.multi_node)
@@ -99,6 +113,7 @@ async def _house(
         stack.callback(channel.close)
         events = EventLog(run_dir, cfg.job.name, console=console)
         stack.callback(events.close)
+        stack.callback(_end_job_processes, launches, events, containment)
         notifier = Notifier.from_env()
         stack.callback(notifier.close)
         watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
@@ -155,6 +170,7 @@ async def _house(
                 slurm_job_id=slurm_ids.job_id,
                 restart_count=slurm_ids.restart_count,
                 restarts_used=budget.restarts_used,
+                containment=containment,
             )
         )
         notifier.ready("supervising")

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.config import JobConfig
 from supervisor.config.torchrun import job_python
-from supervisor.process import launcher
+from supervisor.process import launcher, proctree
+from supervisor.process.cgroup import JobGroups
 from supervisor.process.launcher import LaunchPlan
+from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
@@ -32,9 +34,15 @@ class Launches:
     """Launch planning for one ``rvsup start`` (see the module docstring)."""
 
     def __init__(
-        self, cfg: JobConfig, alloc: Allocation | None, torchrun: launcher.Torchrun
+        self,
+        cfg: JobConfig,
+        alloc: Allocation | None,
+        torchrun: launcher.Torchrun,
+        groups: JobGroups | None = None,
     ) -> None:
         self.cfg = cfg
+        self.groups = groups
+        """The job's cgroups; None: the teardown walks the process tree instead."""
         self.alloc = alloc
         self.torchrun = torchrun
         self.nodes_needed = launcher.nodes_needed(cfg, alloc)
@@ -85,27 +93,30 @@ class Launches:
         if self._port is not None:
             self._port.close()
         self._port = PortHold()  # the attempt's rendezvous port, kept from others until it ends
-        port = self._port.port
+        groups = self.groups
         plan = launcher.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
             rank_env=rank_env,
             alloc=alloc,
-            rdzv_port=port,
+            rdzv_port=self._port.port,
+            cgroup=None if groups is None else groups.attempt(attempt),
         )
         if self.zygote is None:
             return plan
         self._cold += self.zygote.cold_starts()  # its death, before it is started again
-        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc)
+        zygote_group = None if groups is None else groups.zygote()
+        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc, cgroup=zygote_group)
         return launcher.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
             rank_env=rank_env,
             alloc=alloc,
-            rdzv_port=port,
+            rdzv_port=self._port.port,
             zygote=self.zygote.name,
+            cgroup=plan.cgroup,
         )
 
     def cold_starts(self) -> list[ColdStart]:
@@ -134,17 +145,31 @@ class Launches:
             and zygote.forks()
         ):
             env = zygote.environment(plan.env, plan.nproc_per_node)
-            self.standby.prepare(plan, zygote=zygote.name, env=env)
+            self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=self._standby_group)
         else:
-            self.standby.prepare(plan)
+            self.standby.prepare(plan, cgroup=self._standby_group)
 
-    def close(self) -> None:
+    @property
+    def _standby_group(self) -> Callable[[], str] | None:
+        return None if self.groups is None else self.groups.standby
+
+    def close(self) -> TeardownReport | None:
+        """End what the job keeps between attempts (the standby, the zygote), then, with
+        cgroups, everything still in the job's groups; what that teardown found (None: there
+        was nothing to look in)."""
         if self._port is not None:
             self._port.close()
         if self.standby is not None:
             self.standby.close()
         if self.zygote is not None:
             self.zygote.close()
+        groups, self.groups = self.groups, None
+        if groups is None:
+            return None
+        group = groups.group()
+        report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
+        group.remove()
+        return report
 
 
 def _script_folder(cfg: JobConfig) -> str | None:

@@ -44,6 +44,8 @@ __all__ = [
     "JobSucceeded",
     "Level",
     "MessagesDropped",
+    "ProcessesEnded",
+    "ProcessesLeft",
     "RequeueFailed",
     "RestartScheduled",
     "StopRequested",
@@ -94,6 +96,9 @@ class JobStarted(Event):
     """``SLURM_RESTART_COUNT`` (times Slurm requeued the job); None outside Slurm."""
     restarts_used: int
     """Charged restarts the history showed at this start."""
+    containment: str | None = None
+    """How the job's processes are kept and ended: ``cgroup v2 (DIR)``, one group per
+    attempt, or ``process tree (subreaper): WHY`` where no cgroup could be used."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,6 +324,41 @@ class ExitStalled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessesEnded(Event):
+    """A teardown ended every process of the attempt (`scope` "attempt") or, at the job's end,
+    what the job kept between attempts and anything left (`scope` "job"): how many, how many
+    needed SIGKILL after the SIGTERM grace, and how."""
+
+    NAME = "processes_ended"
+    LEVEL = "info"
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 3}
+    scope: str
+    """``"attempt"`` or ``"job"``."""
+    mechanism: str
+    """How they were found: ``cgroup v2 (DIR)``, or ``process tree (subreaper)``."""
+    ended: int
+    """Processes found and ended."""
+    sigkilled: int
+    """Of those, still alive after their SIGTERM grace and sent SIGKILL (a single-node
+    torchrun, which is sent SIGKILL alone by design, is not counted)."""
+    seconds: float
+    """How long the teardown took."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessesLeft(Event):
+    """Processes a teardown could not end, not even with SIGKILL (uninterruptible sleep, a
+    process of another user), named so that they are not silently left behind."""
+
+    NAME = "processes_left"
+    LEVEL = "error"
+    scope: str
+    """``"attempt"`` or ``"job"``."""
+    processes: tuple[str, ...]
+    """Each as ``PID STATE COMMAND``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessagesDropped(Event):
     """Malformed or unauthenticated messages were dropped."""
 
@@ -392,6 +432,8 @@ _CLASSES: Final = (
     JobGaveUp,
     JobStopped,
     ExitStalled,
+    ProcessesEnded,
+    ProcessesLeft,
     MessagesDropped,
     RequeueFailed,
     TimeLeftUnknown,

@@ -204,6 +204,8 @@ class FakeTree:
     def stderr_tail(self) -> str:
         return ""
 
+    mechanism = "fake"
+
     async def teardown(self) -> None:
         if self.teardown_gate is not None:
             await self.teardown_gate.wait()

@@ -1,0 +1,200 @@
+"""The job's cgroups: one per attempt, one for the zygote, so that nothing outlives its attempt.
+
+At start-up the daemon makes a group of its own under the cgroup v2 group it runs in
+(``rvsup-PID``; found through ``worker_sdk._cgroup``, wherever the hierarchy is mounted) and
+proves it may move processes there (it moves itself in and back). Every launcher then joins a
+fresh child group before it runs anything (the bootstrap's ``--cgroup``): ``attempt-N`` for
+attempt N (the warm standby waits in ``standby-N``, and is moved into the attempt's group before
+it is given the attempt's command line), ``zygote`` for the zygote. Whatever the processes in a group
+start is in it too, whatever session, process group or parent they end up with, and a rank
+forked from the zygote moves itself into its client's group before any of its code runs. The
+teardown signals every member and ends with ``cgroup.kill``; the group is removed once empty.
+
+Where no group can be made or joined (no cgroup v2 mounted, nothing writable) the daemon
+falls back to what it did before: it is the subreaper of its descendants and the teardown
+walks the process tree. :attr:`JobGroups.mechanism` (or :func:`fallback_reason`) says which,
+for ``job_started`` and ``rvsup validate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from supervisor.process.proctree import TeardownReport
+from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
+from worker_sdk import _cgroup
+
+__all__ = ["TREE_WALK", "Group", "JobGroups", "ended_events", "fallback_reason"]
+
+TREE_WALK = "process tree (subreaper)"
+_EMPTY_WAIT_S = 1.0
+
+
+class Group:
+    """One cgroup v2 directory and everything below it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pids(self) -> set[int]:
+        """Every process in the group or a group below it."""
+        found: set[int] = set()
+        for directory, _, files in os.walk(self.path):
+            if "cgroup.procs" not in files:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(x) for x in Path(directory, "cgroup.procs").read_text().split())
+        return found
+
+    def populated(self) -> bool:
+        """Some process still lives in it (``cgroup.events``); False once it is gone."""
+        try:
+            text = (self.path / "cgroup.events").read_text()
+        except OSError:
+            return False
+        return "populated 1" in text.splitlines()
+
+    def kill(self) -> None:
+        """SIGKILL every member at once (``cgroup.kill``, Linux 5.14), else one by one."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Until no process is left in it (monotonic deadline); False when some still are."""
+        deadline = time.monotonic() + timeout_s
+        while self.populated():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def remove(self) -> bool:
+        """Remove the group and the groups below it (False when a process is still inside)."""
+        ok = True
+        for directory, _, _ in sorted(os.walk(self.path), key=lambda w: -len(w[0])):
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = False
+        return ok
+
+    def take_from(self, other: Group) -> None:
+        """Move every process of ``other`` (idle ones: a waiting standby) into this group, made
+        if need be, and remove ``other`` (raises OSError when the kernel refuses). A group
+        cannot be renamed on the v2 hierarchy."""
+        self.path.mkdir(exist_ok=True)
+        for pid in other.pids():
+            with contextlib.suppress(ProcessLookupError):
+                (self.path / "cgroup.procs").write_text(str(pid))
+        other.remove()
+
+    def end(self) -> bool:
+        """Kill everything in it and remove it; False when something could not be ended."""
+        if not self.path.is_dir():
+            return True
+        self.kill()
+        return self.wait_empty(_EMPTY_WAIT_S) and self.remove()
+
+
+class JobGroups:
+    """The groups of one ``rvsup start`` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._standbys = 0
+
+    @property
+    def mechanism(self) -> str:
+        return f"cgroup v2 ({self.root})"
+
+    @classmethod
+    def create(cls) -> JobGroups | str:
+        """The job's group, made under the daemon's own; or why there is none."""
+        own = _cgroup.own_group_dir()
+        if own is None:
+            return "no cgroup v2 hierarchy is mounted"
+        root = Path(own) / f"rvsup-{os.getpid()}"
+        try:
+            root.mkdir(exist_ok=True)
+        except OSError as exc:
+            return f"cannot create a cgroup under {own}: {exc.strerror or exc}"
+        try:
+            _cgroup.join(str(root))  # may we move processes here, and back?
+            _cgroup.join(own)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                _cgroup.join(own)
+            with contextlib.suppress(OSError):
+                root.rmdir()
+            return f"cannot move processes into {root}: {exc.strerror or exc}"
+        return cls(root)
+
+    def attempt(self, number: int) -> str:
+        """The (not yet made) directory of attempt ``number``'s group."""
+        return str(self.root / f"attempt-{number}")
+
+    def standby(self) -> str:
+        """A new group for a warm standby, made."""
+        self._standbys += 1
+        path = self.root / f"standby-{self._standbys}"
+        path.mkdir(exist_ok=True)
+        return str(path)
+
+    def zygote(self) -> str:
+        """The zygote's group, made."""
+        path = self.root / "zygote"
+        path.mkdir(exist_ok=True)
+        return str(path)
+
+    def group(self) -> Group:
+        return Group(self.root)
+
+
+def fallback_reason() -> str | None:
+    """Why this host gives no cgroup to the job (None: it does), without keeping one: what
+    ``rvsup validate`` says."""
+    made = JobGroups.create()
+    if isinstance(made, str):
+        return made
+    made.group().remove()
+    return None
+
+
+def ended_events(report: TeardownReport, *, scope: str, mechanism: str) -> list[Event]:
+    """What a teardown did, as events: ``processes_ended``, and ``processes_left`` naming each
+    process it could not end."""
+    out: list[Event] = [
+        ProcessesEnded(
+            scope=scope,
+            mechanism=mechanism,
+            ended=report.signalled - report.leftover,
+            sigkilled=report.forced,
+            seconds=report.seconds,
+        )
+    ]
+    if report.left:
+        out.append(ProcessesLeft(scope=scope, processes=tuple(map(_describe, report.left))))
+    return out
+
+
+def _describe(pid: int) -> str:
+    """``PID STATE COMMAND`` of a live process (state as ps shows it: D, T, ...)."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            status, command = proc.status(), " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return f"{pid} gone"
+    return f"{pid} {status} {command[:200]}"

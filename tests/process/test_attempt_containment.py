@@ -1,0 +1,51 @@
+"""Nothing outlives its attempt: what a rank starts ends with the attempt, forked ranks or cold."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .harness import events, named, rvsup, write_job
+from .spawning_worker import marked, still_running
+
+WORKER = Path(__file__).with_name("spawning_worker.py")
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "cold"])
+def test_nothing_a_rank_starts_outlives_its_attempt(tmp_path: Path, zygote: bool) -> None:
+    """Every rank starts a child, a grandchild in a new session, a double-forked daemon and
+    DataLoader workers (persistent and not); rank 1 is killed with SIGKILL at step 5 of attempt
+    1, attempt 2 finishes: none of attempt 1's processes exists at attempt 2's first step, none
+    of any attempt's after ``rvsup start`` returns, and the history counts what was ended."""
+    mark = f"spawn-{uuid.uuid4().hex}"
+    out = tmp_path / "spawned"
+    out.mkdir()
+    job = write_job(
+        tmp_path,
+        total=20,
+        env={"SPAWN_MARK": mark, "SPAWN_DIR": str(out), "KILL_AT": "5"},
+        launch=f'term_timeout = "3s"\nzygote = {"true" if zygote else "false"}',
+    )
+    text = job.read_text().replace(
+        json.dumps(str(Path(__file__).with_name("trainer.py"))), json.dumps(str(WORKER))
+    )
+    job.write_text(text)
+    res = rvsup("start", str(job), timeout=240)
+    left = marked(mark)
+    workers = [line for path in out.glob("workers-a*") for line in still_running(path)]
+    assert res.returncode == 0, res.stdout + res.stderr
+    alive_before = json.loads((out / "alive-before-a2.json").read_text())
+    assert (alive_before, left, workers) == ([], {}, [])
+    evs = events(tmp_path / "run")
+    started = named(evs, "job_started")[-1]
+    assert started["containment"].startswith("cgroup v2"), started
+    ended = {e["attempt"]: e for e in named(evs, "processes_ended") if e["scope"] == "attempt"}
+    assert set(ended) == {1, 2}
+    # attempt 1: the helpers (a child, a setsid grandchild, a daemon) and 2 DataLoader workers
+    # of each rank, the surviving rank, torchrun (and, forked, the ranks' clients)
+    assert ended[1]["ended"] >= 12, ended[1]
+    assert not named(evs, "processes_left")
+    assert named(evs, "processes_ended")[-1]["scope"] == "job"
