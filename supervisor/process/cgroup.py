@@ -12,7 +12,7 @@ teardown signals every member and ends with ``cgroup.kill``; the group is remove
 
 Where no group can be made or joined (no cgroup v2 mounted, nothing writable) the daemon
 falls back to what it did before: it is the subreaper of its descendants and the teardown
-walks the process tree. :attr:`JobGroups.mechanism` (or :func:`fallback_reason`) says which,
+walks the process tree. :attr:`JobGroups.mechanism` (or :func:`mechanism_here`) says which,
 for ``job_started`` and ``rvsup validate``.
 """
 
@@ -30,7 +30,7 @@ from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
 from worker_sdk import _cgroup
 
-__all__ = ["TREE_WALK", "Group", "JobGroups", "ended_events", "fallback_reason"]
+__all__ = ["TREE_WALK", "Group", "JobGroups", "ended_events", "mechanism_here"]
 
 TREE_WALK = "process tree (subreaper)"
 _EMPTY_WAIT_S = 1.0
@@ -162,14 +162,14 @@ class JobGroups:
         return Group(self.root)
 
 
-def fallback_reason() -> str | None:
-    """Why this host gives no cgroup to the job (None: it does), without keeping one: what
-    ``rvsup validate`` says."""
+def mechanism_here() -> str:
+    """How a job started here would have its processes kept and ended (a group is made, tried
+    and removed): what ``rvsup validate`` says."""
     made = JobGroups.create()
     if isinstance(made, str):
-        return made
+        return f"{TREE_WALK}: {made}"
     made.group().remove()
-    return None
+    return f"cgroup v2, one group per attempt under {made.root.parent}"
 
 
 def ended_events(report: TeardownReport, *, scope: str, mechanism: str) -> list[Event]:

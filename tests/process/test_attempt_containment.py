@@ -6,9 +6,12 @@ import json
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
-from .harness import events, named, rvsup, write_job
+from tests.conftest import marked_processes
+
+from .harness import events, named, running, rvsup, wait_progress, write_job
 from .spawning_worker import marked, still_running
 
 WORKER = Path(__file__).with_name("spawning_worker.py")
@@ -49,3 +52,18 @@ def test_nothing_a_rank_starts_outlives_its_attempt(tmp_path: Path, zygote: bool
     assert ended[1]["ended"] >= 12, ended[1]
     assert not named(evs, "processes_left")
     assert named(evs, "processes_ended")[-1]["scope"] == "job"
+
+
+def test_the_leftover_guard_sees_forked_ranks(tmp_path: Path) -> None:
+    """While a job trains with ranks forked from the zygote (the default), the suite's leftover
+    guard finds the zygote and every rank, though a forked rank shows the zygote's environment."""
+    job = write_job(tmp_path, total=400, env={"STEP_SLEEP": "0.05"})
+    with running(job):
+        st = wait_progress(job, min_step=2)
+        ranks = [psutil.Process(r["pid"]) for r in st["ranks"]]
+        zygotes = {rank.parent() for rank in ranks}
+        assert len(zygotes) == 1
+        zygote = zygotes.pop()
+        assert zygote is not None and "worker_sdk._zygote" in " ".join(zygote.cmdline())
+        found = marked_processes(exempt_daemons=True)
+        assert {zygote.pid, *(rank.pid for rank in ranks)} <= set(found)
