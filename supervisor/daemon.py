@@ -71,6 +71,18 @@ def _end_job_processes(launches: Launches, events: EventLog, containment: str) -
             events.log(event)
 
 
+def _end_stale_groups(groups: JobGroups, events: EventLog) -> None:
+    """What daemons killed before their teardown left in their groups ends now (scope
+    ``previous``)."""
+    for group in groups.stale():
+        report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
+        group.remove()
+        if report.signalled:
+            mechanism = f"cgroup v2 ({group.path})"
+            for event in ended_events(report, scope="previous", mechanism=mechanism):
+                events.log(event)
+
+
 class AlreadyRunningError(RuntimeError):
     """Another daemon holds this job's run directory."""
 
@@ -173,6 +185,8 @@ async def _house(
                 containment=containment,
             )
         )
+        if isinstance(groups, JobGroups):
+            _end_stale_groups(groups, events)
         notifier.ready("supervising")
         loops: dict[str, Coroutine[Any, Any, None]] = {}
         interval = notifier.watchdog_interval_s

@@ -10,6 +10,9 @@ start is in it too, whatever session, process group or parent they end up with, 
 forked from the zygote moves itself into its client's group before any of its code runs. The
 teardown signals every member and ends with ``cgroup.kill``; the group is removed once empty.
 
+A daemon killed with SIGKILL leaves its groups behind: the next ``rvsup start`` on the host
+ends what is still in them and removes them (:meth:`JobGroups.stale`).
+
 Where no group can be made or joined (no cgroup v2 mounted, nothing writable) the daemon
 falls back to what it did before: it is the subreaper of its descendants and the teardown
 walks the process tree. :attr:`JobGroups.mechanism` (or :func:`mechanism_here`) says which,
@@ -160,6 +163,16 @@ class JobGroups:
 
     def group(self) -> Group:
         return Group(self.root)
+
+    def stale(self) -> list[Group]:
+        """The groups beside this job's of daemons that are gone: killed (SIGKILL, a lost
+        node) before they could end what was left in them."""
+        out = []
+        for path in sorted(self.root.parent.glob("rvsup-*")):
+            pid = path.name.removeprefix("rvsup-")
+            if path != self.root and pid.isdigit() and not psutil.pid_exists(int(pid)):
+                out.append(Group(path))
+        return out
 
 
 def mechanism_here() -> str:

@@ -325,15 +325,16 @@ class ExitStalled(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessesEnded(Event):
-    """A teardown ended every process of the attempt (`scope` "attempt") or, at the job's end,
-    what the job kept between attempts and anything left (`scope` "job"): how many, how many
-    needed SIGKILL after the SIGTERM grace, and how."""
+    """A teardown ended every process of the attempt (`scope` "attempt"), at the job's end
+    what the job kept between attempts and anything left (`scope` "job"), or at the start
+    what a killed rvsup left in its groups (`scope` "previous"): how many, how many needed
+    SIGKILL after the SIGTERM grace, and how."""
 
     NAME = "processes_ended"
     LEVEL = "info"
     DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 3}
     scope: str
-    """``"attempt"`` or ``"job"``."""
+    """``"attempt"``, ``"job"`` or ``"previous"``."""
     mechanism: str
     """How they were found: ``cgroup v2 (DIR)``, or ``process tree (subreaper)``."""
     ended: int
@@ -353,7 +354,7 @@ class ProcessesLeft(Event):
     NAME = "processes_left"
     LEVEL = "error"
     scope: str
-    """``"attempt"`` or ``"job"``."""
+    """``"attempt"``, ``"job"`` or ``"previous"``."""
     processes: tuple[str, ...]
     """Each as ``PID STATE COMMAND``."""
 

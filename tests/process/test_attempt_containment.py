@@ -11,10 +11,27 @@ import pytest
 
 from tests.conftest import marked_processes
 
-from .harness import events, named, running, rvsup, wait_progress, write_job
+from .harness import events, named, running, rvsup, wait_for, wait_progress, write_job
 from .spawning_worker import marked, still_running
 
 WORKER = Path(__file__).with_name("spawning_worker.py")
+
+
+def _spawning_job(
+    tmp: Path, mark: str, out: Path, *, total: int, zygote: bool, kill_at: int = -1
+) -> Path:
+    """A job.toml running spawning_worker.py on 2 ranks."""
+    job = write_job(
+        tmp,
+        total=total,
+        env={"SPAWN_MARK": mark, "SPAWN_DIR": str(out), "KILL_AT": str(kill_at)},
+        launch=f'term_timeout = "3s"\nzygote = {"true" if zygote else "false"}',
+    )
+    text = job.read_text().replace(
+        json.dumps(str(Path(__file__).with_name("trainer.py"))), json.dumps(str(WORKER))
+    )
+    job.write_text(text)
+    return job
 
 
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "cold"])
@@ -26,16 +43,7 @@ def test_nothing_a_rank_starts_outlives_its_attempt(tmp_path: Path, zygote: bool
     mark = f"spawn-{uuid.uuid4().hex}"
     out = tmp_path / "spawned"
     out.mkdir()
-    job = write_job(
-        tmp_path,
-        total=20,
-        env={"SPAWN_MARK": mark, "SPAWN_DIR": str(out), "KILL_AT": "5"},
-        launch=f'term_timeout = "3s"\nzygote = {"true" if zygote else "false"}',
-    )
-    text = job.read_text().replace(
-        json.dumps(str(Path(__file__).with_name("trainer.py"))), json.dumps(str(WORKER))
-    )
-    job.write_text(text)
+    job = _spawning_job(tmp_path, mark, out, total=20, zygote=zygote, kill_at=5)
     res = rvsup("start", str(job), timeout=240)
     left = marked(mark)
     workers = [line for path in out.glob("workers-a*") for line in still_running(path)]
@@ -67,3 +75,34 @@ def test_the_leftover_guard_sees_forked_ranks(tmp_path: Path) -> None:
         assert zygote is not None and "worker_sdk._zygote" in " ".join(zygote.cmdline())
         found = marked_processes(exempt_daemons=True)
         assert {zygote.pid, *(rank.pid for rank in ranks)} <= set(found)
+
+
+def test_what_a_killed_rvsup_left_ends_at_the_next_start(tmp_path: Path) -> None:
+    """rvsup is killed with SIGKILL while its ranks' helpers run (the ranks die with it; their
+    children, setsid grandchildren and double-forked daemons outlive it, re-parented to init):
+    the next ``rvsup start`` ends them before its first attempt's first step, and says so
+    (``processes_ended``, scope previous)."""
+    mark = f"spawn-{uuid.uuid4().hex}"
+    out = tmp_path / "spawned"
+    out.mkdir()
+    job = _spawning_job(tmp_path, mark, out, total=400, zygote=True)
+    with running(job) as proc:
+        ranks = [r["pid"] for r in wait_progress(job, min_step=11)["ranks"]]  # saved at 9
+        proc.kill()
+        proc.wait()
+        wait_for(
+            lambda: not any(psutil.pid_exists(pid) for pid in ranks),
+            timeout=20,
+            what="the ranks to die with rvsup",
+        )
+        survivors = sorted(label.split("-")[1] for label in marked(mark).values())
+    assert survivors == ["child", "child", "daemon", "daemon", "setsid", "setsid"]
+    job.write_text(job.read_text().replace('TOTAL_STEPS = "400"', 'TOTAL_STEPS = "14"'))
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads((out / "alive-before-a2.json").read_text()) == []
+    assert marked(mark) == {}
+    previous = [
+        e for e in named(events(tmp_path / "run"), "processes_ended") if e["scope"] == "previous"
+    ]
+    assert len(previous) == 1 and previous[0]["ended"] >= 6, previous
