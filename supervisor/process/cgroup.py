@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -32,83 +30,11 @@ import psutil
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
 from worker_sdk import _cgroup
+from worker_sdk._cgroup import Group
 
 __all__ = ["TREE_WALK", "Group", "JobGroups", "ended_events", "mechanism_here"]
 
 TREE_WALK = "process tree (subreaper)"
-_EMPTY_WAIT_S = 1.0
-
-
-class Group:
-    """One cgroup v2 directory and everything below it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def pids(self) -> set[int]:
-        """Every process in the group or a group below it."""
-        found: set[int] = set()
-        for directory, _, files in os.walk(self.path):
-            if "cgroup.procs" not in files:
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                found.update(int(x) for x in Path(directory, "cgroup.procs").read_text().split())
-        return found
-
-    def populated(self) -> bool:
-        """Some process still lives in it (``cgroup.events``); False once it is gone."""
-        try:
-            text = (self.path / "cgroup.events").read_text()
-        except OSError:
-            return False
-        return "populated 1" in text.splitlines()
-
-    def kill(self) -> None:
-        """SIGKILL every member at once (``cgroup.kill``, Linux 5.14), else one by one."""
-        try:
-            (self.path / "cgroup.kill").write_text("1")
-        except OSError:
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-    def wait_empty(self, timeout_s: float) -> bool:
-        """Until no process is left in it (monotonic deadline); False when some still are."""
-        deadline = time.monotonic() + timeout_s
-        while self.populated():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def remove(self) -> bool:
-        """Remove the group and the groups below it (False when a process is still inside)."""
-        ok = True
-        for directory, _, _ in sorted(os.walk(self.path), key=lambda w: -len(w[0])):
-            try:
-                os.rmdir(directory)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                ok = False
-        return ok
-
-    def take_from(self, other: Group) -> None:
-        """Move every process of ``other`` (idle ones: a waiting standby) into this group, made
-        if need be, and remove ``other`` (raises OSError when the kernel refuses). A group
-        cannot be renamed on the v2 hierarchy."""
-        self.path.mkdir(exist_ok=True)
-        for pid in other.pids():
-            with contextlib.suppress(ProcessLookupError):
-                (self.path / "cgroup.procs").write_text(str(pid))
-        other.remove()
-
-    def end(self) -> bool:
-        """Kill everything in it and remove it; False when something could not be ended."""
-        if not self.path.is_dir():
-            return True
-        self.kill()
-        return self.wait_empty(_EMPTY_WAIT_S) and self.remove()
 
 
 class JobGroups:
@@ -167,12 +93,7 @@ class JobGroups:
     def stale(self) -> list[Group]:
         """The groups beside this job's of daemons that are gone: killed (SIGKILL, a lost
         node) before they could end what was left in them."""
-        out = []
-        for path in sorted(self.root.parent.glob("rvsup-*")):
-            pid = path.name.removeprefix("rvsup-")
-            if path != self.root and pid.isdigit() and not psutil.pid_exists(int(pid)):
-                out.append(Group(path))
-        return out
+        return _cgroup.stale_groups(self.root.parent, "rvsup-")
 
 
 def mechanism_here() -> str:

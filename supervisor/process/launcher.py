@@ -165,7 +165,9 @@ def build_plan(
     if nnodes > 1 and alloc is not None:
         from supervisor.slurm.commands import srun_argv
 
-        argv = srun_argv(alloc, tr, job_name=cfg.job.name)
+        # on every node, torchrun and all it starts in a group of their own, ended with it
+        node = [sys.executable, "-m", "worker_sdk._node_group", repr(cfg.launch.term_timeout_s)]
+        argv = srun_argv(alloc, [*node, *tr], job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None
     return LaunchPlan(
         tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi, forked, cgroup

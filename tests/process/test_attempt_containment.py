@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -11,7 +13,16 @@ import pytest
 
 from tests.conftest import marked_processes
 
-from .harness import events, named, running, rvsup, wait_for, wait_progress, write_job
+from .harness import (
+    events,
+    named,
+    running,
+    rvsup,
+    rvsup_env,
+    wait_for,
+    wait_progress,
+    write_job,
+)
 from .spawning_worker import marked, still_running
 
 WORKER = Path(__file__).with_name("spawning_worker.py")
@@ -106,3 +117,31 @@ def test_what_a_killed_rvsup_left_ends_at_the_next_start(tmp_path: Path) -> None
         e for e in named(events(tmp_path / "run"), "processes_ended") if e["scope"] == "previous"
     ]
     assert len(previous) == 1 and previous[0]["ended"] >= 6, previous
+
+
+def test_a_node_group_ends_what_its_command_left(tmp_path: Path) -> None:
+    """What srun runs on each node of a multi-node attempt (``worker_sdk._node_group``) runs
+    torchrun in a group of its own: once the command has ended, its child, setsid grandchild
+    and double-forked daemon are gone and it ends like the command; what a wrapper killed with
+    SIGKILL left is ended by the next one on the node."""
+    mark = f"spawn-{uuid.uuid4().hex}"
+    wrapper = [sys.executable, "-m", "worker_sdk._node_group", "2"]
+
+    def command(then: str) -> list[str]:
+        code = (
+            f"import os, sys, time; sys.path[:0] = [{str(WORKER.parent)!r}]\n"
+            f"from spawning_worker import spawn_helpers; spawn_helpers({mark!r}, 'a1r0')\n"
+            f"{then}\n"
+        )
+        return [sys.executable, "-c", code]
+
+    env = {**rvsup_env(), "SPAWN_DIR": str(tmp_path)}
+    ended = subprocess.run([*wrapper, *command("os._exit(3)")], env=env, timeout=120, check=False)
+    assert (ended.returncode, marked(mark)) == (3, {})
+    with subprocess.Popen([*wrapper, *command("time.sleep(300)")], env=env) as proc:
+        wait_for(lambda: len(marked(mark)) == 3, timeout=60, what="the helpers")
+        proc.kill()
+    wait_for(lambda: not psutil.pid_exists(proc.pid), timeout=10, what="the wrapper's end")
+    assert len(marked(mark)) == 3  # they outlive a wrapper killed with SIGKILL
+    again = subprocess.run([*wrapper, "true"], env=env, timeout=60, check=False)
+    assert (again.returncode, marked(mark)) == (0, {})

@@ -82,6 +82,8 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
         cfg, attempt=1, torchrun=TORCHRUN, rank_env={}, alloc=alloc, zygote="rvsup-zygote-x"
     )
     assert plan.argv[0] == "srun" and "--kill-on-bad-exit=1" in plan.argv
+    inner = plan.argv[plan.argv.index("--") + 1 :]
+    assert inner[:4] == (sys.executable, "-m", "worker_sdk._node_group", "5.0")  # a group per node
     assert plan.forked and plan.env[ENV_REPORT_EXIT] == "1"
     bootstrap = plan.argv.index("worker_sdk._bootstrap")
     assert plan.argv[bootstrap + 1 : bootstrap + 4] == ("--zygote", "rvsup-zygote-x", "python")
