@@ -29,7 +29,7 @@ from typing import IO, Any
 from supervisor.config import JobConfig
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
-from supervisor.process.cgroup import TREE_WALK, JobGroups, ended_events
+from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
@@ -63,10 +63,11 @@ STOP_SIGNALS: dict[signal.Signals, StopReason] = {
 
 
 def _end_job_processes(launches: Launches, events: EventLog, containment: str) -> None:
-    """At the job's end: the zygote, the standby and anything left in the job's cgroups end,
-    and the history says so."""
+    """At the job's end: the zygote and the standby end, then anything left in the job's
+    cgroups, and the history says so when there was any (after the job's last word, which
+    the line stays when nothing was left)."""
     report = launches.close()
-    if report is not None:
+    if report is not None and report.signalled:
         for event in ended_events(report, scope="job", mechanism=containment):
             events.log(event)
 
@@ -75,8 +76,7 @@ def _end_stale_groups(groups: JobGroups, events: EventLog) -> None:
     """What daemons killed before their teardown left in their groups ends now (scope
     ``previous``)."""
     for group in groups.stale():
-        report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
-        group.remove()
+        report = end_group(group)
         if report.signalled:
             mechanism = f"cgroup v2 ({group.path})"
             for event in ended_events(report, scope="previous", mechanism=mechanism):

@@ -27,12 +27,13 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.process import proctree
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
 from worker_sdk import _cgroup
 from worker_sdk._cgroup import Group
 
-__all__ = ["TREE_WALK", "Group", "JobGroups", "ended_events", "mechanism_here"]
+__all__ = ["TREE_WALK", "Group", "JobGroups", "end_group", "ended_events", "mechanism_here"]
 
 TREE_WALK = "process tree (subreaper)"
 
@@ -94,6 +95,14 @@ class JobGroups:
         """The groups beside this job's of daemons that are gone: killed (SIGKILL, a lost
         node) before they could end what was left in them."""
         return _cgroup.stale_groups(self.root.parent, "rvsup-")
+
+
+def end_group(group: Group) -> TeardownReport:
+    """Every process left in ``group`` ended at once (SIGTERM, then SIGKILL; nothing is waited
+    for: what is left there has outlived its attempt already), and the group removed."""
+    report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
+    group.remove()
+    return report
 
 
 def mechanism_here() -> str:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.config import JobConfig
 from supervisor.config.torchrun import job_python
-from supervisor.process import launcher, proctree
-from supervisor.process.cgroup import JobGroups
+from supervisor.process import launcher
+from supervisor.process.cgroup import JobGroups, end_group
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
@@ -166,10 +166,7 @@ class Launches:
         groups, self.groups = self.groups, None
         if groups is None:
             return None
-        group = groups.group()
-        report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
-        group.remove()
-        return report
+        return end_group(groups.group())
 
 
 def _script_folder(cfg: JobConfig) -> str | None:

@@ -326,7 +326,8 @@ class ExitStalled(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessesEnded(Event):
     """A teardown ended every process of the attempt (`scope` "attempt"), at the job's end
-    what the job kept between attempts and anything left (`scope` "job"), or at the start
+    anything left in the job's groups once the zygote and standby ended (`scope` "job"; no
+    line when nothing was), or at the start
     what a killed rvsup left in its groups (`scope` "previous"): how many, how many needed
     SIGKILL after the SIGTERM grace, and how."""
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.process.cgroup import ended_events
+from supervisor.process.cgroup import TREE_WALK, JobGroups, ended_events, mechanism_here
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import ProcessesEnded, ProcessesLeft
-from worker_sdk._cgroup import group_dir, mount_points, own_group, to_join
+from worker_sdk import _cgroup
+from worker_sdk._cgroup import group_dir, mount_points, own_group, stale_groups, to_join
 
 HYBRID = """\
 24 31 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -90,3 +91,26 @@ def test_ended_events_name_what_is_left() -> None:
     assert isinstance(left, ProcessesLeft)
     assert left.processes[0].startswith(f"{os.getpid()} ")
     assert "python" in left.processes[0] or "pytest" in left.processes[0]
+
+
+def test_no_usable_group_falls_back_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cgroup v2 hierarchy, or where a made group cannot be joined, there is no job
+    group: the reason is returned (for job_started and rvsup validate) and nothing is left."""
+    monkeypatch.setattr(_cgroup, "own_group_dir", lambda: None)
+    assert JobGroups.create() == "no cgroup v2 hierarchy is mounted"
+    assert mechanism_here().startswith(f"{TREE_WALK}: no cgroup v2")
+    monkeypatch.setattr(_cgroup, "own_group_dir", lambda: str(tmp_path))  # not a cgroup
+    reason = JobGroups.create()
+    assert isinstance(reason, str) and reason.startswith("cannot move processes into")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_groups_are_those_of_dead_owners(tmp_path: Path) -> None:
+    """A group named after a process that is gone is stale; one of a live process, or named
+    otherwise, is not."""
+    gone = 2**22 + 1  # above pid_max's default: no such process
+    for name in (f"rvsup-{gone}", f"rvsup-{os.getpid()}", "rvsup-node-1", "other"):
+        (tmp_path / name).mkdir()
+    assert [g.path.name for g in stale_groups(tmp_path, "rvsup-")] == [f"rvsup-{gone}"]
