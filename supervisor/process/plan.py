@@ -9,9 +9,12 @@ torchrun to run and whether a warm standby launcher is kept ready, and it builds
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.config import JobConfig
@@ -24,10 +27,10 @@ from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
-from supervisor.slurm.commands import Allocation
+from supervisor.slurm.commands import Allocation, srun_argv
 from worker_sdk._zygote_wire import same_interpreter
 
-__all__ = ["Launches", "PortHold"]
+__all__ = ["Launches", "PortHold", "sweep_nodes"]
 
 
 class Launches:
@@ -39,10 +42,12 @@ class Launches:
         alloc: Allocation | None,
         torchrun: launcher.Torchrun,
         groups: JobGroups | None = None,
+        sweep: Callable[[Allocation, str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.groups = groups
         """The job's cgroups; None: the teardown walks the process tree instead."""
+        self._sweep = sweep_nodes if sweep is None else sweep
         self.alloc = alloc
         self.torchrun = torchrun
         self.nodes_needed = launcher.nodes_needed(cfg, alloc)
@@ -163,10 +168,27 @@ class Launches:
             self.standby.close()
         if self.zygote is not None:
             self.zygote.close()
+        if self.alloc is not None and self.multi_node:
+            nodes = tuple(n for n in self.alloc.nodes if n not in self.lost_nodes)
+            self._sweep(dataclasses.replace(self.alloc, nodes=nodes), self.cfg.job.name)
+            self.alloc = None  # swept once
         groups, self.groups = self.groups, None
         if groups is None:
             return None
         return end_group(groups.group())
+
+
+def sweep_nodes(alloc: Allocation, job_name: str, *, timeout_s: float = 30.0) -> None:
+    """At the end of a multi-node job, on every node: what the attempts' node wrappers
+    (``worker_sdk._node_group``) could not end, because srun's teardown SIGKILLed them with
+    their torchrun, is ended (one short step of a wrapper with nothing to run: it ends the
+    groups of wrappers that are gone before it runs it)."""
+    inner = [sys.executable, "-m", "worker_sdk._node_group", "0", "true"]
+    argv = srun_argv(alloc, inner, job_name=f"{job_name}-sweep")
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        )
 
 
 def _script_folder(cfg: JobConfig) -> str | None:
