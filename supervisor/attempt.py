@@ -19,6 +19,7 @@ from pathlib import Path
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending
+from supervisor.process.cgroup import ended_events
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks import native, slow
@@ -156,7 +157,10 @@ class Attempt:
                 self._settling.cancel()
             if ending is not Ending.SUCCEEDED:
                 self._set_state(JobState.TEARING_DOWN)
-            await shielded(self.tree.teardown())
+            report = await shielded(self.tree.teardown())
+            if report is not None:
+                for event in ended_events(report, scope="attempt", mechanism=self.tree.mechanism):
+                    self.events.log(event)
         return self._result(ending, diagnostics, lost)
 
     @property

@@ -54,6 +54,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     sys.stdout.write(render_config(cfg))
     sys.stdout.write(_torchrun_note(cfg))
+    from supervisor.process.cgroup import mechanism_here  # tries a cgroup: only here
+
+    sys.stdout.write(f"# teardown here: {mechanism_here()}\n")
     return ExitCode.OK
 
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 from supervisor.config import JobConfig
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
+from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
@@ -61,6 +62,27 @@ STOP_SIGNALS: dict[signal.Signals, StopReason] = {
 }
 
 
+def _end_job_processes(launches: Launches, events: EventLog, containment: str) -> None:
+    """At the job's end: the zygote and the standby end, then anything left in the job's
+    cgroups, and the history says so when there was any (after the job's last word, which
+    the line stays when nothing was left)."""
+    report = launches.close()
+    if report is not None and report.signalled:
+        for event in ended_events(report, scope="job", mechanism=containment):
+            events.log(event)
+
+
+def _end_stale_groups(groups: JobGroups, events: EventLog) -> None:
+    """What daemons killed before their teardown left in their groups ends now (scope
+    ``previous``)."""
+    for group in groups.stale():
+        report = end_group(group)
+        if report.signalled:
+            mechanism = f"cgroup v2 ({group.path})"
+            for event in ended_events(report, scope="previous", mechanism=mechanism):
+                events.log(event)
+
+
 class AlreadyRunningError(RuntimeError):
     """Another daemon holds this job's run directory."""
 
@@ -91,7 +113,11 @@ async def _house(
         alloc = await asyncio.to_thread(slurm.detect)
         torchrun = launcher.resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
-        launches = Launches(cfg, alloc, torchrun)
+        groups = JobGroups.create()
+        containment = (
+            groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
+        )
+        launches = Launches(cfg, alloc, torchrun, groups if isinstance(groups, JobGroups) else None)
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport
         tcp = transport == "tcp" or (transport == "auto" and launches.multi_node)
@@ -99,6 +125,7 @@ async def _house(
         stack.callback(channel.close)
         events = EventLog(run_dir, cfg.job.name, console=console)
         stack.callback(events.close)
+        stack.callback(_end_job_processes, launches, events, containment)
         notifier = Notifier.from_env()
         stack.callback(notifier.close)
         watch = DirectoryWatch(cfg.job.checkpoint_dir, loop)
@@ -155,8 +182,11 @@ async def _house(
                 slurm_job_id=slurm_ids.job_id,
                 restart_count=slurm_ids.restart_count,
                 restarts_used=budget.restarts_used,
+                containment=containment,
             )
         )
+        if isinstance(groups, JobGroups):
+            _end_stale_groups(groups, events)
         notifier.ready("supervising")
         loops: dict[str, Coroutine[Any, Any, None]] = {}
         interval = notifier.watchdog_interval_s

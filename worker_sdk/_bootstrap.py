@@ -9,6 +9,10 @@ with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it cost
 On multi-node attempts (``RVSUP_REPORT_EXIT=1``) it forks instead of exec'ing and stays behind
 as the rank's parent, to tell the supervisor how the rank ended (see ``_exit_report``).
 
+``python -m worker_sdk._bootstrap --cgroup DIR ...``: before anything else, this process moves
+itself into the cgroup v2 directory ``DIR`` (the attempt's, or the zygote's), so that everything
+it starts, whatever it does later, is a member of that group; it exits 126 when it cannot.
+
 ``python -m worker_sdk._bootstrap --zygote NAME CMD [ARGS...]``: the rank is forked from the
 node's zygote ``NAME``, which imported torch already, and this process stands in for it (see
 ``_zygote_client``); when the zygote cannot serve ``CMD`` as a cold start would run it, the rank
@@ -35,13 +39,23 @@ def arm_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 
 def main(argv: list[str]) -> int:
     """Entry point: exec ``argv`` with the parent-death signal armed."""
+    if argv[:1] == ["--cgroup"] and len(argv) > 2:
+        from ._cgroup import join
+
+        try:
+            join(argv[1])
+        except OSError as exc:
+            print(f"rvsup: cannot join the cgroup {argv[1]}: {exc}", file=sys.stderr)
+            return 126
+        argv = argv[2:]
     zygote = None
     if argv[:1] == ["--zygote"] and len(argv) > 2:
         zygote, argv = argv[1], argv[2:]
     if not argv:
-        print(
-            "usage: python -m worker_sdk._bootstrap [--zygote NAME] CMD [ARGS...]", file=sys.stderr
+        usage = (
+            "usage: python -m worker_sdk._bootstrap [--cgroup DIR] [--zygote NAME] CMD [ARGS...]"
         )
+        print(usage, file=sys.stderr)
         return 2
     parent = os.getppid()
     arm_parent_death_signal()

@@ -8,7 +8,10 @@ happened (:func:`_fork_unsafe`), freezes the heap for the garbage collector and 
 the rank's bootstrap (``worker_sdk._zygote_client``) hands it the rank's command line,
 environment, working directory, limits and standard streams, and gets back a forked child that
 becomes the rank exactly as a cold ``exec`` would have made it (:func:`_become`), then runs the
-script or module in a fresh ``__main__``.
+script or module in a fresh ``__main__``. Before it becomes the rank, the child moves itself into
+its client's cgroup (v2; the attempt's), so that the rank and all it starts belong to the
+attempt, not to the zygote; a rank that could not join is refused (it starts cold, in the
+attempt's group by birth).
 
 When a request cannot be served like a cold start (another interpreter, an option the fork
 cannot honour, a different import-time environment) or the imports were not safe, the reply is
@@ -57,6 +60,7 @@ def _sibling(name: str) -> Any:
 
 wire = _sibling("_zygote_wire")
 child = _sibling("_zygote_child")
+cgroups = _sibling("_cgroup")
 
 _PR_SET_PDEATHSIG = 1
 _REQUEST_TIMEOUT_S = 5.0
@@ -69,6 +73,7 @@ class Served:
     unsafe: str | None  # why no rank may be forked, or None
     startup_env: dict[str, str]  # the zygote's environment before it imported anything
     added_env: dict[str, str]  # what the imports set (torch sets TORCHINDUCTOR_CACHE_DIR)
+    cgroup: str | None = None  # the zygote's own cgroup v2 directory
 
 
 def main(argv: Sequence[str]) -> int:
@@ -91,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
     _say({"unsafe": unsafe, "seconds": seconds} if unsafe else {"ready": seconds})
     gc.collect()
     gc.freeze()  # forked ranks share the imported heap instead of copying it on the first GC
-    job = _serve(listener, Served(unsafe, startup_env, added))
+    job = _serve(listener, Served(unsafe, startup_env, added, cgroups.own_group_dir()))
     if job is None:
         return 0
     return int(child.run(job, base_path))
@@ -327,6 +332,8 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             os.close(go_w)
             try:
                 _wait_for_go(go_r)
+                if request.get("join"):  # the client's cgroup (the attempt's), before the rank
+                    cgroups.join(request["join"])
                 child.become(request, fds, zygote, served.added_env)
             except BaseException:  # noqa: BLE001 -- a child that cannot become the rank ends
                 traceback.print_exc()
@@ -393,6 +400,10 @@ def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:
     differ = wire.import_env_differences(env, served.startup_env)
     if differ:
         return "import-time environment differs: " + ", ".join(differ)
+    join = cgroups.to_join(request.get("cgroup"), served.cgroup)
+    if join is False:
+        return f"the rank cannot join its client's cgroup ({request['cgroup']})"
+    request["join"] = join
     import resource
 
     for name, (_soft, hard) in request["rlimits"].items():

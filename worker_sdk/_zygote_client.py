@@ -3,7 +3,7 @@
 torchrun starts ``python -m worker_sdk._bootstrap CMD...`` for every rank. With a zygote, that
 process becomes a small client instead of exec'ing ``CMD``: it hands the zygote its command line,
 environment, working directory, umask, resource limits, CPU affinity, signal mask, ignored
-signals and standard streams, and the zygote forks the rank from an interpreter that imported
+signals, standard streams and cgroup (v2), and the zygote forks the rank from an interpreter that imported
 torch already. Then the client stands in for the rank toward torchrun, as the multi-node waiter does
 (``worker_sdk._exit_report``):
 
@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import _zygote_wire as wire
+from ._cgroup import own_group_dir
 from ._exit_report import FORWARDED, ReportTo, connect, end_like, send_report
 from ._zygote_child import SHIELDED
 
@@ -52,6 +53,7 @@ def request_of(argv: Sequence[str]) -> dict[str, object]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "ignored": sorted(int(s) for s in SHIELDED if signal.getsignal(s) == signal.SIG_IGN),
+        "cgroup": own_group_dir(),  # the forked rank joins it before it runs (the attempt's)
     }
 
 

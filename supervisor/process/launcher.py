@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import worker_sdk._standby
 from supervisor.config.load import JobConfig
 from supervisor.config.torchrun import Torchrun, resolve_torchrun
+from supervisor.process.cgroup import Group
 from supervisor.record import rundir
 from supervisor.service.sdnotify import child_env_cleanup
 from worker_sdk import protocol as p
@@ -47,6 +48,7 @@ class LaunchPlan:
     nproc_per_node: int
     alloc: Allocation | None = None  # the Slurm allocation a multi-node attempt runs on
     forked: bool = False  # the ranks are forked from the node's zygote (their clients report)
+    cgroup: str | None = None  # the attempt's cgroup (v2) directory; None: no cgroup is used
 
 
 __all__ = [
@@ -113,10 +115,12 @@ def build_plan(
     rdzv_port: int = 29400,
     base_env: Mapping[str, str] | None = None,
     zygote: str | None = None,
+    cgroup: str | None = None,
 ) -> LaunchPlan:
     """The command line and environment of attempt ``attempt``; ``torchrun`` is the job's
     (:func:`resolve_torchrun`). ``zygote``: the name of the zygote the ranks are forked from
-    (each node's, on several)."""
+    (each node's, on several). ``cgroup``: the directory of the attempt's cgroup, not made
+    yet (:func:`spawn` makes it)."""
     env = dict(os.environ if base_env is None else base_env)
     child_env_cleanup(env)  # torchrun must not talk to systemd in our name
     env.update(cfg.job.env)
@@ -161,9 +165,13 @@ def build_plan(
     if nnodes > 1 and alloc is not None:
         from supervisor.slurm.commands import srun_argv
 
-        argv = srun_argv(alloc, tr, job_name=cfg.job.name)
+        # on every node, torchrun and all it starts in a group of their own, ended with it
+        node = [sys.executable, "-m", "worker_sdk._node_group", repr(cfg.launch.term_timeout_s)]
+        argv = srun_argv(alloc, [*node, *tr], job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None
-    return LaunchPlan(tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi, forked)
+    return LaunchPlan(
+        tuple(argv), env, cfg.job.workdir, log_dir, nnodes, nproc, multi, forked, cgroup
+    )
 
 
 def rank_environment(
@@ -201,13 +209,16 @@ def rank_environment(
 
 
 def spawn(plan: LaunchPlan) -> subprocess.Popen[bytes]:
-    """Start the attempt in a new session, through the bootstrap so that it dies with us.
+    """Start the attempt in a new session (in its own cgroup, where it has one), through the
+    bootstrap so that it dies with us.
 
     Call it from the supervisor's main thread: the parent-death signal fires when the thread that
     forked the child exits.
     """
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    return _bootstrapped(plan.argv, plan, stdin=subprocess.DEVNULL)
+    if plan.cgroup is not None:
+        os.makedirs(plan.cgroup, exist_ok=True)
+    return _bootstrapped(plan.argv, plan, stdin=subprocess.DEVNULL, cgroup=plan.cgroup)
 
 
 def _bootstrapped(
@@ -216,11 +227,13 @@ def _bootstrapped(
     *,
     stdin: int,
     env: Mapping[str, str] | None = None,
+    cgroup: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``argv`` run through the bootstrap in a session of its own, with ``plan``'s cwd and env
-    (or ``env``)."""
+    """``argv`` run through the bootstrap in a session of its own (and the cgroup ``cgroup``,
+    which it joins before anything else), with ``plan``'s cwd and env (or ``env``)."""
+    into = ["--cgroup", cgroup] if cgroup is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "worker_sdk._bootstrap", *argv],
+        [sys.executable, "-m", "worker_sdk._bootstrap", *into, *argv],
         env=dict(plan.env if env is None else env),
         cwd=plan.cwd,
         stdin=stdin,
@@ -258,20 +271,30 @@ class Standby:
     command line to it when it is alive and the attempt is a plain single-node torchrun, and
     otherwise starts a fresh launcher like :func:`spawn`. Only the daemon's main thread may call
     these (the parent-death signal is tied to the thread that forked).
+
+    With cgroups the standby waits in a group of its own (``cgroup`` of :meth:`prepare`), and
+    its processes are moved into the attempt's group before it is given the attempt's command
+    line: it and everything it starts are the attempt's, and nothing of the attempt ran before.
     """
 
     def __init__(self, torchrun: Torchrun | str) -> None:
         self.torchrun = _as_torchrun(torchrun)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._cgroup: str | None = None
 
     def prepare(
-        self, plan: LaunchPlan, *, zygote: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        plan: LaunchPlan,
+        *,
+        zygote: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cgroup: Callable[[], str] | None = None,
     ) -> None:
         """Start a standby for attempts like ``plan`` unless one is waiting already: forked
         from the zygote ``zygote`` (ready in milliseconds, and no import competes with the
         training for the CPU) with ``env`` as its environment (the zygote's, where imports
         care; its torchrun gets the next attempt's), else started cold. A zygote that refuses
-        leaves it cold too."""
+        leaves it cold too. ``cgroup`` makes the group it waits in."""
         python = self.torchrun.python
         if python is None or plan.alloc is not None:
             return
@@ -280,13 +303,24 @@ class Standby:
         argv = standby_argv(python)
         if zygote is not None:
             argv = ("--zygote", zygote, python, _standby_script())
-        self._proc = _bootstrapped(argv, plan, stdin=subprocess.PIPE, env=env)
+        self._cgroup = cgroup() if cgroup is not None and plan.cgroup is not None else None
+        self._proc = _bootstrapped(argv, plan, stdin=subprocess.PIPE, env=env, cgroup=self._cgroup)
 
     def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
         """The attempt's launcher: the standby given ``plan``'s command line, or a fresh one."""
         proc, self._proc = self._proc, None
+        group, self._cgroup = self._cgroup, None
         prefix = self.torchrun.argv
         usable = plan.alloc is None and plan.argv[: len(prefix)] == prefix
+        if (plan.cgroup is None) != (group is None):
+            usable = False
+        elif plan.cgroup is not None and group is not None and usable:
+            try:
+                Group(Path(plan.cgroup)).take_from(Group(Path(group)))
+            except OSError:
+                usable = False
+            else:
+                group = None
         if proc is not None and usable and proc.poll() is None and proc.stdin is not None:
             plan.log_dir.mkdir(parents=True, exist_ok=True)
             args = list(plan.argv[len(prefix) :])
@@ -299,23 +333,27 @@ class Standby:
             else:
                 return proc
         if proc is not None:
-            _dismiss(proc)
+            _dismiss(proc, group)
         return spawn(plan)
 
     def close(self) -> None:
         """Dismiss a waiting standby (it exits at the end of its input) and reap it."""
         proc, self._proc = self._proc, None
+        group, self._cgroup = self._cgroup, None
         if proc is not None:
-            _dismiss(proc)
+            _dismiss(proc, group)
 
 
-def _dismiss(proc: subprocess.Popen[bytes]) -> None:
-    """Kill and reap an unused standby: it holds nothing but its imports."""
+def _dismiss(proc: subprocess.Popen[bytes], group: str | None) -> None:
+    """Kill and reap an unused standby (it holds nothing but its imports), and its group's
+    members (a standby forked from the zygote is not our child)."""
     proc.kill()
     proc.wait()
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
+    if group is not None:
+        Group(Path(group)).end()
 
 
 def stderr_tail(log_dir: Path, *, max_bytes: int = 8192, local_rank: int | None = None) -> str:

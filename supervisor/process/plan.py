@@ -9,32 +9,45 @@ torchrun to run and whether a warm standby launcher is kept ready, and it builds
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
-from collections.abc import Iterable, Mapping
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.config import JobConfig
 from supervisor.config.torchrun import job_python
 from supervisor.process import launcher
+from supervisor.process.cgroup import JobGroups, end_group
 from supervisor.process.launcher import LaunchPlan
+from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
-from supervisor.slurm.commands import Allocation
+from supervisor.slurm.commands import Allocation, srun_argv
 from worker_sdk._zygote_wire import same_interpreter
 
-__all__ = ["Launches", "PortHold"]
+__all__ = ["Launches", "PortHold", "sweep_nodes"]
 
 
 class Launches:
     """Launch planning for one ``rvsup start`` (see the module docstring)."""
 
     def __init__(
-        self, cfg: JobConfig, alloc: Allocation | None, torchrun: launcher.Torchrun
+        self,
+        cfg: JobConfig,
+        alloc: Allocation | None,
+        torchrun: launcher.Torchrun,
+        groups: JobGroups | None = None,
+        sweep: Callable[[Allocation, str], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.groups = groups
+        """The job's cgroups; None: the teardown walks the process tree instead."""
+        self._sweep = sweep_nodes if sweep is None else sweep
         self.alloc = alloc
         self.torchrun = torchrun
         self.nodes_needed = launcher.nodes_needed(cfg, alloc)
@@ -85,27 +98,30 @@ class Launches:
         if self._port is not None:
             self._port.close()
         self._port = PortHold()  # the attempt's rendezvous port, kept from others until it ends
-        port = self._port.port
+        groups = self.groups
         plan = launcher.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
             rank_env=rank_env,
             alloc=alloc,
-            rdzv_port=port,
+            rdzv_port=self._port.port,
+            cgroup=None if groups is None else groups.attempt(attempt),
         )
         if self.zygote is None:
             return plan
         self._cold += self.zygote.cold_starts()  # its death, before it is started again
-        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc)
+        zygote_group = None if groups is None else groups.zygote()
+        self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc, cgroup=zygote_group)
         return launcher.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
             rank_env=rank_env,
             alloc=alloc,
-            rdzv_port=port,
+            rdzv_port=self._port.port,
             zygote=self.zygote.name,
+            cgroup=plan.cgroup,
         )
 
     def cold_starts(self) -> list[ColdStart]:
@@ -134,17 +150,45 @@ class Launches:
             and zygote.forks()
         ):
             env = zygote.environment(plan.env, plan.nproc_per_node)
-            self.standby.prepare(plan, zygote=zygote.name, env=env)
+            self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=self._standby_group)
         else:
-            self.standby.prepare(plan)
+            self.standby.prepare(plan, cgroup=self._standby_group)
 
-    def close(self) -> None:
+    @property
+    def _standby_group(self) -> Callable[[], str] | None:
+        return None if self.groups is None else self.groups.standby
+
+    def close(self) -> TeardownReport | None:
+        """End what the job keeps between attempts (the standby, the zygote), then, with
+        cgroups, everything still in the job's groups; what that teardown found (None: there
+        was nothing to look in)."""
         if self._port is not None:
             self._port.close()
         if self.standby is not None:
             self.standby.close()
         if self.zygote is not None:
             self.zygote.close()
+        if self.alloc is not None and self.multi_node:
+            nodes = tuple(n for n in self.alloc.nodes if n not in self.lost_nodes)
+            self._sweep(dataclasses.replace(self.alloc, nodes=nodes), self.cfg.job.name)
+            self.alloc = None  # swept once
+        groups, self.groups = self.groups, None
+        if groups is None:
+            return None
+        return end_group(groups.group())
+
+
+def sweep_nodes(alloc: Allocation, job_name: str, *, timeout_s: float = 30.0) -> None:
+    """At the end of a multi-node job, on every node: what the attempts' node wrappers
+    (``worker_sdk._node_group``) could not end, because srun's teardown SIGKILLed them with
+    their torchrun, is ended (one short step of a wrapper with nothing to run: it ends the
+    groups of wrappers that are gone before it runs it)."""
+    inner = [sys.executable, "-m", "worker_sdk._node_group", "0", "true"]
+    argv = srun_argv(alloc, inner, job_name=f"{job_name}-sweep")
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        )
 
 
 def _script_folder(cfg: JobConfig) -> str | None:

@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import psutil
 
 __all__ = [
+    "AFTER_WORKERS_S",
     "ExitStatus",
     "TeardownReport",
     "become_subreaper",
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 _PR_SET_CHILD_SUBREAPER = 36
+#: Once the workers are gone, how much longer the others sent SIGTERM (a rank's own children)
+#: get before SIGKILL.
+AFTER_WORKERS_S = 0.2
 
 
 def become_subreaper() -> bool:
@@ -146,6 +150,8 @@ class TeardownReport:
     killed: int  # still alive at the deadline and sent SIGKILL
     leftover: int  # still not gone after SIGKILL (should be 0)
     seconds: float
+    left: tuple[int, ...] = ()  # the pids of those left
+    forced: int = 0  # of the killed, those that had been sent SIGTERM first (not spared)
 
 
 def teardown(
@@ -156,6 +162,8 @@ def teardown(
     popens: Iterable[subprocess.Popen[bytes]] = (),
     workers: Iterable[int] | None = None,
     spared: Iterable[int] = (),
+    members: Callable[[], set[int]] | None = None,
+    kill_all: Callable[[], None] | None = None,
 ) -> TeardownReport:
     """SIGTERM every process (SIGCONT first, so stopped ones can act), wait until a monotonic
     deadline, SIGKILL the survivors, wait again, reaping whatever is our child. Blocking: run it in a
@@ -165,12 +173,18 @@ def teardown(
     deadline is now, and the rest (a launcher taking its time to shut down: torchrun needs
     seconds after SIGTERM) are SIGKILLed at once. ``spared``: processes sent neither SIGTERM
     nor SIGCONT, only the SIGKILL (a single-node torchrun, whose shutdown would only log
-    warnings, and which may have been stopped so that it cannot race the teardown)."""
+    warnings, and which may have been stopped so that it cannot race the teardown).
+    ``members``: every process of the attempt's cgroup, signalled with the rest (those that
+    appear later are SIGKILLed); ``kill_all``: how to SIGKILL them all at once
+    (``cgroup.kill``)."""
     t0 = time.monotonic()
     owned = {p.pid: p for p in popens}
-    alive = {p for p in pids if p != os.getpid()} | set(owned)
+    me = os.getpid()
+    alive = {p for p in pids if p != me} | set(owned)
     for pid in list(alive):
         alive |= descendants(pid)
+    if members is not None:
+        alive |= members() - {me}
     seen = set(alive)  # a zombie counted gone may be re-parented to us later: reap it at the end
     signalled = len(alive)
     told = alive - set(spared)
@@ -178,19 +192,30 @@ def teardown(
     _signal_all(told, signal.SIGCONT)
     deadline = t0 + term_timeout_s
     if workers is not None and not _wait_gone(set(workers) & alive, deadline, owned):
+        # the workers obeyed: what else was sent SIGTERM gets a moment more, a spared none
+        _wait_gone(told & alive, min(deadline, time.monotonic() + AFTER_WORKERS_S), owned)
         deadline = time.monotonic()
     alive = _wait_gone(alive, deadline, owned)
+    if members is not None:  # started meanwhile, or re-parented out of our sight
+        alive |= {p for p in members() - {me} if not _gone(p, owned)}
     killed = len(alive)
+    forced = len(alive - set(spared))
     if alive:
         for pid in list(alive):
             alive |= descendants(pid)
         seen |= alive
+        if kill_all is not None:
+            kill_all()
         _signal_all(alive, signal.SIGKILL)
         alive = _wait_gone(alive, time.monotonic() + kill_timeout_s, owned)
+    if members is not None:
+        alive |= {p for p in members() - {me} if not _gone(p, owned)}
+        seen |= alive
     for pid in seen - set(owned):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-    return TeardownReport(signalled, killed, len(alive), time.monotonic() - t0)
+    left = tuple(sorted(alive))
+    return TeardownReport(signalled, killed, len(left), time.monotonic() - t0, left, forced)
 
 
 def _wait_gone(

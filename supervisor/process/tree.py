@@ -23,6 +23,7 @@ import psutil
 
 from supervisor.loops import shielded
 from supervisor.process import launcher, proctree
+from supervisor.process.cgroup import TREE_WALK, Group
 from supervisor.process.launcher import LaunchPlan
 from supervisor.ranks import diagnostics, native
 from supervisor.ranks.exits import ExitLedger
@@ -58,7 +59,9 @@ class ProcessTree(Protocol):
     async def lost_nodes(self) -> tuple[str, ...]: ...
     def host_oom_kills(self) -> int: ...
     def stderr_tail(self, rank: int | None = None) -> str: ...
-    async def teardown(self) -> None: ...
+    @property
+    def mechanism(self) -> str: ...
+    async def teardown(self) -> proctree.TeardownReport | None: ...
 
 
 class AttemptTree:
@@ -191,13 +194,21 @@ class AttemptTree:
         local = rank % self.plan.nproc_per_node  # static rendezvous: node after node
         return launcher.stderr_tail(self.plan.log_dir, max_bytes=2048, local_rank=local)
 
-    async def teardown(self) -> None:
-        """Kill and reap the whole tree; runs to its end even if the caller is cancelled."""
+    @property
+    def mechanism(self) -> str:
+        """How the teardown finds the attempt's processes: its cgroup, or the process tree."""
+        return f"cgroup v2 ({self.plan.cgroup})" if self.plan.cgroup else TREE_WALK
+
+    async def teardown(self) -> proctree.TeardownReport | None:
+        """Kill and reap the whole tree (with a cgroup: every member of the attempt's group, then
+        remove the group); runs to its end even if the caller is cancelled. What it did (None:
+        nothing was started)."""
         self._ledger.close()
         self.hang_averted()  # early native stacks that no declared hang took
         popen = self._popen
         if popen is None:
-            return
+            return None
+        group = Group(Path(self.plan.cgroup)) if self.plan.cgroup else None
         pids = set(self._ledger.rank_of_pid) | {popen.pid}
         # single node: the ranks get SIGTERM, and once they are gone torchrun is SIGKILLed (it
         # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save;
@@ -206,7 +217,7 @@ class AttemptTree:
         # SIGTERM grace
         ranks = {pid for pid, rank in self._ledger.rank_of_pid.items() if rank is not None}
         one_node = self.plan.nnodes == 1
-        await shielded(
+        report = await shielded(
             asyncio.to_thread(
                 proctree.teardown,
                 pids,
@@ -214,10 +225,15 @@ class AttemptTree:
                 popens=[popen],
                 workers=ranks - {popen.pid} if one_node else None,
                 spared=(popen.pid,) if one_node else (),
+                members=None if group is None else group.pids,
+                kill_all=None if group is None else group.kill,
             )
         )
+        if group is not None:
+            group.remove()  # fails, and is retried at the job's end, while a process is left
         if self.launcher_rc is None:
             self.launcher_rc = popen.returncode
+        return report
 
     def _on_pid_exit(self, pid: int) -> None:
         if self._popen is not None and pid == self._popen.pid:

@@ -117,11 +117,18 @@ class Zygote:
         """Its imports' duration once it said it is ready to fork ranks (the slowest node's)."""
 
     def ensure(
-        self, env: Mapping[str, str], cwd: Path, nproc: int, alloc: Allocation | None = None
+        self,
+        env: Mapping[str, str],
+        cwd: Path,
+        nproc: int,
+        alloc: Allocation | None = None,
+        *,
+        cgroup: str | None = None,
     ) -> None:
         """Start it unless it runs (on ``alloc``'s nodes when given: a multi-node attempt's);
         ``env`` is the attempt's (torchrun's import-time additions are made here, so that its
-        ranks' environment matches the zygote's)."""
+        ranks' environment matches the zygote's). ``cgroup``: the group it runs in (its forked
+        ranks move into their clients')."""
         nodes = alloc.nodes if alloc is not None else ()
         self._pump()
         if self.alive() and nodes == self._nodes:
@@ -133,8 +140,9 @@ class Zygote:
         argv = zygote_argv(self.python, self.name, self.preload, path=self.path)
         if alloc is not None:
             argv = tuple(zygote_step_argv(alloc, argv, step_name=self.step_name))
+        into = ["--cgroup", cgroup] if cgroup is not None else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "worker_sdk._bootstrap", *argv],
+            [sys.executable, "-m", "worker_sdk._bootstrap", *into, *argv],
             env=zenv,
             cwd=cwd,
             stdin=subprocess.PIPE,

@@ -45,6 +45,8 @@ __all__ = [
     "JobSucceeded",
     "Level",
     "MessagesDropped",
+    "ProcessesEnded",
+    "ProcessesLeft",
     "RequeueFailed",
     "RestartScheduled",
     "SlowPhase",
@@ -96,6 +98,9 @@ class JobStarted(Event):
     """``SLURM_RESTART_COUNT`` (times Slurm requeued the job); None outside Slurm."""
     restarts_used: int
     """Charged restarts the history showed at this start."""
+    containment: str | None = None
+    """How the job's processes are kept and ended: ``cgroup v2 (DIR)``, one group per
+    attempt, or ``process tree (subreaper): WHY`` where no cgroup could be used."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -364,6 +369,43 @@ class ExitAborted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessesEnded(Event):
+    """A teardown ended every process of the attempt (`scope` "attempt"), at the job's end
+    anything left in the job's groups once the zygote and standby ended (`scope` "job"; no
+    line when nothing was), or at the start
+    what a killed rvsup left in its groups (`scope` "previous"): how many, how many needed
+    SIGKILL after the SIGTERM grace, and how."""
+
+    NAME = "processes_ended"
+    LEVEL = "info"
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 3}
+    scope: str
+    """``"attempt"``, ``"job"`` or ``"previous"``."""
+    mechanism: str
+    """How they were found: ``cgroup v2 (DIR)``, or ``process tree (subreaper)``."""
+    ended: int
+    """Processes found and ended."""
+    sigkilled: int
+    """Of those, still alive after their SIGTERM grace and sent SIGKILL (a single-node
+    torchrun, which is sent SIGKILL alone by design, is not counted)."""
+    seconds: float
+    """How long the teardown took."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessesLeft(Event):
+    """Processes a teardown could not end, not even with SIGKILL (uninterruptible sleep, a
+    process of another user), named so that they are not silently left behind."""
+
+    NAME = "processes_left"
+    LEVEL = "error"
+    scope: str
+    """``"attempt"``, ``"job"`` or ``"previous"``."""
+    processes: tuple[str, ...]
+    """Each as ``PID STATE COMMAND``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessagesDropped(Event):
     """Malformed or unauthenticated messages were dropped."""
 
@@ -439,6 +481,8 @@ _CLASSES: Final = (
     ExitStalled,
     ExitAborted,
     SlowPhase,
+    ProcessesEnded,
+    ProcessesLeft,
     MessagesDropped,
     RequeueFailed,
     TimeLeftUnknown,

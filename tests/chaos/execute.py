@@ -1,8 +1,9 @@
 """Run one schedule for real: ``rvsup start`` (again after every stop or kill of rvsup), the faults
 from outside aimed at their step, checkpoints damaged between starts; what happened, recorded.
 
-Every process of a run carries ``RVSUP_CHAOS_MARK`` (a fresh value per run) in its environment,
-so whatever outlives the run is found, reported and killed.
+Every process of a run carries ``RVCHAOS_MARK`` (a fresh value per run) in its environment,
+so whatever outlives the run is found, reported and killed (not ``RVSUP_*``: the zygote, started
+without rvsup's variables, keeps it, and the ranks it forks show its environment).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
 
 __all__ = ["MARK", "Observed", "execute", "reference"]
 
-MARK = "RVSUP_CHAOS_MARK"
+MARK = "RVCHAOS_MARK"
 STEP_SLEEP = "0.04"
 # the last steps a fault may aim at, slower: a signal sent to rvsup after the runner saw that
 # step (through `rvsup status`, tenths of a second under load) lands before the training ends

@@ -209,6 +209,8 @@ class FakeTree:
     def stderr_tail(self, rank: int | None = None) -> str:
         return self.stderr.get(rank, "") if rank is not None else ""
 
+    mechanism = "fake"
+
     async def teardown(self) -> None:
         if self.teardown_gate is not None:
             await self.teardown_gate.wait()

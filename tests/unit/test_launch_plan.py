@@ -20,12 +20,29 @@ from worker_sdk.protocol import ENV_REPORT_EXIT
 TORCHRUN = Torchrun(("/venv/bin/torchrun",), None, "test")
 
 
-def _launches(tmp: Path, nodes: tuple[str, ...], launch: str) -> Launches:
+def _launches(
+    tmp: Path, nodes: tuple[str, ...], launch: str, swept: list[tuple[str, ...]] | None = None
+) -> Launches:
     cfg = job_config(
         tmp, f"[launch]\nnproc_per_node = 2\nwarm_standby = false\nzygote = false\n{launch}\n"
     )
     alloc = Allocation("7", nodes, nodes[0], 2, None, 2, 0, True)
-    return Launches(cfg, alloc, TORCHRUN)
+    sweeps = [] if swept is None else swept
+    return Launches(cfg, alloc, TORCHRUN, sweep=lambda a, _name: sweeps.append(a.nodes))
+
+
+def test_a_multi_node_jobs_end_sweeps_the_nodes_left(tmp_path: Path) -> None:
+    """At a multi-node job's end every node not lost gets a sweep step (what node wrappers
+    killed with their torchrun left), once; a single-node job's end runs none."""
+    swept: list[tuple[str, ...]] = []
+    launches = _launches(tmp_path, ("n1", "n2", "n3"), "nnodes = 2", swept)
+    launches.lose(["n2"])
+    launches.close()
+    launches.close()
+    assert swept == [("n1", "n3")]
+    single = _launches(tmp_path, ("n1",), "nnodes = 1", swept)
+    single.close()
+    assert swept == [("n1", "n3")]
 
 
 @pytest.mark.parametrize(
@@ -82,6 +99,8 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
         cfg, attempt=1, torchrun=TORCHRUN, rank_env={}, alloc=alloc, zygote="rvsup-zygote-x"
     )
     assert plan.argv[0] == "srun" and "--kill-on-bad-exit=1" in plan.argv
+    inner = plan.argv[plan.argv.index("--") + 1 :]
+    assert inner[:4] == (sys.executable, "-m", "worker_sdk._node_group", "5.0")  # a group per node
     assert plan.forked and plan.env[ENV_REPORT_EXIT] == "1"
     bootstrap = plan.argv.index("worker_sdk._bootstrap")
     assert plan.argv[bootstrap + 1 : bootstrap + 4] == ("--zygote", "rvsup-zygote-x", "python")

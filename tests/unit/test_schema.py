@@ -33,6 +33,8 @@ from supervisor.record.schema import (
     JobStopped,
     JobSucceeded,
     MessagesDropped,
+    ProcessesEnded,
+    ProcessesLeft,
     RequeueFailed,
     RestartScheduled,
     SlowPhase,
@@ -45,7 +47,9 @@ from supervisor.rules.observation import FailureKind, StopReason
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ("timestamp", "event", "level", "job", "attempt")
-ADDED_SINCE_0_1 = frozenset({"resharded_from", "world_size", "format", "mode", "blocked_s"})
+ADDED_SINCE_0_1 = frozenset(
+    {"resharded_from", "world_size", "format", "mode", "blocked_s", "containment"}
+)
 """Optional fields added after 0.1: null when an old line is read back."""
 
 
@@ -155,6 +159,8 @@ SAMPLES: list[Event] = [
         detail="rank 0 is working (train.py:90 in main); rank 1 waits for it",
         hint="wrap it in worker_sdk.phase()",
     ),
+    ProcessesEnded(scope="attempt", mechanism="cgroup v2 (/cg)", ended=9, sigkilled=1, seconds=0.1),
+    ProcessesLeft(scope="job", processes=("123 disk-sleep python train.py",)),
     MessagesDropped(counts={"replayed": 2}),
     RequeueFailed(job_id="12", error="no"),
     TimeLeftUnknown(error="squeue"),

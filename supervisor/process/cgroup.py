@@ -1,0 +1,143 @@
+"""The job's cgroups: one per attempt, one for the zygote, so that nothing outlives its attempt.
+
+At start-up the daemon makes a group of its own under the cgroup v2 group it runs in
+(``rvsup-PID``; found through ``worker_sdk._cgroup``, wherever the hierarchy is mounted) and
+proves it may move processes there (it moves itself in and back). Every launcher then joins a
+fresh child group before it runs anything (the bootstrap's ``--cgroup``): ``attempt-N`` for
+attempt N (the warm standby waits in ``standby-N``, and is moved into the attempt's group before
+it is given the attempt's command line), ``zygote`` for the zygote. Whatever the processes in a group
+start is in it too, whatever session, process group or parent they end up with, and a rank
+forked from the zygote moves itself into its client's group before any of its code runs. The
+teardown signals every member and ends with ``cgroup.kill``; the group is removed once empty.
+
+A daemon killed with SIGKILL leaves its groups behind: the next ``rvsup start`` on the host
+ends what is still in them and removes them (:meth:`JobGroups.stale`).
+
+Where no group can be made or joined (no cgroup v2 mounted, nothing writable) the daemon
+falls back to what it did before: it is the subreaper of its descendants and the teardown
+walks the process tree. :attr:`JobGroups.mechanism` (or :func:`mechanism_here`) says which,
+for ``job_started`` and ``rvsup validate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import psutil
+
+from supervisor.process import proctree
+from supervisor.process.proctree import TeardownReport
+from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
+from worker_sdk import _cgroup
+from worker_sdk._cgroup import Group
+
+__all__ = ["TREE_WALK", "Group", "JobGroups", "end_group", "ended_events", "mechanism_here"]
+
+TREE_WALK = "process tree (subreaper)"
+
+
+class JobGroups:
+    """The groups of one ``rvsup start`` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._standbys = 0
+
+    @property
+    def mechanism(self) -> str:
+        return f"cgroup v2 ({self.root})"
+
+    @classmethod
+    def create(cls) -> JobGroups | str:
+        """The job's group, made under the daemon's own; or why there is none."""
+        own = _cgroup.own_group_dir()
+        if own is None:
+            return "no cgroup v2 hierarchy is mounted"
+        root = Path(own) / f"rvsup-{os.getpid()}"
+        try:
+            root.mkdir(exist_ok=True)
+        except OSError as exc:
+            return f"cannot create a cgroup under {own}: {exc.strerror or exc}"
+        try:
+            _cgroup.join(str(root))  # may we move processes here, and back?
+            _cgroup.join(own)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                _cgroup.join(own)
+            with contextlib.suppress(OSError):
+                root.rmdir()
+            return f"cannot move processes into {root}: {exc.strerror or exc}"
+        return cls(root)
+
+    def attempt(self, number: int) -> str:
+        """The (not yet made) directory of attempt ``number``'s group."""
+        return str(self.root / f"attempt-{number}")
+
+    def standby(self) -> str:
+        """A new group for a warm standby, made."""
+        self._standbys += 1
+        path = self.root / f"standby-{self._standbys}"
+        path.mkdir(exist_ok=True)
+        return str(path)
+
+    def zygote(self) -> str:
+        """The zygote's group, made."""
+        path = self.root / "zygote"
+        path.mkdir(exist_ok=True)
+        return str(path)
+
+    def group(self) -> Group:
+        return Group(self.root)
+
+    def stale(self) -> list[Group]:
+        """The groups beside this job's of daemons that are gone: killed (SIGKILL, a lost
+        node) before they could end what was left in them."""
+        return _cgroup.stale_groups(self.root.parent, "rvsup-")
+
+
+def end_group(group: Group) -> TeardownReport:
+    """Every process left in ``group`` ended at once (SIGTERM, then SIGKILL; nothing is waited
+    for: what is left there has outlived its attempt already), and the group removed."""
+    report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
+    group.remove()
+    return report
+
+
+def mechanism_here() -> str:
+    """How a job started here would have its processes kept and ended (a group is made, tried
+    and removed): what ``rvsup validate`` says."""
+    made = JobGroups.create()
+    if isinstance(made, str):
+        return f"{TREE_WALK}: {made}"
+    made.group().remove()
+    return f"cgroup v2, one group per attempt under {made.root.parent}"
+
+
+def ended_events(report: TeardownReport, *, scope: str, mechanism: str) -> list[Event]:
+    """What a teardown did, as events: ``processes_ended``, and ``processes_left`` naming each
+    process it could not end."""
+    out: list[Event] = [
+        ProcessesEnded(
+            scope=scope,
+            mechanism=mechanism,
+            ended=report.signalled - report.leftover,
+            sigkilled=report.forced,
+            seconds=report.seconds,
+        )
+    ]
+    if report.left:
+        out.append(ProcessesLeft(scope=scope, processes=tuple(map(_describe, report.left))))
+    return out
+
+
+def _describe(pid: int) -> str:
+    """``PID STATE COMMAND`` of a live process (state as ps shows it: D, T, ...)."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            status, command = proc.status(), " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return f"{pid} gone"
+    return f"{pid} {status} {command[:200]}"

@@ -1,0 +1,187 @@
+"""Where a process sits in the cgroup v2 hierarchy, and how it moves itself into another group.
+
+Standard library only: the bootstrap, the zygote's forked children and the daemon all use it.
+Nothing is assumed about where the hierarchy is mounted: the mount is found in
+``/proc/self/mountinfo`` (type ``cgroup2``; on a hybrid host it sits beside the v1 controllers,
+on a pure v2 host it is ``/sys/fs/cgroup`` itself) and the process's own group in
+``/proc/self/cgroup`` (the line ``0::/path``). No controller is needed: only membership
+(``cgroup.procs``), ``cgroup.events`` (``populated``) and ``cgroup.kill``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+__all__ = [
+    "Group",
+    "group_dir",
+    "join",
+    "mount_points",
+    "own_group",
+    "own_group_dir",
+    "stale_groups",
+    "to_join",
+]
+
+_EMPTY_WAIT_S = 1.0
+
+
+def mount_points(mountinfo: str) -> list[tuple[str, str]]:
+    """(root, mount point) of every cgroup2 mount listed in ``mountinfo``'s text."""
+    found = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or right.split()[:1] != ["cgroup2"]:
+            continue
+        found.append((_unescape(fields[3]), _unescape(fields[4])))
+    return found
+
+
+def own_group(cgroup: str) -> str | None:
+    """The v2 group (``/a/b``) in ``/proc/PID/cgroup``'s text, or None."""
+    for line in cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def group_dir(mounts: list[tuple[str, str]], group: str) -> str | None:
+    """The directory of ``group`` under the first mount that shows it (None: none does)."""
+    for root, point in mounts:
+        if root == "/":
+            rest = group
+        elif group == root or group.startswith(root.rstrip("/") + "/"):
+            rest = group[len(root.rstrip("/")) :]
+        else:
+            continue
+        path = os.path.join(point, rest.lstrip("/")).rstrip("/") or "/"
+        if os.path.isdir(path):
+            return path
+    return None
+
+
+def own_group_dir() -> str | None:
+    """This process's v2 cgroup directory, or None (no v2 hierarchy, or it is not mounted)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = mount_points(f.read())
+        with open("/proc/self/cgroup") as f:
+            group = own_group(f.read())
+    except OSError:
+        return None
+    if group is None or not mounts:
+        return None
+    return group_dir(mounts, group)
+
+
+def to_join(wanted: object, own: str | None) -> str | bool | None:
+    """The cgroup directory a process now in ``own`` must move into to be in ``wanted``; None
+    when it need not move, False when it may not."""
+    if not isinstance(wanted, str) or wanted == own:
+        return None
+    if not os.access(os.path.join(wanted, "cgroup.procs"), os.W_OK):
+        return False
+    return wanted
+
+
+def join(directory: str) -> None:
+    """Move this process into the cgroup ``directory`` (raises OSError when it may not)."""
+    fd = os.open(os.path.join(directory, "cgroup.procs"), os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (``\\040`` for a space) undone."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+class Group:
+    """One cgroup v2 directory and everything below it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pids(self) -> set[int]:
+        """Every process in the group or a group below it."""
+        found: set[int] = set()
+        for directory, _, files in os.walk(self.path):
+            if "cgroup.procs" not in files:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(x) for x in Path(directory, "cgroup.procs").read_text().split())
+        return found
+
+    def populated(self) -> bool:
+        """Some process still lives in it (``cgroup.events``); False once it is gone."""
+        try:
+            text = (self.path / "cgroup.events").read_text()
+        except OSError:
+            return False
+        return "populated 1" in text.splitlines()
+
+    def kill(self) -> None:
+        """SIGKILL every member at once (``cgroup.kill``, Linux 5.14), else one by one."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Until no process is left in it (monotonic deadline); False when some still are."""
+        deadline = time.monotonic() + timeout_s
+        while self.populated():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def remove(self) -> bool:
+        """Remove the group and the groups below it (False when a process is still inside)."""
+        ok = True
+        for directory, _, _ in sorted(os.walk(self.path), key=lambda w: -len(w[0])):
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = False
+        return ok
+
+    def take_from(self, other: Group) -> None:
+        """Move every process of ``other`` (idle ones: a waiting standby) into this group, made
+        if need be, and remove ``other`` (raises OSError when the kernel refuses). A group
+        cannot be renamed on the v2 hierarchy."""
+        self.path.mkdir(exist_ok=True)
+        for pid in other.pids():
+            with contextlib.suppress(ProcessLookupError):
+                (self.path / "cgroup.procs").write_text(str(pid))
+        other.remove()
+
+    def end(self) -> bool:
+        """Kill everything in it and remove it; False when something could not be ended."""
+        if not self.path.is_dir():
+            return True
+        self.kill()
+        return self.wait_empty(_EMPTY_WAIT_S) and self.remove()
+
+
+def stale_groups(parent: Path, prefix: str) -> list[Group]:
+    """The groups ``PREFIX-PID`` under ``parent`` whose process ``PID``, which made them, is
+    gone (killed before it could end what was left in them)."""
+    out = []
+    for path in sorted(parent.glob(prefix + "*")):
+        pid = path.name.removeprefix(prefix)
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            out.append(Group(path))
+    return out
