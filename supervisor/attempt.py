@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,9 +30,11 @@ from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, 
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import ExitAborted, ExitStalled
+from supervisor.record.schema import AnomalyDetected, ExitAborted, ExitStalled
 from supervisor.rules import culprits, failures, hangs
+from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import (
+    Anomaly,
     Observation,
     RankExit,
     RankReport,
@@ -70,9 +73,12 @@ class Attempt:
         transition: Callable[[JobState], None],
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
+        losses: LossWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.number = number
+        self.losses = losses
+        self._anomaly: Anomaly | None = None
         self.plan = plan
         self.tree = tree
         self.channel = channel
@@ -216,6 +222,41 @@ class Attempt:
         elif kind is p.Kind.FAILURE:
             self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
+        if self.losses is not None and kind in (p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE):
+            self._on_loss(self.losses, msg, now)
+
+    def _on_loss(self, losses: LossWatch, msg: p.Message, now: float) -> None:
+        """A heartbeat's loss, or a loss that is not finite: an anomaly ends the attempt."""
+        if msg.kind is p.Kind.LOSS_NONFINITE:
+            since = msg.payload.get("since")
+            onset = since if isinstance(since, int) and since <= msg.step else msg.step
+            self._on_anomaly(losses.nonfinite(msg.rank, msg.step, onset, msg.value), now)
+            return
+        loss = msg.payload.get("loss")
+        if isinstance(loss, int | float) and not isinstance(loss, bool):
+            found = losses.observe(msg.rank, msg.step, float(loss))
+            if found is not None:
+                self._on_anomaly(found, now)
+
+    def _on_anomaly(self, anomaly: Anomaly, now: float) -> None:
+        """The training went wrong: record it and end the attempt (a rollback follows)."""
+        if self._anomaly is not None or self._is_ending() or self.stop_reason is not None:
+            return
+        self._anomaly = anomaly
+        finite = math.isfinite(anomaly.value)
+        self.events.log(
+            AnomalyDetected(
+                kind=str(anomaly.kind),
+                step=anomaly.step,
+                onset=anomaly.onset,
+                rank=anomaly.rank,
+                value=anomaly.value if finite else None,
+                baseline=anomaly.baseline,
+            )
+        )
+        self._first_sign_t = now
+        self._noticed_at = self.clock.wall()
+        self._finish(Ending.FAILED)
 
     def _note_logs(self, msg: p.Message) -> None:
         """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
@@ -425,6 +466,7 @@ class Attempt:
             lost_nodes=lost,
             hang_culprits=() if self._verdict is None else self._verdict.culprits,
             hang_evidence="" if self._verdict is None else self._verdict.detail,
+            anomaly=self._anomaly,
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

@@ -49,7 +49,10 @@ class Runtime:
         "checkpointer",
         "extra_default",
         "hb_due",
+        "hb_step",
         "last_step",
+        "loss",
+        "loss_reported",
         "max_dt",
         "next_due",
         "next_save_step",
@@ -97,6 +100,9 @@ class Runtime:
         self.t_last = now
         self.max_dt = 0.0
         self.last_step = -1
+        self.loss: Any = None  # the last loss step() was given (a float or a tensor)
+        self.hb_step = -1  # the step of the last heartbeat
+        self.loss_reported = False  # a loss that is not finite was reported (once)
         self.sync_mode = False
         self.stop_after_save = False
         self.periodic_next = _NEVER
@@ -117,7 +123,12 @@ class Runtime:
     def start(self, loaded: LoadResult) -> int:
         """Announce the rank, report what was loaded; return the first step to run."""
         start = 0 if loaded.step is None else loaded.step + 1
-        self.last_step = start - 1  # what a failure before the first step() names
+        if self.channel is not None:  # after a rollback: the skipped steps stay skipped
+            skipped = max(0, int(os.environ.get(p.ENV_RESUME_AT) or 0) - start)
+            os.environ[p.ENV_SKIPPED_STEPS] = str(skipped)
+            start += skipped
+        self.last_step = start - 1
+        self.hb_step = start - 1  # what a failure before the first step() names
         self._map_step_slot(start - 1)
         self._set_periodic(start - 1)
         if self.channel is not None:
@@ -217,12 +228,29 @@ class Runtime:
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
         assert ch is not None
-        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt)
+        payload = None
+        loss = self.loss
+        if loss is not None:
+            self.loss = None
+            value = loss if loss.__class__ is float else float(loss)  # a tensor is read here
+            if math.isfinite(value):
+                payload = {"loss": value}
+            elif loss.__class__ is not float:  # a float was reported by step() already
+                self.loss_not_finite(step, value, self.hb_step + 1)
+        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, payload=payload)
+        self.hb_step = step
         self.max_dt = 0.0
         self.hb_due = now + self.settings.heartbeat_interval_s
         while (msg := ch.receive()) is not None:
             if msg.kind is p.Kind.SYNC_REQUEST:
                 self.sync_mode = True
+
+    def loss_not_finite(self, step: int, value: float, since: int) -> None:
+        """Report a loss that is not finite at once (the first only: the attempt ends)."""
+        if self.channel is None or self.loss_reported:
+            return
+        self.loss_reported = True
+        self.channel.send(p.Kind.LOSS_NONFINITE, step=step, value=value, payload={"since": since})
 
     def _sync_round(self, step: int) -> None:
         ch = self.channel

@@ -28,6 +28,7 @@ from supervisor.record import typed_json
 
 __all__ = [
     "EVENTS",
+    "AnomalyDetected",
     "AttemptClosed",
     "AttemptStarted",
     "CheckpointCommitted",
@@ -47,6 +48,7 @@ __all__ = [
     "MessagesDropped",
     "RequeueFailed",
     "RestartScheduled",
+    "RolledBack",
     "StopRequested",
     "SupervisorError",
     "TimeLeftUnknown",
@@ -239,6 +241,54 @@ class FailureDetected(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AnomalyDetected(Event):
+    """The training went wrong: a rank's loss was not finite, or spiked above its baseline;
+    the attempt is ended and rolled back.
+    """
+
+    NAME = "anomaly_detected"
+    LEVEL = "error"
+    kind: str
+    """``nonfinite_loss`` or ``loss_spike``."""
+    step: int
+    """The step at which it was seen."""
+    onset: int
+    """The first step it may come from: checkpoints of this step or later are not trusted."""
+    rank: int
+    """The rank that reported the loss."""
+    value: float | None
+    """The loss reported; None when not finite."""
+    baseline: float | None
+    """The median of the rank's recent losses (spikes); None for a non-finite loss."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolledBack(Event):
+    """The job goes back to a checkpoint from before an anomaly and skips the steps after it;
+    the next attempt resumes past them.
+    """
+
+    NAME = "rolled_back"
+    LEVEL = "warning"
+    from_step: int
+    """The step at which the anomaly was seen."""
+    to_step: int | None
+    """The checkpoint restored; None: the start (no checkpoint before the onset)."""
+    resume_step: int
+    """The step the next attempt starts at."""
+    skipped_steps: int
+    """Steps never trained on: from the restored checkpoint's next step to ``resume_step``."""
+    onset: int
+    """Checkpoints of this step or later were discarded."""
+    discarded: tuple[int, ...]
+    """The steps of the checkpoints discarded."""
+    rollbacks_left: int
+    """Rollbacks left in the budget after this one."""
+    note: str
+    """One human sentence."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RestartScheduled(Event):
     """The next attempt starts after a backoff."""
 
@@ -405,6 +455,8 @@ _CLASSES: Final = (
     CheckpointLoaded,
     ColdStart,
     FailureDetected,
+    AnomalyDetected,
+    RolledBack,
     RestartScheduled,
     StopRequested,
     JobSucceeded,

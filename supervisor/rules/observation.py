@@ -26,6 +26,8 @@ else:  # pragma: no cover - Python 3.10
 
 
 __all__ = [
+    "ANOMALY_KINDS",
+    "Anomaly",
     "Failure",
     "FailureKind",
     "Observation",
@@ -46,6 +48,12 @@ class FailureKind(StrEnum):
     TIMELIMIT = "timelimit"
     NODE_FAILURE = "node_failure"
     STOPPED = "stopped"
+    NONFINITE_LOSS = "nonfinite_loss"
+    LOSS_SPIKE = "loss_spike"
+
+
+ANOMALY_KINDS: Final = frozenset({FailureKind.NONFINITE_LOSS, FailureKind.LOSS_SPIKE})
+"""Failures of the training itself, rolled back with the data that caused them skipped."""
 
 
 class StopReason(StrEnum):
@@ -104,6 +112,22 @@ class RankReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Anomaly:
+    """The training went wrong: a loss that is not finite, or a spike above its baseline."""
+
+    kind: FailureKind
+    """``NONFINITE_LOSS`` or ``LOSS_SPIKE``."""
+    rank: int
+    step: int
+    """The step at which it was seen (the last reported)."""
+    onset: int
+    """The first step it may come from: no checkpoint of this step or later is trusted."""
+    value: float
+    baseline: float | None = None
+    """The spike's baseline (the window's median); None for a non-finite loss."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """Everything the supervisor saw that ended (or is ending) an attempt."""
 
@@ -130,6 +154,8 @@ class Observation:
     """In a hang, the ranks that were not in a collective while others were (their stacks)."""
     hang_evidence: str = ""
     """What the stacks said, e.g. ``"rank 1 is not in a collective (...); rank 0 waits in ..."``."""
+    anomaly: Anomaly | None = None
+    """The training went wrong (the loss a rank reported): the attempt was ended for it."""
 
 
 @dataclass(frozen=True, slots=True)
