@@ -35,6 +35,7 @@ from supervisor.record.schema import (
     JobStopped,
     JobSucceeded,
     RestartScheduled,
+    RolledBack,
 )
 
 __all__ = [
@@ -256,6 +257,12 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
         acc.failure_detail = event.detail or None
         _add_step(acc, event.last_step)
         acc.failed_at = at
+    elif isinstance(event, RolledBack):
+        where = "the start" if event.to_step is None else f"step {event.to_step}"
+        acc.failure_detail = (
+            f"{acc.failure_detail or event.NAME}; rolled back to {where}, on at step "
+            f"{event.resume_step} ({event.skipped_steps} steps skipped)"
+        )
     elif isinstance(event, RestartScheduled):
         acc.backoff_s = event.backoff_s
     elif isinstance(event, JobSucceeded):

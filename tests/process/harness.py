@@ -31,6 +31,7 @@ def write_job(
     heartbeat: str = 'interval = "0.2s"\nstartup_timeout = "60s"',
     restart: str = 'max_restarts = 3\nbackoff = "0.1s"\nbackoff_max = "1s"',
     launch: str = 'term_timeout = "3s"\nstop_timeout = "30s"',
+    anomaly: str = "",
 ) -> Path:
     """A job.toml running the fault-switch trainer on 2 ranks."""
     job_env = {"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})}
@@ -55,6 +56,9 @@ nproc_per_node = 2
 
 [restart]
 {restart}
+
+[anomaly]
+{anomaly}
 """
     path = tmp / "job.toml"
     path.write_text(text)
