@@ -47,6 +47,7 @@ from worker_sdk import protocol as p
 __all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
 
 TICK_S = 0.1
+_TRAINING_REPORTS = frozenset({p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE, p.Kind.REPLICAS_DIVERGED})
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
 SETTLE_NODES_S = 0.25  # the same on several nodes, where the ranks' reports cross the network
 EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
@@ -222,15 +223,20 @@ class Attempt:
         elif kind is p.Kind.FAILURE:
             self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
-        if self.losses is not None and kind in (p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE):
+        if self.losses is not None and kind in _TRAINING_REPORTS:
             self._on_loss(self.losses, msg, now)
 
     def _on_loss(self, losses: LossWatch, msg: p.Message, now: float) -> None:
         """A heartbeat's loss, or a loss that is not finite: an anomaly ends the attempt."""
+        since = msg.payload.get("since")
+        onset = since if isinstance(since, int) and since <= msg.step else msg.step
         if msg.kind is p.Kind.LOSS_NONFINITE:
-            since = msg.payload.get("since")
-            onset = since if isinstance(since, int) and since <= msg.step else msg.step
             self._on_anomaly(losses.nonfinite(msg.rank, msg.step, onset, msg.value), now)
+            return
+        if msg.kind is p.Kind.REPLICAS_DIVERGED:
+            text = str(msg.payload.get("ranks", ""))
+            ranks = tuple(int(r) for r in text.split(",") if r.isdigit()) or (msg.rank,)
+            self._on_anomaly(losses.diverged(ranks, msg.step, onset), now)
             return
         loss = msg.payload.get("loss")
         if isinstance(loss, int | float) and not isinstance(loss, bool):

@@ -68,6 +68,10 @@ class Runtime:
         "sync_save_at",
         "t_last",
         "total_steps",
+        "verified_step",
+        "verify_every",
+        "verify_modules",
+        "verify_next",
         "window",
         "world_size",
     )
@@ -107,7 +111,12 @@ class Runtime:
         self.stop_after_save = False
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
-        self.next_save_step = _NEVER
+        self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
+        # replicas compared every verify_every steps (plain DDP only; see worker_sdk._replicas)
+        self.verify_every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if channel else 0
+        self.verify_modules: list[Any] = []
+        self.verify_next = _NEVER
+        self.verified_step = -1
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -130,6 +139,11 @@ class Runtime:
         self.last_step = start - 1
         self.hb_step = start - 1  # what a failure before the first step() names
         self._map_step_slot(start - 1)
+        if self.verify_every > 0 and self.world_size > 1:
+            from . import _replicas
+
+            self.verify_modules = _replicas.ddp_modules(self.objects)
+        self._set_verify(start - 1)
         self._set_periodic(start - 1)
         if self.channel is not None:
             s = self.settings
@@ -197,7 +211,14 @@ class Runtime:
         else:
             # save after step s when (s + 1) % n == 0: the checkpoint resumes at a multiple of n
             self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
-        self.next_save_step = min(self.periodic_next, self.sync_save_at)
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+
+    def _set_verify(self, last_verified: int) -> None:
+        self.verified_step = last_verified
+        n = self.verify_every
+        if n > 0 and self.verify_modules:
+            self.verify_next = ((last_verified + 1) // n + 1) * n - 1
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> None:
@@ -213,7 +234,9 @@ class Runtime:
             self._heartbeat(step, now)
         if self.sync_mode:
             self._sync_round(step)
-        if step >= self.next_save_step or now >= self.save_due_t:
+        if step >= self.verify_next:
+            self._verify(step)
+        if step >= min(self.periodic_next, self.sync_save_at) or now >= self.save_due_t:
             self._save(step, extra)
         in_flight = saver is not None and saver.in_flight is not None
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
@@ -244,6 +267,21 @@ class Runtime:
         while (msg := ch.receive()) is not None:
             if msg.kind is p.Kind.SYNC_REQUEST:
                 self.sync_mode = True
+
+    def _verify(self, step: int) -> None:
+        """Compare the replicas' fingerprints (a collective at a step every rank reaches);
+        rank 0 reports the ranks that differ from the majority."""
+        from . import _replicas
+
+        check = step // self.verify_every
+        diverged = _replicas.compare(_replicas.fingerprint(self.verify_modules, check))
+        if diverged and self.rank == 0 and self.channel is not None:
+            ranks = ",".join(map(str, diverged))
+            since = self.verified_step + 1
+            self.channel.send(
+                p.Kind.REPLICAS_DIVERGED, step=step, payload={"ranks": ranks, "since": since}
+            )
+        self._set_verify(step)
 
     def loss_not_finite(self, step: int, value: float, since: int) -> None:
         """Report a loss that is not finite at once (the first only: the attempt ends)."""
@@ -281,7 +319,7 @@ class Runtime:
                     self._leave_if_stopping(step)
                     return
                 self.sync_save_at = msg.step
-                self.next_save_step = min(self.periodic_next, msg.step)
+                self.next_save_step = min(self.periodic_next, msg.step, self.verify_next)
                 return
 
     def _save(self, step: int, extra: Any) -> None:

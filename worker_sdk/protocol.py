@@ -98,6 +98,7 @@ ENV_RESUME_BEFORE: Final = "RVSUP_RESUME_BEFORE"
 ENV_RESUME_AT: Final = "RVSUP_RESUME_AT"  # start no earlier than this step (the skip)
 # set by resume() for the script: steps between the loaded checkpoint and the start it returned
 ENV_SKIPPED_STEPS: Final = "RVSUP_SKIPPED_STEPS"
+ENV_VERIFY_EVERY: Final = "RVSUP_VERIFY_EVERY"  # compare the DDP replicas every N steps; 0: never
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
@@ -140,6 +141,10 @@ class Kind(enum.IntEnum):
     # it may come from: the step itself for a float loss, the step after the previous heartbeat
     # for a tensor read there). Sent at once, not at the next heartbeat
     LOSS_NONFINITE = 13
+    # from rank 0: step: where the replicas' parameter fingerprints differed; payload: ranks
+    # (comma-separated, those that differ from the majority: all when there is none), since
+    # (the step after the last check that agreed)
+    REPLICAS_DIVERGED = 14
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

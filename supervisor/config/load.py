@@ -314,6 +314,7 @@ def _read_anomaly(t: _Table) -> AnomalySection:
         patience=t.read("patience", 3, integer(1)),
         skip_steps=t.read("skip_steps", 1, integer(1)),
         max_rollbacks=t.read("max_rollbacks", 3, integer(0)),
+        verify_every_steps=t.read("verify_every_steps", 0, integer(0)),
     )
 
 

@@ -197,6 +197,7 @@ def rank_environment(
         p.ENV_DUMP_SIGNAL: str(int(signal.SIGUSR2)),
         p.ENV_OOM_COUNT: str(oom_count),
         p.ENV_RESTART_COUNT: str(restarts_used),
+        p.ENV_VERIFY_EVERY: str(cfg.anomaly.verify_every_steps),
     }
     if last_failure:
         env[p.ENV_LAST_FAILURE] = last_failure

@@ -15,6 +15,9 @@ The rules:
   attempt's first step when none was). High values never enter the baseline. Nothing is
   judged before the rank has reported :func:`min_values` values (the baseline is kept across
   attempts: a loss still high after a rollback is judged at once).
+- **replicas_diverged** — the DDP ranks compared a fingerprint of their parameters every
+  ``verify_every_steps`` steps and some differ from the majority (``worker_sdk._replicas``);
+  the onset is the step after the last check that agreed.
 - **rollback** — the job goes back to the newest checkpoint of a step before the onset
   (checkpoints at the onset or later are discarded: they may hold the damage) and goes on at
   ``max(step + 1, onset + skip_steps)``: the steps between are skipped, their data never
@@ -60,6 +63,8 @@ class AnomalyPolicy:
       the anomaly's onset (and always after the step it was seen at).
     - ``max_rollbacks`` (default 3, >= 0): rollbacks for the whole job; 0 gives up at the
       first anomaly.
+    - ``verify_every_steps`` (default 0: never, >= 0): compare the DDP replicas' parameters
+      every this many steps (one small all-gather).
     """
 
     spike_factor: float = 10.0
@@ -67,6 +72,7 @@ class AnomalyPolicy:
     patience: int = 3
     skip_steps: int = 1
     max_rollbacks: int = 3
+    verify_every_steps: int = 0
 
 
 def min_values(policy: AnomalyPolicy) -> int:
@@ -128,6 +134,13 @@ class LossWatch:
         """A rank reported a loss that is not finite, first possible at ``onset``."""
         return Anomaly(FailureKind.NONFINITE_LOSS, rank, step, max(onset, self._first_step), value)
 
+    def diverged(self, ranks: tuple[int, ...], step: int, onset: int) -> Anomaly:
+        """The replicas' fingerprints differed at ``step``; they agreed before ``onset``."""
+        kind = FailureKind.REPLICAS_DIVERGED
+        return Anomaly(
+            kind, ranks[0], step, max(onset, self._first_step), math.nan, None, ranks[1:]
+        )
+
     def _onset(self, rank: int, step: int) -> int:
         r = self._ranks.get(rank)
         last = None if r is None else r.last_normal
@@ -157,6 +170,12 @@ class RollbackRefused:
 def describe(anomaly: Anomaly) -> str:
     """``"rank 1: loss nan at step 12"``, ``"rank 0: loss 40.1 at step 80, 5.2x its baseline
     2.1 since step 71"``."""
+    if anomaly.kind is FailureKind.REPLICAS_DIVERGED:
+        ranks = ", ".join(map(str, (anomaly.rank, *anomaly.others)))
+        return (
+            f"rank(s) {ranks}: parameters differ from the other replicas' at step "
+            f"{anomaly.step} (the same at step {anomaly.onset - 1})"
+        )
     text = f"rank {anomaly.rank}: loss {anomaly.value:.4g} at step {anomaly.step}"
     if anomaly.baseline is not None:
         text += f", above its baseline {anomaly.baseline:.4g} since step {anomaly.onset}"

@@ -14,8 +14,9 @@ Precedence, highest first (the first rule that matches wins):
 3. Out of memory -> ``oom``: a rank reported ``kind == "oom"``, a rank (or the launcher)
    exited with :data:`worker_sdk.protocol.EXIT_OOM`, the cgroup counted new host OOM kills,
    or the ranks' stderr mentions ``OutOfMemoryError`` / ``CUDA out of memory``.
-4. ``anomaly`` set -> ``nonfinite_loss`` / ``loss_spike``: the supervisor ended the attempt
-   for a rank's loss (:mod:`.anomalies`), so the kills that follow are not a crash.
+4. ``anomaly`` set -> ``nonfinite_loss`` / ``loss_spike`` / ``replicas_diverged``: the
+   supervisor ended the attempt for what a rank reported (:mod:`.anomalies`), so the kills
+   that follow are not a crash.
 5. ``silent_ranks`` non-empty -> ``hang``: live ranks without progress past the hang
    timeout; the ranks that are furthest behind (lowest last step) come first.
 6. Otherwise -> ``crash``: the first rank exit that is non-zero or by a signal is the
@@ -89,7 +90,7 @@ def classify(obs: Observation) -> Failure:
         return oom
     if obs.anomaly is not None:  # the supervisor ended the attempt for it: its kills follow
         a = obs.anomaly
-        return Failure(a.kind, (a.rank,), (), (), last_step, anomalies.describe(a))
+        return Failure(a.kind, (a.rank, *a.others), (), (), last_step, anomalies.describe(a))
     if obs.silent_ranks:
         return _hang(obs, last_step)
     return _crash(obs, last_step)

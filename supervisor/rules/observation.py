@@ -50,9 +50,12 @@ class FailureKind(StrEnum):
     STOPPED = "stopped"
     NONFINITE_LOSS = "nonfinite_loss"
     LOSS_SPIKE = "loss_spike"
+    REPLICAS_DIVERGED = "replicas_diverged"
 
 
-ANOMALY_KINDS: Final = frozenset({FailureKind.NONFINITE_LOSS, FailureKind.LOSS_SPIKE})
+ANOMALY_KINDS: Final = frozenset(
+    {FailureKind.NONFINITE_LOSS, FailureKind.LOSS_SPIKE, FailureKind.REPLICAS_DIVERGED}
+)
 """Failures of the training itself, rolled back with the data that caused them skipped."""
 
 
@@ -113,10 +116,11 @@ class RankReport:
 
 @dataclass(frozen=True, slots=True)
 class Anomaly:
-    """The training went wrong: a loss that is not finite, or a spike above its baseline."""
+    """The training went wrong: a loss that is not finite, a spike above its baseline, or
+    replicas whose parameters differ."""
 
     kind: FailureKind
-    """``NONFINITE_LOSS`` or ``LOSS_SPIKE``."""
+    """``NONFINITE_LOSS``, ``LOSS_SPIKE`` or ``REPLICAS_DIVERGED``."""
     rank: int
     step: int
     """The step at which it was seen (the last reported)."""
@@ -125,6 +129,8 @@ class Anomaly:
     value: float
     baseline: float | None = None
     """The spike's baseline (the window's median); None for a non-finite loss."""
+    others: tuple[int, ...] = ()
+    """More ranks implicated (replicas that differ from the majority, after ``rank``)."""
 
 
 @dataclass(frozen=True, slots=True)

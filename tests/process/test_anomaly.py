@@ -80,3 +80,26 @@ def test_spike_of_a_tensor_loss_is_caught_after_patience(tmp_path: Path) -> None
     [back] = named(evs, "rolled_back")
     assert back["to_step"] < anomaly["onset"] and back["resume_step"] >= 48
     assert named(evs, "job_succeeded")
+
+
+def test_a_flipped_bit_in_one_replica_is_named_and_rolled_back(tmp_path: Path) -> None:
+    """3 DDP ranks compare their parameters every 10 steps: a bit flipped in rank 1's weights
+    before step 25 is caught at step 29 (rank 1 named, the majority being ranks 0 and 2), the
+    job goes back to the checkpoint of step 19 (the last check that agreed) and finishes."""
+    env = {"FAULT": "bitflip:1:25", "STEP_SLEEP": "0.02"}
+    job = write_job(tmp_path, env=env, total=40, nproc=3, anomaly="verify_every_steps = 10")
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    [anomaly] = named(evs, "anomaly_detected")
+    assert (anomaly["kind"], anomaly["step"], anomaly["onset"], anomaly["rank"]) == (
+        "replicas_diverged",
+        29,
+        20,
+        1,
+    )
+    [failure] = named(evs, "failure_detected")
+    assert failure["ranks"] == [1] and "rank(s) 1:" in failure["detail"]
+    [back] = named(evs, "rolled_back")
+    assert (back["to_step"], back["resume_step"]) == (19, 30)
+    assert named(evs, "job_succeeded")

@@ -13,7 +13,8 @@ TAIL_FROM on (room for an outside fault aimed near the end); BALLAST_MB=n adds n
 rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
 LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d tensor; the kind
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
-whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to).
+whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
+bitflip flips a bit of the rank's first weight before that step (its replica diverges).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def inject(kind: str, step: int) -> None:
     if kind == "phase":  # a long declared phase (evaluation) on this rank
         with worker_sdk.phase("eval"):
             time.sleep(float(os.environ.get("PHASE_S", "5")))
-    if kind == "nan":  # the batch itself is poisoned (main() makes the loss NaN)
+    if kind in ("nan", "bitflip"):  # done by main(): the batch, the weights
         return
     if kind == "exit0":
         os._exit(0)
@@ -115,6 +116,9 @@ def main() -> None:
     for step in range(start, total):
         for kind in faults_now(rank, step, attempt):
             inject(kind, step)
+        if "bitflip" in faults_now(rank, step, attempt):
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
         x = torch.randn(16, 32)
         if "nan" in faults_now(rank, step, attempt) or step >= nan_from:
             x[0, 0] = float("nan")  # a poisoned batch

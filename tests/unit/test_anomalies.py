@@ -16,7 +16,8 @@ from supervisor.rules.anomalies import (
     decide_rollback,
 )
 from supervisor.rules.budget import Budget
-from supervisor.rules.observation import Anomaly, FailureKind
+from supervisor.rules.failures import classify
+from supervisor.rules.observation import Anomaly, FailureKind, Observation
 
 POLICY = AnomalyPolicy(spike_factor=10.0, window=20, patience=3, skip_steps=1, max_rollbacks=2)
 
@@ -189,3 +190,19 @@ def test_skip_steps_widens_the_skip() -> None:
     assert isinstance(decision, Rollback) and decision.resume_step == 107
     again = decide_rollback(Budget(rollbacks_used=1, skip_to=107), _anomaly(150, 150), policy, [])
     assert isinstance(again, RollbackRefused)  # within 50 steps of the skip: the same place
+
+
+def test_diverged_replicas_are_an_anomaly_naming_every_rank() -> None:
+    """The ranks that differ become the failure's ranks; the onset follows the last agreement."""
+    watch = LossWatch(POLICY)
+    watch.begin_attempt(0)
+    anomaly = watch.diverged((1, 3), 29, 20)
+    assert (anomaly.kind, anomaly.rank, anomaly.others, anomaly.onset) == (
+        FailureKind.REPLICAS_DIVERGED,
+        1,
+        (3,),
+        20,
+    )
+    failure = classify(Observation(anomaly=anomaly, last_steps={0: 29, 1: 29}))
+    assert failure.kind is FailureKind.REPLICAS_DIVERGED and failure.ranks == (1, 3)
+    assert "rank(s) 1, 3" in failure.detail and "step 29" in failure.detail

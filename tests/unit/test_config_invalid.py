@@ -95,7 +95,8 @@ INVALID: list[Any] = [
     pytest.param(
         with_section(
             "anomaly",
-            "spike_factor = 0\nwindow = 2\npatience = 0\nskip_steps = 0\nmax_rollbacks = -1",
+            "spike_factor = 0\nwindow = 2\npatience = 0\nskip_steps = 0\nmax_rollbacks = -1\n"
+            "verify_every_steps = -5",
         ),
         [
             ("anomaly.spike_factor", "must be a finite number above 0, got 0"),
@@ -103,6 +104,7 @@ INVALID: list[Any] = [
             ("anomaly.patience", "must be at least 1, got 0"),
             ("anomaly.skip_steps", "must be at least 1, got 0"),
             ("anomaly.max_rollbacks", "must be at least 0, got -1"),
+            ("anomaly.verify_every_steps", "must be at least 0, got -5"),
         ],
         id="anomaly-ranges",
     ),

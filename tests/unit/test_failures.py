@@ -401,6 +401,7 @@ def test_failure_kind_values_are_the_event_strings() -> None:
         "stopped",
         "nonfinite_loss",
         "loss_spike",
+        "replicas_diverged",
     ]
     assert FailureKind("oom") is FailureKind.OOM
 
