@@ -242,20 +242,20 @@ class FailureDetected(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AnomalyDetected(Event):
-    """The training went wrong: a rank's loss was not finite, or spiked above its baseline;
-    the attempt is ended and rolled back.
+    """The training went wrong: a rank's loss was not finite or spiked above its baseline, or
+    the DDP replicas' parameters differ; the attempt is ended and rolled back.
     """
 
     NAME = "anomaly_detected"
     LEVEL = "error"
     kind: str
-    """``nonfinite_loss`` or ``loss_spike``."""
+    """``nonfinite_loss``, ``loss_spike`` or ``replicas_diverged``."""
     step: int
     """The step at which it was seen."""
     onset: int
     """The first step it may come from: checkpoints of this step or later are not trusted."""
     rank: int
-    """The rank that reported the loss."""
+    """The rank that reported the loss; the first that differs (``replicas_diverged``)."""
     value: float | None
     """The loss reported; None when not finite."""
     baseline: float | None
