@@ -33,6 +33,8 @@ __all__ = ["UsageError", "phase", "protocol", "resume", "step"]
 
 _runtime: Runtime | None = None
 _monotonic = time.monotonic
+_INF = float("inf")
+_NEG_INF = -_INF
 
 
 class UsageError(RuntimeError):
@@ -183,7 +185,8 @@ def step(step: int, extra: Any = None, loss: Any = None) -> None:
         rt.max_dt = dt
     if loss is not None:
         rt.loss = loss  # a reference: read at heartbeat time
-        if loss.__class__ is float and loss - loss != 0.0:  # NaN or infinite, caught here
+        # NaN or infinite, caught here; a chained comparison allocates nothing
+        if loss.__class__ is float and not _NEG_INF < loss < _INF:
             rt.loss_not_finite(step, loss, step)
     if step >= rt.next_save_step or now >= rt.next_due:
         rt.slow_path(step, extra, now)
