@@ -235,7 +235,7 @@ class Attempt:
             return
         if msg.kind is p.Kind.REPLICAS_DIVERGED:
             text = str(msg.payload.get("ranks", ""))
-            ranks = tuple(int(r) for r in text.split(",") if r.isdigit()) or (msg.rank,)
+            ranks = tuple(int(r) for r in text.split(",") if r.isdecimal()) or (msg.rank,)
             self._on_anomaly(losses.diverged(ranks, msg.step, onset), now)
             return
         loss = msg.payload.get("loss")
