@@ -90,3 +90,29 @@ def test_without_a_loss_heartbeats_are_as_before(sent: tuple[Runtime, Sent]) -> 
     _, channel = sent
     worker_sdk.step(0)
     assert [(m[0], m[3]) for m in channel.messages] == [(p.Kind.HEARTBEAT, {})]
+
+
+class CountedReads:
+    """A loss whose value is read (``float()``, as ``.item()`` on a device would sync) only
+    through ``__float__``; counts the reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __float__(self) -> float:
+        self.reads += 1
+        return 1.5
+
+
+def test_a_loss_that_is_not_a_float_is_read_once_per_heartbeat(sent: tuple[Runtime, Sent]) -> None:
+    """1,000 steps with no heartbeat due never read the loss (no device sync is added); a due
+    heartbeat reads it once."""
+    rt, _ = sent
+    loss = CountedReads()
+    _no_heartbeat_due(rt)
+    for s in range(1000):
+        worker_sdk.step(s, loss=loss)
+    assert loss.reads == 0
+    rt.hb_due = rt.next_due = 0.0
+    worker_sdk.step(1000, loss=loss)
+    assert loss.reads == 1
