@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,9 +27,10 @@ from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_eve
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.ranks.silence import SilenceWatch
+from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import AnomalyDetected, ExitAborted, ExitStalled
+from supervisor.record.schema import ExitAborted, ExitStalled
 from supervisor.rules import culprits, failures, hangs
 from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import (
@@ -47,7 +47,6 @@ from worker_sdk import protocol as p
 __all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
 
 TICK_S = 0.1
-_TRAINING_REPORTS = frozenset({p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE, p.Kind.REPLICAS_DIVERGED})
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
 SETTLE_NODES_S = 0.25  # the same on several nodes, where the ranks' reports cross the network
 EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
@@ -223,43 +222,17 @@ class Attempt:
         elif kind is p.Kind.FAILURE:
             self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
-        if self.losses is not None and kind in _TRAINING_REPORTS:
-            self._on_loss(self.losses, msg, now)
+        if self.losses is not None and kind in TRAINING_REPORTS:
+            self._on_anomaly(anomaly_in(self.losses, msg), now)
 
-    def _on_loss(self, losses: LossWatch, msg: p.Message, now: float) -> None:
-        """A heartbeat's loss, or a loss that is not finite: an anomaly ends the attempt."""
-        since = msg.payload.get("since")
-        onset = since if isinstance(since, int) and since <= msg.step else msg.step
-        if msg.kind is p.Kind.LOSS_NONFINITE:
-            self._on_anomaly(losses.nonfinite(msg.rank, msg.step, onset, msg.value), now)
-            return
-        if msg.kind is p.Kind.REPLICAS_DIVERGED:
-            text = str(msg.payload.get("ranks", ""))
-            ranks = tuple(int(r) for r in text.split(",") if r.isdecimal()) or (msg.rank,)
-            self._on_anomaly(losses.diverged(ranks, msg.step, onset), now)
-            return
-        loss = msg.payload.get("loss")
-        if isinstance(loss, int | float) and not isinstance(loss, bool):
-            found = losses.observe(msg.rank, msg.step, float(loss))
-            if found is not None:
-                self._on_anomaly(found, now)
-
-    def _on_anomaly(self, anomaly: Anomaly, now: float) -> None:
+    def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""
-        if self._anomaly is not None or self._is_ending() or self.stop_reason is not None:
+        if anomaly is None or self._anomaly is not None or self._is_ending():
+            return
+        if self.stop_reason is not None:  # a requested stop goes on
             return
         self._anomaly = anomaly
-        finite = math.isfinite(anomaly.value)
-        self.events.log(
-            AnomalyDetected(
-                kind=str(anomaly.kind),
-                step=anomaly.step,
-                onset=anomaly.onset,
-                rank=anomaly.rank,
-                value=anomaly.value if finite else None,
-                baseline=anomaly.baseline,
-            )
-        )
+        self.events.log(anomaly_event(anomaly))
         self._first_sign_t = now
         self._noticed_at = self.clock.wall()
         self._finish(Ending.FAILED)

@@ -27,10 +27,33 @@ from torch import nn
 from . import _parallel
 from ._collectives import all_gather_ints
 
-__all__ = ["SAMPLE", "compare", "ddp_modules", "fingerprint"]
+__all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
 
 SAMPLE: Final = 4096
 """Elements per parameter at most in one check."""
+
+
+class ReplicaCheck:
+    """The checks of one rank: at the steps ``s`` with ``(s + 1) % every == 0``."""
+
+    def __init__(self, every: int, modules: Sequence[nn.Module], last_finished: int) -> None:
+        self.every = every
+        self.modules = list(modules)
+        self.verified = last_finished
+        self.next_step = self._after(last_finished)
+
+    def _after(self, step: int) -> int:
+        return ((step + 1) // self.every + 1) * self.every - 1
+
+    def run(self, step: int) -> dict[str, Any] | None:
+        """Compare at ``step`` (a collective: every rank calls it at the same step); the
+        payload of a ``REPLICAS_DIVERGED`` report when some ranks differ, else None."""
+        diverged = compare(fingerprint(self.modules, step // self.every))
+        since = self.verified + 1
+        self.verified, self.next_step = step, self._after(step)
+        if not diverged:
+            return None
+        return {"ranks": ",".join(map(str, diverged)), "since": since}
 
 
 def ddp_modules(objects: Sequence[Any]) -> list[nn.Module]:

@@ -34,6 +34,7 @@ from .heartbeat import Channel
 if TYPE_CHECKING:
     from ._async_save import AsyncSaver, Outcome
     from ._loader_rng import LoaderWindow
+    from ._replicas import ReplicaCheck
 
 _NEVER = sys.maxsize
 FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
@@ -59,6 +60,7 @@ class Runtime:
         "objects",
         "periodic_next",
         "rank",
+        "replicas",
         "save_due_t",
         "saver",
         "settings",
@@ -68,9 +70,6 @@ class Runtime:
         "sync_save_at",
         "t_last",
         "total_steps",
-        "verified_step",
-        "verify_every",
-        "verify_modules",
         "verify_next",
         "window",
         "world_size",
@@ -112,11 +111,8 @@ class Runtime:
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
         self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
-        # replicas compared every verify_every steps (plain DDP only; see worker_sdk._replicas)
-        self.verify_every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if channel else 0
-        self.verify_modules: list[Any] = []
+        self.replicas: ReplicaCheck | None = None  # plain DDP compared (worker_sdk._replicas)
         self.verify_next = _NEVER
-        self.verified_step = -1
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -139,11 +135,14 @@ class Runtime:
         self.last_step = start - 1
         self.hb_step = start - 1  # what a failure before the first step() names
         self._map_step_slot(start - 1)
-        if self.verify_every > 0 and self.world_size > 1:
-            from . import _replicas
+        every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
+        if every > 0 and self.world_size > 1:
+            from ._replicas import ReplicaCheck, ddp_modules
 
-            self.verify_modules = _replicas.ddp_modules(self.objects)
-        self._set_verify(start - 1)
+            modules = ddp_modules(self.objects)
+            if modules:
+                self.replicas = ReplicaCheck(every, modules, start - 1)
+                self.verify_next = self.replicas.next_step
         self._set_periodic(start - 1)
         if self.channel is not None:
             s = self.settings
@@ -213,13 +212,6 @@ class Runtime:
             self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
         self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
-    def _set_verify(self, last_verified: int) -> None:
-        self.verified_step = last_verified
-        n = self.verify_every
-        if n > 0 and self.verify_modules:
-            self.verify_next = ((last_verified + 1) // n + 1) * n - 1
-        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
-
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> None:
         """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
@@ -269,19 +261,14 @@ class Runtime:
                 self.sync_mode = True
 
     def _verify(self, step: int) -> None:
-        """Compare the replicas' fingerprints (a collective at a step every rank reaches);
-        rank 0 reports the ranks that differ from the majority."""
-        from . import _replicas
-
-        check = step // self.verify_every
-        diverged = _replicas.compare(_replicas.fingerprint(self.verify_modules, check))
-        if diverged and self.rank == 0 and self.channel is not None:
-            ranks = ",".join(map(str, diverged))
-            since = self.verified_step + 1
-            self.channel.send(
-                p.Kind.REPLICAS_DIVERGED, step=step, payload={"ranks": ranks, "since": since}
-            )
-        self._set_verify(step)
+        """Compare the replicas (a collective at a step every rank reaches); rank 0 reports
+        the ranks that differ from the majority."""
+        assert self.replicas is not None
+        report = self.replicas.run(step)
+        if report is not None and self.rank == 0 and self.channel is not None:
+            self.channel.send(p.Kind.REPLICAS_DIVERGED, step=step, payload=report)
+        self.verify_next = self.replicas.next_step
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
     def loss_not_finite(self, step: int, value: float, since: int) -> None:
         """Report a loss that is not finite at once (the first only: the attempt ends)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from worker_sdk._replicas import SAMPLE, divergent, fingerprint
+from worker_sdk._replicas import SAMPLE, ReplicaCheck, divergent, fingerprint
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,12 @@ def test_fingerprint_sees_one_flipped_bit_within_a_stride_of_checks() -> None:
         weight.view(-1)[stride + 3 :][:1].view(torch.int32).bitwise_xor_(1 << 20)
     seen = [fingerprint([a], k) != fingerprint([b], k) for k in range(stride)]
     assert seen.count(True) == 1 and seen[3]
+
+
+@pytest.mark.parametrize(
+    ("every", "last_finished", "first"), [(10, -1, 9), (10, 25, 29), (10, 29, 39), (1, 4, 5)]
+)
+def test_checks_fall_on_agreed_steps(every: int, last_finished: int, first: int) -> None:
+    """The first check after a (re)start is at the next step s with (s + 1) % every == 0:
+    every rank computes the same one from the step it resumed at."""
+    assert ReplicaCheck(every, [], last_finished).next_step == first
