@@ -100,7 +100,8 @@ def _router(directory: Path) -> Iterator[tuple[str, list[int]]]:
 
 
 def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
-    """step() with nothing due, step() with a heartbeat due, one heartbeat send, an empty call."""
+    """step() with nothing due (without a loss, with a float, with a tensor), step() with a
+    heartbeat due (without a loss, with a tensor), one heartbeat send, an empty call."""
     import torch
 
     import worker_sdk
@@ -132,7 +133,19 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
                 for i in range(start, start + n):
                     _noop(i)
 
+            loss_tensor = torch.tensor(0.5)
+
+            def steps_float_loss(start: int, n: int) -> None:
+                for i in range(start, start + n):
+                    step(i, loss=0.5)
+
+            def steps_tensor_loss(start: int, n: int) -> None:
+                for i in range(start, start + n):
+                    step(i, loss=loss_tensor)
+
             result = {"step_ns": per_call_ns(steps, calls), "empty_ns": per_call_ns(empty, calls)}
+            result["float_loss_ns"] = per_call_ns(steps_float_loss, calls)
+            result["tensor_loss_ns"] = per_call_ns(steps_tensor_loss, calls)
             rt = worker_sdk._current
             assert rt is not None
             assert rt.channel is not None
@@ -150,7 +163,15 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
                 t0 = time.perf_counter_ns()
                 step(calls + i)
                 due.append((time.perf_counter_ns() - t0) / 1000.0)
+            due_tensor = []
+            for i in range(min(5_000, calls // 20)):
+                _spin(_PACE_S)
+                rt.hb_due = rt.next_due = 0.0
+                t0 = time.perf_counter_ns()
+                step(calls + i, loss=loss_tensor)
+                due_tensor.append((time.perf_counter_ns() - t0) / 1000.0)
             result["send_us"], result["due_us"] = sends, due
+            result["due_tensor_us"] = due_tensor
             result["dropped"] = [float(rt.channel.dropped)]
         finally:
             worker_sdk._reset_for_tests()
@@ -226,8 +247,14 @@ def sdk(ctx: Context) -> Table:
     )
     t.row("step(), nothing due (median of batches)", {cols[0]: step_ns, cols[1]: "-"})
     t.row("empty Python call, same loop (baseline)", {cols[0]: empty_ns, cols[1]: "-"})
+    float_ns = Cell(m["float_loss_ns"], " ns", digits=1)
+    tensor_ns = Cell(m["tensor_loss_ns"], " ns", digits=1)
+    t.row("step(..., loss=float), nothing due (checked)", {cols[0]: float_ns, cols[1]: "-"})
+    t.row("step(..., loss=tensor), nothing due (kept)", {cols[0]: tensor_ns, cols[1]: "-"})
     t.row("one heartbeat send (paced, 0.2 ms apart)", {cols[0]: send_us, cols[1]: nv_hb})
     t.row("step() with a heartbeat due (send + poll)", {cols[0]: due_us, cols[1]: "-"})
+    due_tensor = Cell(m["due_tensor_us"], " µs")
+    t.row("the same with a tensor loss (read + payload)", {cols[0]: due_tensor, cols[1]: "-"})
     hb_per_step = STEP_BUDGET_MS / 1000.0  # 1 Hz heartbeats: one per 50 steps of 20 ms
     med_step = step_ns.median or 0.0
     med_due = due_us.median or 0.0

@@ -29,11 +29,14 @@ from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
+from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitAborted, ExitStalled
 from supervisor.rules import culprits, failures, hangs
+from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import (
+    Anomaly,
     Observation,
     RankExit,
     RankReport,
@@ -72,9 +75,12 @@ class Attempt:
         transition: Callable[[JobState], None],
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
+        losses: LossWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.number = number
+        self.losses = losses
+        self._anomaly: Anomaly | None = None
         self.plan = plan
         self.tree = tree
         self.channel = channel
@@ -224,6 +230,20 @@ class Attempt:
         elif kind is p.Kind.FAILURE:
             self._reports.append(report_from_message(msg))
             self._sign_of_failure(now)
+        if self.losses is not None and kind in TRAINING_REPORTS:
+            self._on_anomaly(anomaly_in(self.losses, msg), now)
+
+    def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
+        """The training went wrong: record it and end the attempt (a rollback follows)."""
+        if anomaly is None or self._anomaly is not None or self._is_ending():
+            return
+        if self.stop_reason is not None:  # a requested stop goes on
+            return
+        self._anomaly = anomaly
+        self.events.log(anomaly_event(anomaly))
+        self._first_sign_t = now
+        self._noticed_at = self.clock.wall()
+        self._finish(Ending.FAILED)
 
     def _note_logs(self, msg: p.Message) -> None:
         """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
@@ -451,6 +471,7 @@ class Attempt:
             hang_culprits=verdict.culprits,
             hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
             rank_nodes={st.rank: st.host for st in self.ranks if st.host != "?"},
+            anomaly=self._anomaly,
         )
         newest = self.tracker.newest_step
         progressed = newest is not None and (

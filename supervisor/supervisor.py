@@ -42,12 +42,14 @@ from supervisor.record.schema import (
     JobSucceeded,
     MessagesDropped,
     RestartScheduled,
+    RolledBack,
     StopRequested,
 )
 from supervisor.rules import budget as budgets
+from supervisor.rules.anomalies import LossWatch, RollbackRefused, decide_rollback
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import classify
-from supervisor.rules.observation import Failure, FailureKind, StopReason
+from supervisor.rules.observation import ANOMALY_KINDS, Anomaly, Failure, FailureKind, StopReason
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 from supervisor.rules.states import ExitCode, JobState, check_transition, exit_code
 
@@ -131,6 +133,7 @@ class Supervisor:
         )
         self.state = JobState.STARTING
         self.ranks = RankTable()
+        self.losses = LossWatch(cfg.anomaly)  # across attempts: a baseline outlives a rollback
         self.current: Attempt | None = None
         self.stop_reason: StopReason | None = None
         self._stop_wakeup = asyncio.Event()
@@ -175,6 +178,11 @@ class Supervisor:
                 reason = self.stop_reason or StopReason.STOPPED
                 return await self._stopped(reason, result.stop_step, note)
             self._record_failure(failure, result)
+            anomaly = result.observation.anomaly
+            if failure.kind in ANOMALY_KINDS and anomaly is not None:
+                if not self._roll_back(anomaly):
+                    return exit_code(self.state)
+                continue
             nodes = None
             if failure.kind is FailureKind.NODE_FAILURE:
                 nodes = self.launches.lose(failure.nodes)
@@ -198,6 +206,41 @@ class Supervisor:
             )
             await first_done(self._stop_wakeup.wait(), self.clock.sleep(decision.after_s))
 
+    def _roll_back(self, anomaly: Anomaly) -> bool:
+        """Discard the checkpoints from the anomaly's onset on, record the rollback and the
+        skip (the next attempt's environment comes from them); False: the job gave up."""
+        policy = self.cfg.anomaly
+        decision = decide_rollback(self.budget, anomaly, policy, self.tracker.steps())
+        if isinstance(decision, RollbackRefused):
+            self.transition(JobState.GAVE_UP)
+            self.events.log(JobGaveUp(reason=decision.reason))
+            return False
+        discarded = self.tracker.discard_from(decision.discard_from)
+        self.events.log(
+            RolledBack(
+                from_step=anomaly.step,
+                to_step=decision.restore_step,
+                resume_step=decision.resume_step,
+                skipped_steps=decision.skipped_steps,
+                onset=decision.discard_from,
+                discarded=discarded,
+                rollbacks_left=policy.max_rollbacks - self.budget.rollbacks_used - 1,
+                note=decision.note,
+            )
+        )
+        self.transition(JobState.BACKOFF)
+        left = self.policy.max_restarts - self.budget.restarts_used
+        self.events.log(
+            RestartScheduled(
+                backoff_s=0.0,
+                restarts_left=left,
+                charged=False,
+                deterministic=False,
+                note=decision.note,
+            )
+        )
+        return True
+
     async def _run_attempt(self) -> AttemptResult:
         cfg = self.cfg
         n = self.attempt_no
@@ -212,15 +255,19 @@ class Supervisor:
             last_failure=self.budget.last_failure,
             oom_count=self.budget.oom_count,
             restarts_used=self.budget.restarts_used,
+            resume_at=self.budget.skip_to,
+            resume_before=self.budget.resume_before,
         )
         plan = self.launches.plan(n, rank_env)
         self.events.attempt = n
         newest = self.tracker.newest_step
         saved_by = self.tracker.newest_world_size
         world_size = plan.nnodes * plan.nproc_per_node
+        resume_step = max(0 if newest is None else newest + 1, self.budget.skip_to or 0)
+        self.losses.begin_attempt(resume_step)
         self.events.log(
             AttemptStarted(
-                resume_step=0 if newest is None else newest + 1,
+                resume_step=resume_step,
                 checkpoint=None if newest is None else str(self.tracker.path_of(newest)),
                 launcher=plan.argv,
                 nnodes=plan.nnodes,
@@ -243,6 +290,7 @@ class Supervisor:
             transition=self.transition,
             clock=self.clock,
             liveness=self.liveness,
+            losses=self.losses,
         )
         dropped_before = dict(self.channel.dropped)
         try:

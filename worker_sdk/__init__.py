@@ -33,6 +33,8 @@ __all__ = ["UsageError", "phase", "protocol", "resume", "step"]
 
 _current: Runtime | None = None
 _monotonic = time.monotonic
+_INF = float("inf")
+_NEG_INF = -_INF
 
 
 class UsageError(RuntimeError):
@@ -160,8 +162,15 @@ def resume(
     return start, loaded.extra
 
 
-def step(step: int, extra: Any = None) -> None:
-    """Mark iteration ``step`` (0-based) finished: heartbeat, save or stop when one is due."""
+def step(step: int, extra: Any = None, loss: Any = None) -> None:
+    """Mark iteration ``step`` (0-based) finished: heartbeat, save or stop when one is due.
+
+    ``loss``, optional, is the step's loss: a Python float or a 0-d tensor. Under rvsup it is
+    watched for anomalies (a loss that is not finite, a spike): a float is checked at every
+    step, a tensor only when a heartbeat is due (its value is read then, so that no step
+    waits for the device otherwise). The value a heartbeat carries is the loss of the step it
+    is sent at.
+    """
     rt = _current
     if rt is None:
         raise RuntimeError("call worker_sdk.resume() before worker_sdk.step()")
@@ -172,6 +181,11 @@ def step(step: int, extra: Any = None) -> None:
     rt.step_slot[0] = step  # a store into shared memory: the supervisor reads it exactly
     if dt > rt.max_dt:
         rt.max_dt = dt
+    if loss is not None:
+        rt.loss = loss  # a reference: read at heartbeat time
+        # NaN or infinite, caught here; a chained comparison allocates nothing
+        if loss.__class__ is float and not _NEG_INF < loss < _INF:
+            rt.loss_not_finite(step, loss, step)
     if step >= rt.next_save_step or now >= rt.next_due:
         rt.slow_path(step, extra, now)
 

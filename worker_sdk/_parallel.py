@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-__all__ = ["Group", "StatePlan", "Stateful", "class_name", "plan", "unwrap"]
+__all__ = ["Group", "StatePlan", "Stateful", "class_name", "module_kind", "plan", "unwrap"]
 
 KIND_MODULE: Final = "module"
 KIND_DDP: Final = "ddp"
@@ -120,7 +120,7 @@ def plan(objects: Sequence[Stateful]) -> StatePlan:
     param_ids: dict[int, set[int]] = {}  # module index -> ids of its parameters
     for i, obj in enumerate(objects):
         if isinstance(obj, nn.Module):
-            kinds.append(_module_kind(obj))
+            kinds.append(module_kind(obj))
             param_ids[i] = {id(p) for p in obj.parameters()}
         elif isinstance(obj, torch.optim.Optimizer):
             kinds.append("optimizer")
@@ -207,7 +207,8 @@ def _refuse_unsupported(i: int, obj: Any) -> None:
             )
 
 
-def _module_kind(obj: nn.Module) -> str:
+def module_kind(obj: nn.Module) -> str:
+    """The parallelism of a module: one of the KIND_* values."""
     module = unwrap(obj)
     fsdp = sys.modules.get("torch.distributed.fsdp")
     if fsdp is not None:

@@ -34,6 +34,7 @@ from .layout import (
     committed_name,
     rank_file,
 )
+from .protocol import ENV_RESUME_BEFORE
 
 __all__ = ["LoadResult", "Restorer", "dcp_groups"]
 
@@ -88,6 +89,9 @@ class Restorer:
         """Restore the newest checkpoint every rank can read; fresh start if there is none."""
         plan = self.plan(objects)
         valid, scan_skipped = layout.scan(self.directory)
+        before = os.environ.get(ENV_RESUME_BEFORE)
+        if before:  # rolled back: checkpoints from the anomaly's onset on may hold the damage
+            valid = [info for info in valid if info.step < int(before)]
         skipped = list(scan_skipped)
         for info in [*valid, None]:
             self._agree_on_choice(info)

@@ -34,6 +34,7 @@ from .heartbeat import Channel
 if TYPE_CHECKING:
     from ._async_save import AsyncSaver, Outcome
     from ._loader_rng import LoaderWindow
+    from ._replicas import ReplicaCheck
 
 _NEVER = sys.maxsize
 FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
@@ -49,13 +50,17 @@ class Runtime:
         "checkpointer",
         "extra_default",
         "hb_due",
+        "hb_step",
         "last_step",
+        "loss",
+        "loss_reported",
         "max_dt",
         "next_due",
         "next_save_step",
         "objects",
         "periodic_next",
         "rank",
+        "replicas",
         "save_due_t",
         "saver",
         "settings",
@@ -65,6 +70,7 @@ class Runtime:
         "sync_save_at",
         "t_last",
         "total_steps",
+        "verify_next",
         "window",
         "world_size",
     )
@@ -97,11 +103,16 @@ class Runtime:
         self.t_last = now
         self.max_dt = 0.0
         self.last_step = -1
+        self.loss: Any = None  # the last loss step() was given (a float or a tensor)
+        self.hb_step = -1  # the step of the last heartbeat
+        self.loss_reported = False  # a loss that is not finite was reported (once)
         self.sync_mode = False
         self.stop_after_save = False
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
-        self.next_save_step = _NEVER
+        self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
+        self.replicas: ReplicaCheck | None = None  # plain DDP compared (worker_sdk._replicas)
+        self.verify_next = _NEVER
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -117,8 +128,21 @@ class Runtime:
     def start(self, loaded: LoadResult) -> int:
         """Announce the rank, report what was loaded; return the first step to run."""
         start = 0 if loaded.step is None else loaded.step + 1
-        self.last_step = start - 1  # what a failure before the first step() names
+        if self.channel is not None:  # after a rollback: the skipped steps stay skipped
+            skipped = max(0, int(os.environ.get(p.ENV_RESUME_AT) or 0) - start)
+            os.environ[p.ENV_SKIPPED_STEPS] = str(skipped)
+            start += skipped
+        self.last_step = start - 1
+        self.hb_step = start - 1  # what a failure before the first step() names
         self._map_step_slot(start - 1)
+        every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
+        if every > 0 and self.world_size > 1:
+            from ._replicas import ReplicaCheck, ddp_modules
+
+            modules = ddp_modules(self.objects)
+            if modules:
+                self.replicas = ReplicaCheck(every, modules, start - 1)
+                self.verify_next = self.replicas.next_step
         self._set_periodic(start - 1)
         if self.channel is not None:
             s = self.settings
@@ -186,7 +210,7 @@ class Runtime:
         else:
             # save after step s when (s + 1) % n == 0: the checkpoint resumes at a multiple of n
             self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
-        self.next_save_step = min(self.periodic_next, self.sync_save_at)
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> None:
@@ -202,7 +226,9 @@ class Runtime:
             self._heartbeat(step, now)
         if self.sync_mode:
             self._sync_round(step)
-        if step >= self.next_save_step or now >= self.save_due_t:
+        if step >= self.verify_next:
+            self._verify(step)
+        if step >= min(self.periodic_next, self.sync_save_at) or now >= self.save_due_t:
             self._save(step, extra)
         in_flight = saver is not None and saver.in_flight is not None
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
@@ -217,12 +243,39 @@ class Runtime:
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
         assert ch is not None
-        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt)
+        payload = None
+        loss = self.loss
+        if loss is not None:
+            self.loss = None
+            value = loss if loss.__class__ is float else float(loss)  # a tensor is read here
+            if math.isfinite(value):
+                payload = {"loss": value}
+            elif loss.__class__ is not float:  # a float was reported by step() already
+                self.loss_not_finite(step, value, self.hb_step + 1)
+        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, payload=payload)
+        self.hb_step = step
         self.max_dt = 0.0
         self.hb_due = now + self.settings.heartbeat_interval_s
         while (msg := ch.receive()) is not None:
             if msg.kind is p.Kind.SYNC_REQUEST:
                 self.sync_mode = True
+
+    def _verify(self, step: int) -> None:
+        """Compare the replicas (a collective at a step every rank reaches); rank 0 reports
+        the ranks that differ from the majority."""
+        assert self.replicas is not None
+        report = self.replicas.run(step)
+        if report is not None and self.rank == 0 and self.channel is not None:
+            self.channel.send(p.Kind.REPLICAS_DIVERGED, step=step, payload=report)
+        self.verify_next = self.replicas.next_step
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+
+    def loss_not_finite(self, step: int, value: float, since: int) -> None:
+        """Report a loss that is not finite at once (the first only: the attempt ends)."""
+        if self.channel is None or self.loss_reported:
+            return
+        self.loss_reported = True
+        self.channel.send(p.Kind.LOSS_NONFINITE, step=step, value=value, payload={"since": since})
 
     def _sync_round(self, step: int) -> None:
         ch = self.channel
@@ -253,7 +306,7 @@ class Runtime:
                     self._leave_if_stopping(step)
                     return
                 self.sync_save_at = msg.step
-                self.next_save_step = min(self.periodic_next, msg.step)
+                self.next_save_step = min(self.periodic_next, msg.step, self.verify_next)
                 return
 
     def _save(self, step: int, extra: Any) -> None:

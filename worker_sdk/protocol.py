@@ -93,6 +93,12 @@ ENV_LAST_FAILURE: Final = "RVSUP_LAST_FAILURE"  # kind of the failure that ended
 ENV_OOM_COUNT: Final = "RVSUP_OOM_COUNT"  # OOM failures so far in this job
 ENV_RESTART_COUNT: Final = "RVSUP_RESTART_COUNT"  # restarts charged so far in this job
 ENV_REPORT_EXIT: Final = "RVSUP_REPORT_EXIT"  # "1": the bootstrap reports how the rank ended
+# after a rollback (an anomaly of the training): load no checkpoint of this step or later
+ENV_RESUME_BEFORE: Final = "RVSUP_RESUME_BEFORE"
+ENV_RESUME_AT: Final = "RVSUP_RESUME_AT"  # start no earlier than this step (the skip)
+# set by resume() for the script: steps between the loaded checkpoint and the start it returned
+ENV_SKIPPED_STEPS: Final = "RVSUP_SKIPPED_STEPS"
+ENV_VERIFY_EVERY: Final = "RVSUP_VERIFY_EVERY"  # compare the DDP replicas every N steps; 0: never
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
@@ -113,7 +119,9 @@ class Kind(enum.IntEnum):
     """Message types. Values below 20 travel rank -> supervisor, the rest the other way."""
 
     HELLO = 1  # payload: host, local_rank, world_size, total_steps, stdout, stderr (file paths)
-    HEARTBEAT = 2  # step: last finished step; value: longest step (s) since the last heartbeat
+    # step: last finished step; value: longest step (s) since the last heartbeat;
+    # payload: loss (float, finite), when the script passes one to step()
+    HEARTBEAT = 2
     SYNC = 3  # step: last finished step; the rank waits for CONTINUE or SAVE_AT
     CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes, mode, blocked_s (rank 0)
     CKPT_SKIPPED = 5  # payload: path, reason (a torn or corrupt checkpoint passed over)
@@ -129,6 +137,14 @@ class Kind(enum.IntEnum):
     # one on storage (ENOSPC, EIO): nothing of it is committed, the previous checkpoint stays,
     # training goes on
     CKPT_FAILED = 12
+    # step: where a loss that is not finite was seen; value: it; payload: since (the first step
+    # it may come from: the step itself for a float loss, the step after the previous heartbeat
+    # for a tensor read there). Sent at once, not at the next heartbeat
+    LOSS_NONFINITE = 13
+    # from rank 0: step: where the replicas' parameter fingerprints differed; payload: ranks
+    # (comma-separated, those that differ from the majority: all when there is none), since
+    # (the step after the last check that agreed)
+    REPLICAS_DIVERGED = 14
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

@@ -84,10 +84,12 @@ def main() -> None:
         x = torch.randn(args.batch, 64)
         y = x[:, :8].sum(dim=1, keepdim=True) + 0.1 * torch.randn(args.batch, 1)
         optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros(())
         for i in range(0, args.batch, micro):
             xb, yb = x[i : i + micro], y[i : i + micro]
             loss = nn.functional.mse_loss(ddp(xb), yb) * (len(xb) / args.batch)
             loss.backward()
+            step_loss += loss.detach()
         optimizer.step()
         scheduler.step()
         extra["samples"] += args.batch * world
@@ -95,8 +97,9 @@ def main() -> None:
             time.sleep(args.step_sleep)
         if rank == 0 and step % 50 == 0:
             print(f"step {step} loss {loss.item() * args.batch / len(xb):.4f}", flush=True)
-        # CALL 2: heartbeat, checkpoint when due, stop cleanly when asked.
-        worker_sdk.step(step, extra=extra)
+        # CALL 2: heartbeat, checkpoint when due, stop cleanly when asked. The loss (optional;
+        # a tensor is read only at heartbeats) is watched: a NaN or a spike is rolled back.
+        worker_sdk.step(step, extra=extra, loss=step_loss)
 
     if rank == 0:
         print(f"done: {args.steps} steps, {extra['samples']} samples", flush=True)

@@ -23,6 +23,7 @@ from typing import Any, Final, TypeVar, cast, get_args
 
 from supervisor.config.durations import format_duration
 from supervisor.config.model import (
+    AnomalySection,
     CheckpointSection,
     ConfigError,
     ConfigIssue,
@@ -49,6 +50,7 @@ from supervisor.config.values import (
     job_name,
     owned_flag_reason,
     path_text,
+    positive_number,
     unknown_name,
 )
 from supervisor.rules.policy import OnFailure
@@ -87,6 +89,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "heartbeat": HeartbeatSection,
     "restart": RestartSection,
     "slurm": SlurmSection,
+    "anomaly": AnomalySection,
 }
 # Fields whose TOML key is a Python keyword.
 _KEYWORD_KEYS: Final = {"async_save": "async"}
@@ -313,6 +316,17 @@ def _read_slurm(t: _Table) -> SlurmSection:
     )
 
 
+def _read_anomaly(t: _Table) -> AnomalySection:
+    return AnomalySection(
+        spike_factor=t.read("spike_factor", 10.0, positive_number),
+        window=t.read("window", 50, integer(4)),
+        patience=t.read("patience", 3, integer(1)),
+        skip_steps=t.read("skip_steps", 1, integer(1)),
+        max_rollbacks=t.read("max_rollbacks", 3, integer(0)),
+        verify_every_steps=t.read("verify_every_steps", 0, integer(0)),
+    )
+
+
 def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     """Validate already-parsed job.toml ``data``; ``path`` is where it came from.
 
@@ -335,9 +349,10 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     heartbeat = _read_heartbeat(_Table(issues, "heartbeat", tables["heartbeat"]))
     restart = _read_restart(_Table(issues, "restart", tables["restart"]))
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
+    anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm)
+    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly)
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:
@@ -356,14 +371,14 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
     return parse_config(data, Path(path))
 
 
-def _toml(value: str | int | tuple[str, ...] | Mapping[str, str]) -> str:
+def _toml(value: str | int | float | tuple[str, ...] | Mapping[str, str]) -> str:
     """One TOML value (string, boolean, integer, array of strings or inline table of strings)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml(item) for item in value) + "]"
     pairs = (f"{k if _BARE_KEY.fullmatch(k) else _toml(k)} = {_toml(v)}" for k, v in value.items())
@@ -382,7 +397,7 @@ def render_config(cfg: JobConfig) -> str:
             key = _KEYWORD_KEYS.get(item.name, item.name.removesuffix("_s"))
             if value is None:
                 value = "off" if key == "every" else "auto"
-            elif isinstance(value, float):
+            elif isinstance(value, float) and item.name.endswith("_s"):
                 value = format_duration(value)
             elif isinstance(value, Path):
                 value = str(value)

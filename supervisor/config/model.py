@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from supervisor.rules.anomalies import AnomalyPolicy
 from supervisor.rules.policy import OnFailure
 
 __all__ = [
@@ -248,6 +249,11 @@ class SlurmSection:
     stop_before_end_s: float
 
 
+AnomalySection: TypeAlias = AnomalyPolicy
+"""``[anomaly]``: the loss rules and the rollbacks (keys documented on
+:class:`supervisor.rules.anomalies.AnomalyPolicy`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class JobConfig:
     """The whole resolved job.toml; ``path`` is its absolute path."""
@@ -259,3 +265,4 @@ class JobConfig:
     heartbeat: HeartbeatSection
     restart: RestartSection
     slurm: SlurmSection
+    anomaly: AnomalySection = field(default_factory=AnomalyPolicy)

@@ -26,6 +26,7 @@ __all__ = [
     "job_name",
     "owned_flag_reason",
     "path_text",
+    "positive_number",
     "unknown_name",
 ]
 
@@ -85,6 +86,15 @@ def integer(minimum: int) -> Callable[[Any], int]:
         return value
 
     return convert
+
+
+def positive_number(value: Any) -> float:
+    """A number (integer or float, not a boolean) above 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValueError(f"expected a number, got {describe(value)}")
+    if not value > 0 or value == float("inf"):
+        raise InvalidValueError(f"must be a finite number above 0, got {value}")
+    return float(value)
 
 
 def auto_count(value: Any) -> int | None:

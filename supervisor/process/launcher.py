@@ -184,8 +184,11 @@ def rank_environment(
     last_failure: str | None,
     oom_count: int,
     restarts_used: int,
+    resume_at: int | None = None,
+    resume_before: int | None = None,
 ) -> dict[str, str]:
-    """The RVSUP_* variables every rank sees (the contract in worker_sdk.protocol)."""
+    """The RVSUP_* variables every rank sees (the contract in worker_sdk.protocol); after a
+    rollback, the step to start at the earliest and the first checkpoint step not to load."""
     ck = cfg.checkpoint
     env = {
         p.ENV_ENDPOINT: endpoint,
@@ -202,9 +205,14 @@ def rank_environment(
         p.ENV_DUMP_SIGNAL: str(int(signal.SIGUSR2)),
         p.ENV_OOM_COUNT: str(oom_count),
         p.ENV_RESTART_COUNT: str(restarts_used),
+        p.ENV_VERIFY_EVERY: str(cfg.anomaly.verify_every_steps),
     }
     if last_failure:
         env[p.ENV_LAST_FAILURE] = last_failure
+    if resume_at is not None:
+        env[p.ENV_RESUME_AT] = str(resume_at)
+    if resume_before is not None:
+        env[p.ENV_RESUME_BEFORE] = str(resume_before)
     return env
 
 

@@ -99,6 +99,24 @@ class CommitTracker:
         """Where the committed checkpoint of ``step`` lives (``worker_sdk.layout`` names it)."""
         return self.directory / layout.committed_name(step)
 
+    def steps(self) -> list[int]:
+        """The steps of the valid committed checkpoints, newest first."""
+        return [info.step for info in layout.scan(self.directory)[0]]
+
+    def discard_from(self, step: int) -> tuple[int, ...]:
+        """Discard the committed checkpoints of ``step`` or later (a rollback: they may hold
+        the damage); the steps discarded. The newest known becomes the newest left."""
+        valid, _ = layout.scan(self.directory)
+        gone = tuple(info.step for info in valid if info.step >= step)
+        for info in valid:
+            if info.step >= step:
+                layout.discard(info.path)
+        self._seen.difference_update(gone)
+        left = [info for info in valid if info.step < step]
+        self.newest_step = left[0].step if left else None
+        self.newest_world_size = left[0].world_size if left else None
+        return gone
+
     @staticmethod
     def step_of(path: Path) -> int | None:
         """The step a committed checkpoint's name says, or None for another name."""

@@ -35,6 +35,7 @@ from supervisor.record.schema import (
     JobStopped,
     JobSucceeded,
     RestartScheduled,
+    RolledBack,
 )
 
 __all__ = [
@@ -87,6 +88,8 @@ class AttemptRow:
     slurm_job_id: str | None
     restart_count: int | None
     """Slurm's restart count of the allocation the attempt ran in."""
+    steps_skipped: int = 0
+    """Steps a rollback after this attempt skipped (never trained on)."""
 
 
 # ---------------------------------------------------------------- reading
@@ -191,6 +194,7 @@ class _Attempt:
     ending: str | None = None
     ending_reason: str | None = None
     steps: list[int] = field(default_factory=list)
+    steps_skipped: int = 0
     backoff_s: float = 0.0
     superseded: bool = False
     """A later ``job_started`` was logged, so this attempt is not running any more."""
@@ -256,6 +260,13 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
         acc.failure_detail = event.detail or None
         _add_step(acc, event.last_step)
         acc.failed_at = at
+    elif isinstance(event, RolledBack):
+        acc.steps_skipped += event.skipped_steps
+        where = "the start" if event.to_step is None else f"step {event.to_step}"
+        acc.failure_detail = (
+            f"{acc.failure_detail or event.NAME}; rolled back to {where}, on at step "
+            f"{event.resume_step} ({event.skipped_steps} steps skipped)"
+        )
     elif isinstance(event, RestartScheduled):
         acc.backoff_s = event.backoff_s
     elif isinstance(event, JobSucceeded):
@@ -295,6 +306,7 @@ def _row(acc: _Attempt, *, is_last: bool) -> AttemptRow:
         seconds_lost=seconds_lost,
         slurm_job_id=acc.slurm_job_id,
         restart_count=acc.restart_count,
+        steps_skipped=acc.steps_skipped,
     )
 
 

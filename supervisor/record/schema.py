@@ -28,6 +28,7 @@ from supervisor.record import typed_json
 
 __all__ = [
     "EVENTS",
+    "AnomalyDetected",
     "AttemptClosed",
     "AttemptStarted",
     "CheckpointCommitted",
@@ -49,6 +50,7 @@ __all__ = [
     "ProcessesLeft",
     "RequeueFailed",
     "RestartScheduled",
+    "RolledBack",
     "SlowPhase",
     "StopRequested",
     "SupervisorError",
@@ -244,6 +246,54 @@ class FailureDetected(Event):
     """The nodes the failure is attributed to (``supervisor.rules.attribution``): the lost
     nodes, a crash's culprit's node, an OOM's nodes, a hang's culprits' nodes; none for a
     stop or a hang without a culprit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnomalyDetected(Event):
+    """The training went wrong: a rank's loss was not finite or spiked above its baseline, or
+    the DDP replicas' parameters differ; the attempt is ended and rolled back.
+    """
+
+    NAME = "anomaly_detected"
+    LEVEL = "error"
+    kind: str
+    """``nonfinite_loss``, ``loss_spike`` or ``replicas_diverged``."""
+    step: int
+    """The step at which it was seen."""
+    onset: int
+    """The first step it may come from: checkpoints of this step or later are not trusted."""
+    rank: int
+    """The rank that reported the loss; the first that differs (``replicas_diverged``)."""
+    value: float | None
+    """The loss reported; None when not finite."""
+    baseline: float | None
+    """The median of the rank's recent losses (spikes); None for a non-finite loss."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolledBack(Event):
+    """The job goes back to a checkpoint from before an anomaly and skips the steps after it;
+    the next attempt resumes past them.
+    """
+
+    NAME = "rolled_back"
+    LEVEL = "warning"
+    from_step: int
+    """The step at which the anomaly was seen."""
+    to_step: int | None
+    """The checkpoint restored; None: the start (no checkpoint before the onset)."""
+    resume_step: int
+    """The step the next attempt starts at."""
+    skipped_steps: int
+    """Steps never trained on: from the restored checkpoint's next step to ``resume_step``."""
+    onset: int
+    """Checkpoints of this step or later were discarded."""
+    discarded: tuple[int, ...]
+    """The steps of the checkpoints discarded."""
+    rollbacks_left: int
+    """Rollbacks left in the budget after this one."""
+    note: str
+    """One human sentence."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -473,6 +523,8 @@ _CLASSES: Final = (
     CheckpointLoaded,
     ColdStart,
     FailureDetected,
+    AnomalyDetected,
+    RolledBack,
     RestartScheduled,
     StopRequested,
     JobSucceeded,

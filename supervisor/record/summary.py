@@ -5,6 +5,7 @@
 - *time lost*: per attempt that did not succeed, from its newest commit (or its start) to its end,
   plus the backoff before the next (the rows' ``seconds_lost``); the next attempt's start-up is
   not counted;
+- *steps skipped*: the steps rollbacks skipped (never trained on), shown when there are any;
 - *wall time*: from the first attempt's start to the last one's end (or ``now`` while it runs);
 - *goodput*: the share of the wall time that was not lost, ``(wall - lost) / wall``.
 """
@@ -33,6 +34,7 @@ class Summary:
     time_lost_s: float
     wall_s: float
     goodput: float | None  # None when no time has passed
+    steps_skipped: int = 0
 
 
 def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
@@ -53,6 +55,7 @@ def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
         time_lost_s=lost,
         wall_s=wall,
         goodput=goodput,
+        steps_skipped=sum(row.steps_skipped for row in rows),
     )
 
 
@@ -62,8 +65,9 @@ def render_summary(s: Summary) -> str:
     failed = ", ".join(f"{n} {kind}" for kind, n in s.failures.items()) or "no failure"
     goodput = "-" if s.goodput is None else f"{s.goodput:.1%}"
     plural = "" if s.attempts == 1 else "s"
+    skipped = f"{s.steps_skipped} steps skipped by rollbacks; " if s.steps_skipped else ""
     return (
-        f"{s.attempts} attempt{plural} ({failed}); {s.steps_redone} steps redone; "
+        f"{s.attempts} attempt{plural} ({failed}); {s.steps_redone} steps redone; {skipped}"
         f"{s.time_lost_s:.1f}s lost of {s.wall_s:.1f}s: goodput {goodput}"
     )
 
@@ -73,6 +77,7 @@ def summary_to_json(s: Summary) -> dict[str, Any]:
         "attempts": s.attempts,
         "failures": s.failures,
         "steps_redone": s.steps_redone,
+        "steps_skipped": s.steps_skipped,
         "time_lost_s": round(s.time_lost_s, 3),
         "wall_s": round(s.wall_s, 3),
         "goodput": None if s.goodput is None else round(s.goodput, 4),

@@ -10,6 +10,10 @@ makes; the ``nodes`` of ``failure_detected`` are its answer. The rule, by kind:
 - ``hang``: the nodes of the culprits the stacks named (ranks outside a collective while the
   others waited in one); a hang without a culprit names no node: every rank waited, and which
   node's network or GPU held them up cannot be told from here.
+- ``replicas_diverged``: the nodes of the ranks whose parameters differ from the majority's
+  (silent data corruption is a node's fault).
+- ``nonfinite_loss``, ``loss_spike``: no node; the data or the model went wrong, not a machine
+  (a node that corrupts values shows as diverged replicas).
 - ``preempted``, ``timelimit``, ``stopped``: no node; nothing failed.
 
 A rank's node is the one its exit was seen on, else the one its hello named; a rank known by
@@ -32,7 +36,7 @@ def nodes_of(failure: Failure, obs: Observation) -> tuple[str, ...]:
         return failure.nodes
     if kind is FailureKind.CRASH:
         return _nodes(obs, failure.ranks[:1])
-    if kind is FailureKind.OOM:
+    if kind in (FailureKind.OOM, FailureKind.REPLICAS_DIVERGED):
         return _nodes(obs, failure.ranks)
     if kind is FailureKind.HANG:
         return _nodes(obs, obs.hang_culprits)

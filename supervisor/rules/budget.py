@@ -17,6 +17,10 @@ The rules, event by event (every other event leaves the budget as it is):
   charged one (what :func:`supervisor.rules.policy.decide` compares a failure with to call it
   deterministic); the streak grows unless the attempt progressed.
 - ``job_started``: a new daemon; no attempt runs until its ``attempt_started``.
+- ``rolled_back``: one rollback used; the attempts from now on start no earlier than its
+  ``resume_step`` (the skipped steps stay skipped whatever checkpoint a later restart loads);
+  the next attempt may load no checkpoint of its onset or later; the newest checkpoint known is
+  the one restored.
 
 Nothing resets at a ``job_started``: the restarts used, the streak and the last charged failure
 carry over requeues and restarts of rvsup. A preemption, time limit or stop is never charged
@@ -36,6 +40,7 @@ from supervisor.record.schema import (
     FailureDetected,
     JobStarted,
     RestartScheduled,
+    RolledBack,
 )
 from supervisor.rules.observation import FailureKind
 
@@ -65,6 +70,13 @@ class Budget:
     """The newest checkpoint step known: committed, or resumed from."""
     progressed: bool = False
     """The newest attempt committed a checkpoint newer than any known before it."""
+    rollbacks_used: int = 0
+    """Rollbacks after an anomaly (``rolled_back``)."""
+    skip_to: int | None = None
+    """The newest rollback's resume step: no attempt starts before it."""
+    resume_before: int | None = None
+    """Set by a rollback until the next attempt starts: it may load no checkpoint of this
+    step or later."""
 
     @property
     def last_failure(self) -> str | None:
@@ -83,7 +95,13 @@ def fold(budget: Budget, event: Event) -> Budget:
         newest = budget.newest_step
         if event.resume_step > 0 and (newest is None or event.resume_step - 1 > newest):
             newest = event.resume_step - 1
-        return replace(budget, attempts=budget.attempts + 1, progressed=False, newest_step=newest)
+        return replace(
+            budget,
+            attempts=budget.attempts + 1,
+            progressed=False,
+            newest_step=newest,
+            resume_before=None,
+        )
     if isinstance(event, CheckpointCommitted):
         if budget.newest_step is not None and event.step <= budget.newest_step:
             return budget
@@ -100,6 +118,14 @@ def fold(budget: Budget, event: Event) -> Budget:
         )
     if isinstance(event, JobStarted):
         return replace(budget, progressed=False)
+    if isinstance(event, RolledBack):
+        return replace(
+            budget,
+            rollbacks_used=budget.rollbacks_used + 1,
+            skip_to=event.resume_step,
+            resume_before=event.onset,
+            newest_step=event.to_step,
+        )
     return budget
 
 

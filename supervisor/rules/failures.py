@@ -14,9 +14,12 @@ Precedence, highest first (the first rule that matches wins):
 3. Out of memory -> ``oom``: a rank reported ``kind == "oom"``, a rank (or the launcher)
    exited with :data:`worker_sdk.protocol.EXIT_OOM`, the cgroup counted new host OOM kills,
    or the ranks' stderr mentions ``OutOfMemoryError`` / ``CUDA out of memory``.
-4. ``silent_ranks`` non-empty -> ``hang``: live ranks without progress past the hang
+4. ``anomaly`` set -> ``nonfinite_loss`` / ``loss_spike`` / ``replicas_diverged``: the
+   supervisor ended the attempt for what a rank reported (:mod:`.anomalies`), so the kills
+   that follow are not a crash.
+5. ``silent_ranks`` non-empty -> ``hang``: live ranks without progress past the hang
    timeout; the ranks that are furthest behind (lowest last step) come first.
-5. Otherwise -> ``crash``: the first rank exit that is non-zero or by a signal is the
+6. Otherwise -> ``crash``: the first rank exit that is non-zero or by a signal is the
    culprit (a rank that exited 0 while others failed is not); with no failing rank exit
    at all, the launcher's status is what we know ("launcher exited with code 1").
 
@@ -32,7 +35,7 @@ import signal
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar
 
-from supervisor.rules import attribution
+from supervisor.rules import anomalies, attribution
 from supervisor.rules.observation import (
     Failure,
     FailureKind,
@@ -92,6 +95,9 @@ def _classify(obs: Observation) -> Failure:
     oom = _oom(obs, last_step)
     if oom is not None:
         return oom
+    if obs.anomaly is not None:  # the supervisor ended the attempt for it: its kills follow
+        a = obs.anomaly
+        return Failure(a.kind, (a.rank, *a.others), (), (), last_step, anomalies.describe(a))
     if obs.silent_ranks:
         return _hang(obs, last_step)
     return _crash(obs, last_step)

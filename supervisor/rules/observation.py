@@ -26,6 +26,8 @@ else:  # pragma: no cover - Python 3.10
 
 
 __all__ = [
+    "ANOMALY_KINDS",
+    "Anomaly",
     "Failure",
     "FailureKind",
     "Observation",
@@ -46,6 +48,15 @@ class FailureKind(StrEnum):
     TIMELIMIT = "timelimit"
     NODE_FAILURE = "node_failure"
     STOPPED = "stopped"
+    NONFINITE_LOSS = "nonfinite_loss"
+    LOSS_SPIKE = "loss_spike"
+    REPLICAS_DIVERGED = "replicas_diverged"
+
+
+ANOMALY_KINDS: Final = frozenset(
+    {FailureKind.NONFINITE_LOSS, FailureKind.LOSS_SPIKE, FailureKind.REPLICAS_DIVERGED}
+)
+"""Failures of the training itself, rolled back with the data that caused them skipped."""
 
 
 class StopReason(StrEnum):
@@ -104,6 +115,25 @@ class RankReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Anomaly:
+    """The training went wrong: a loss that is not finite, a spike above its baseline, or
+    replicas whose parameters differ."""
+
+    kind: FailureKind
+    """``NONFINITE_LOSS``, ``LOSS_SPIKE`` or ``REPLICAS_DIVERGED``."""
+    rank: int
+    step: int
+    """The step at which it was seen (the last reported)."""
+    onset: int
+    """The first step it may come from: no checkpoint of this step or later is trusted."""
+    value: float
+    baseline: float | None = None
+    """The spike's baseline (the window's median); None for a non-finite loss."""
+    others: tuple[int, ...] = ()
+    """More ranks implicated (replicas that differ from the majority, after ``rank``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """Everything the supervisor saw that ended (or is ending) an attempt."""
 
@@ -132,6 +162,8 @@ class Observation:
     """What the stacks said, e.g. ``"rank 1 is not in a collective (...); rank 0 waits in ..."``."""
     rank_nodes: Mapping[int, str] = field(default_factory=dict)
     """Rank -> the node (host name) it ran on, as its hello said."""
+    anomaly: Anomaly | None = None
+    """The training went wrong (the loss a rank reported): the attempt was ended for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,10 @@ def write_job(
     heartbeat: str = 'interval = "0.2s"\nstartup_timeout = "60s"',
     restart: str = 'max_restarts = 3\nbackoff = "0.1s"\nbackoff_max = "1s"',
     launch: str = 'term_timeout = "3s"\nstop_timeout = "30s"',
+    anomaly: str = "",
+    nproc: int = 2,
 ) -> Path:
-    """A job.toml running the fault-switch trainer on 2 ranks."""
+    """A job.toml running the fault-switch trainer on ``nproc`` ranks (2)."""
     job_env = {"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})}
     env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in job_env.items())
     text = f"""
@@ -44,7 +46,7 @@ checkpoint_dir = "ckpt"
 env = {{ {env_toml} }}
 
 [launch]
-nproc_per_node = 2
+nproc_per_node = {nproc}
 {launch}
 
 [checkpoint]
@@ -55,6 +57,9 @@ nproc_per_node = 2
 
 [restart]
 {restart}
+
+[anomaly]
+{anomaly}
 """
     path = tmp / "job.toml"
     path.write_text(text)

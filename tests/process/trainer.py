@@ -13,6 +13,10 @@ and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises 
 before resume() in attempt n. STEP_SLEEP=seconds slows every step, TAIL_SLEEP=seconds the steps from
 TAIL_FROM on (room for an outside fault aimed near the end); BALLAST_MB=n adds n MB to every
 rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
+LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d tensor; the kind
+nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
+whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
+bitflip flips a bit of the rank's first weight before that step (its replica diverges).
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ def inject(kind: str, step: int) -> None:
     if kind == "phase":  # a long declared phase (evaluation) on this rank
         with worker_sdk.phase("eval"):
             time.sleep(float(os.environ.get("PHASE_S", "5")))
+    if kind in ("nan", "bitflip"):  # done by main(): the batch, the weights
+        return
     if kind == "exit0":
         os._exit(0)
     if kind == "fill":  # fill the checkpoint directory's file system (a file named "filler")
@@ -112,6 +118,9 @@ def main() -> None:
     step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
     tail_from = int(os.environ.get("TAIL_FROM", str(total)))
     tail_sleep = float(os.environ.get("TAIL_SLEEP", str(step_sleep)))
+    loss_mode = os.environ.get("LOSS", "")
+    nan_from = int(os.environ.get("NAN_FROM", str(total)))
+    spike = [float(v) for v in os.environ.get("SPIKE", "0:0:1").split(":")]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     ddp = DistributedDataParallel(
@@ -131,8 +140,15 @@ def main() -> None:
     for step in range(start, total):
         for kind in faults_now(rank, step, attempt):
             inject(kind, step)
+        if "bitflip" in faults_now(rank, step, attempt):
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
         x = torch.randn(16, 32)
-        loss = nn.functional.mse_loss(ddp(x), x[:, :1])
+        if "nan" in faults_now(rank, step, attempt) or step >= nan_from:
+            x[0, 0] = float("nan")  # a poisoned batch
+        loss = nn.functional.mse_loss(ddp(x), x[:, :1]) * (
+            spike[2] if spike[0] <= step < spike[1] else 1
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -141,7 +157,17 @@ def main() -> None:
         pause = tail_sleep if step >= tail_from else step_sleep
         if pause:
             time.sleep(pause)
-        worker_sdk.step(step, extra=extra)
+        if loss_mode == "float":
+            worker_sdk.step(step, extra=extra, loss=loss.item())
+        elif loss_mode == "tensor":
+            worker_sdk.step(step, extra=extra, loss=loss.detach())
+        else:
+            worker_sdk.step(step, extra=extra)
+    if loss_mode:
+        print(
+            f"rank {rank} final loss {loss.item()} skipped {os.environ.get('RVSUP_SKIPPED_STEPS')}",
+            flush=True,
+        )
     final = os.environ.get("FINAL")
     if rank == 0 and final:
         state = {"model": model.state_dict(), "opt": opt.state_dict(), "seen": extra["seen"]}

@@ -17,12 +17,14 @@ RULES = sorted((ROOT / "supervisor" / "rules").glob("*.py"))
 _PURE_IMPORTS = frozenset(
     {
         "__future__",
+        "collections",  # deque: the losses a rank reported
         "collections.abc",
         "dataclasses",
         "enum",
         "json",  # parsing text handed in (flight-recorder dumps)
         "math",
         "re",  # parsing text handed in (stack dumps)
+        "statistics",  # medians of the losses handed in
         "signal",  # signal names only (signal.Signals); nothing is sent
         "sys",  # version checks only
         "types",

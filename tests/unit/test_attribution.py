@@ -66,6 +66,16 @@ ROWS = {
         Observation(lost_nodes=("n2",), rank_nodes=HOSTS),
         ("n2",),
     ),
+    "diverged-replicas-name-their-nodes": (
+        failure(K.REPLICAS_DIVERGED, (3,)),
+        Observation(rank_nodes=HOSTS),
+        ("n2",),
+    ),
+    "a-nan-loss-names-no-node": (
+        failure(K.NONFINITE_LOSS, (1,)),
+        Observation(rank_nodes=HOSTS),
+        (),
+    ),
     "a-stop-names-no-node": (failure(K.PREEMPTED, ()), Observation(rank_nodes=HOSTS), ()),
 }
 

@@ -21,6 +21,7 @@ from supervisor.record.schema import (
     JobStopped,
     JobSucceeded,
     RestartScheduled,
+    RolledBack,
     StopRequested,
 )
 from supervisor.rules.budget import Budget, budget_of, fold, signature
@@ -291,3 +292,23 @@ def test_folding_during_the_run_equals_folding_the_file(tmp_path: Path, seed: in
     assert budget_of(history.events) == live
     numbers = [e.attempt for e in history.entries if isinstance(e.event, AttemptStarted)]
     assert numbers == list(range(1, live.attempts + 1))
+
+
+def test_a_rollback_moves_the_skip_and_bounds_only_the_next_load() -> None:
+    """rolled_back: one rollback used, the skip kept for every later attempt, the load bound
+    (resume_before) only until the next attempt starts; no restart charged."""
+    rolled = RolledBack(
+        from_step=25,
+        to_step=19,
+        resume_step=26,
+        skipped_steps=6,
+        onset=25,
+        discarded=(29,),
+        rollbacks_left=2,
+        note="",
+    )
+    b = budget_of([start(), attempt(0), rolled])
+    assert (b.rollbacks_used, b.skip_to, b.resume_before, b.newest_step) == (1, 26, 25, 19)
+    assert b.restarts_used == 0
+    b = fold(b, attempt(26))
+    assert (b.rollbacks_used, b.skip_to, b.resume_before) == (1, 26, None)

@@ -21,6 +21,7 @@ from worker_sdk import _rng, checkpoint, layout
 from worker_sdk._determinism import reordered_sums_warning
 from worker_sdk.checkpoint import Checkpointer, LoadResult, Stateful, unwrap
 from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
+from worker_sdk.protocol import ENV_RESUME_BEFORE
 
 
 @dataclass
@@ -314,6 +315,23 @@ def test_same_step_replaces_one_that_failed_to_load(tmp_path: Path) -> None:
     ck.save(3, t.objects, extra="second")
     loaded = make(tmp_path).load_latest(t.objects, None)
     assert (loaded.step, loaded.extra, loaded.skipped) == (3, "second", ())
+
+
+def test_a_rollback_loads_no_checkpoint_of_the_onset_or_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With RVSUP_RESUME_BEFORE (a rollback's onset) the newest checkpoint before it loads,
+    never a later one; without it the newest."""
+    ck = make(tmp_path, keep_last=5)
+    t = Trainer(seed=1)
+    for step in (9, 19, 29):
+        ck.save(step, t.objects, extra=step)
+    monkeypatch.setenv(ENV_RESUME_BEFORE, "25")
+    assert make(tmp_path).load_latest(t.objects, None).step == 19
+    monkeypatch.setenv(ENV_RESUME_BEFORE, "9")
+    assert make(tmp_path).load_latest(t.objects, None).step is None
+    monkeypatch.delenv(ENV_RESUME_BEFORE)
+    assert make(tmp_path).load_latest(t.objects, None).step == 29
 
 
 def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:

@@ -384,11 +384,14 @@ ROUND_TRIP = [
     + '[restart]\nbackoff = 0.3\nbackoff_max = "2d"\non_oom = "fail"\n'
     + "[slurm]\nrequeue = false\nstop_before_end = 0\n",
     with_section("launch", 'torchrun = "../bin/torchrun"'),
+    with_section("anomaly", "spike_factor = 6.5\nwindow = 20\npatience = 2\nmax_rollbacks = 0"),
 ]
 
 
 @pytest.mark.parametrize(
-    "text", ROUND_TRIP, ids=["minimal", "design", "strings", "non-default", "torchrun-path"]
+    "text",
+    ROUND_TRIP,
+    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly"],
 )
 def test_render_config_round_trips(text: str) -> None:
     """Rendered TOML parses back to an equal JobConfig."""

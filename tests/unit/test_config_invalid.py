@@ -55,7 +55,7 @@ INVALID: list[Any] = [
             (
                 "trainer",
                 (
-                    "unknown section; valid sections: checkpoint, heartbeat, job, "
+                    "unknown section; valid sections: anomaly, checkpoint, heartbeat, job, "
                     "launch, restart, slurm"
                 ),
             )
@@ -90,6 +90,31 @@ INVALID: list[Any] = [
         with_section("checkpoint", "every_steps = 1.5"),
         [("checkpoint.every_steps", "expected an integer, got float 1.5")],
         id="int-float",
+    ),
+    # the anomaly section
+    pytest.param(
+        with_section(
+            "anomaly",
+            "spike_factor = 0\nwindow = 2\npatience = 0\nskip_steps = 0\nmax_rollbacks = -1\n"
+            "verify_every_steps = -5",
+        ),
+        [
+            ("anomaly.spike_factor", "must be a finite number above 0, got 0"),
+            ("anomaly.window", "must be at least 4, got 2"),
+            ("anomaly.patience", "must be at least 1, got 0"),
+            ("anomaly.skip_steps", "must be at least 1, got 0"),
+            ("anomaly.max_rollbacks", "must be at least 0, got -1"),
+            ("anomaly.verify_every_steps", "must be at least 0, got -5"),
+        ],
+        id="anomaly-ranges",
+    ),
+    pytest.param(
+        with_section("anomaly", 'spike_factor = "high"\nspike = 3'),
+        [
+            ("anomaly.spike_factor", "expected a number, got string 'high'"),
+            ("anomaly.spike", "unknown key; valid keys: max_rollbacks, patience, skip_steps"),
+        ],
+        id="anomaly-types",
     ),
     pytest.param(
         with_section("restart", "max_restarts = true"),

@@ -399,6 +399,9 @@ def test_failure_kind_values_are_the_event_strings() -> None:
         "timelimit",
         "node_failure",
         "stopped",
+        "nonfinite_loss",
+        "loss_spike",
+        "replicas_diverged",
     ]
     assert FailureKind("oom") is FailureKind.OOM
 

@@ -17,6 +17,7 @@ from supervisor.record.events import EventLog
 from supervisor.record.rundir import EVENTS_FILE
 from supervisor.record.schema import (
     EVENTS,
+    AnomalyDetected,
     AttemptClosed,
     AttemptStarted,
     CheckpointCommitted,
@@ -37,6 +38,7 @@ from supervisor.record.schema import (
     ProcessesLeft,
     RequeueFailed,
     RestartScheduled,
+    RolledBack,
     SlowPhase,
     StopRequested,
     SupervisorError,
@@ -143,6 +145,17 @@ SAMPLES: list[Event] = [
         hang_timeout_s=None,
         noticed_at="2026-01-01T00:00:00Z",
         nodes=("n2",),
+    ),
+    AnomalyDetected(kind="loss_spike", step=80, onset=71, rank=1, value=40.5, baseline=2.25),
+    RolledBack(
+        from_step=80,
+        to_step=59,
+        resume_step=81,
+        skipped_steps=21,
+        onset=71,
+        discarded=(79,),
+        rollbacks_left=2,
+        note="rollback 1 of 3",
     ),
     RestartScheduled(backoff_s=1.235, restarts_left=2, charged=True, deterministic=True, note="n"),
     StopRequested(reason="stopped", source="rvsup stop"),

@@ -3,6 +3,7 @@ up from the attempt rows."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -80,7 +81,20 @@ def test_summary_renders_one_line_and_json() -> None:
         "attempts": 2,
         "failures": {"crash": 1},
         "steps_redone": 12,
+        "steps_skipped": 0,
         "time_lost_s": 10.0,
         "wall_s": 100.0,
         "goodput": 0.9,
     }
+
+
+def test_steps_skipped_by_rollbacks_are_summed_and_shown() -> None:
+    """Steps skipped by rollbacks add up over the attempts and appear in the line only then."""
+    rows = [
+        replace(row(1, 0, 25, "nonfinite_loss", 0, 0.4), steps_skipped=6),
+        row(2, 26, 40, "succeeded", 0, 0.0),
+    ]
+    s = summarize(rows, T0)
+    assert s.steps_skipped == 6 and s.failures == {"nonfinite_loss": 1}
+    assert "0 steps redone; 6 steps skipped by rollbacks; " in render_summary(s)
+    assert summary_to_json(s)["steps_skipped"] == 6
