@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -15,28 +14,7 @@ import worker_sdk
 from worker_sdk import protocol as p
 from worker_sdk._runtime import Runtime
 
-from .test_runtime_exit import settings
-
-
-class Sent:
-    """A channel that keeps every message (kind, step, value, payload); nothing comes back."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[p.Kind, int, float, dict[str, Any]]] = []
-
-    def send(
-        self,
-        kind: p.Kind,
-        step: int = -1,
-        value: float = 0.0,
-        payload: dict[str, Any] | None = None,
-        **_: Any,
-    ) -> bool:
-        self.messages.append((kind, step, value, payload or {}))
-        return True
-
-    def receive(self) -> None:
-        return None
+from .sdk_fakes import Sent, settings
 
 
 @pytest.fixture
