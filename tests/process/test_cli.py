@@ -111,7 +111,15 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
     resolved = tomllib.loads(res.stdout)
-    assert set(resolved) == {"job", "launch", "checkpoint", "heartbeat", "restart", "slurm"}
+    assert set(resolved) == {
+        "job",
+        "launch",
+        "checkpoint",
+        "heartbeat",
+        "restart",
+        "slurm",
+        "anomaly",
+    }
     assert resolved["job"]["name"] == "toy"
     assert resolved["job"]["command"] == [sys.executable, "train.py"]
     assert resolved["job"]["run_dir"] == str(tmp_path / "run")
