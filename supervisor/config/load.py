@@ -36,6 +36,7 @@ from supervisor.config.model import (
     RestartSection,
     SlurmSection,
     Transport,
+    toml_key,
 )
 from supervisor.config.preflight import CHECKPOINT_MARKER, preflight
 from supervisor.config.values import (
@@ -91,12 +92,9 @@ _SECTIONS: Final[dict[str, type]] = {
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
 }
-# Fields whose TOML key is a Python keyword.
-_KEYWORD_KEYS: Final = {"async_save": "async"}
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
-    name: tuple(_KEYWORD_KEYS.get(item.name, item.name.removesuffix("_s")) for item in fields(cls))
-    for name, cls in _SECTIONS.items()
+    name: tuple(toml_key(item.name) for item in fields(cls)) for name, cls in _SECTIONS.items()
 }
 
 
@@ -394,7 +392,7 @@ def render_config(cfg: JobConfig) -> str:
         for item in fields(values):
             value = getattr(values, item.name)
             # every float is a duration in seconds
-            key = _KEYWORD_KEYS.get(item.name, item.name.removesuffix("_s"))
+            key = toml_key(item.name)
             if value is None:
                 value = "off" if key == "every" else "auto"
             elif isinstance(value, float) and item.name.endswith("_s"):

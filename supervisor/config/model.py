@@ -29,12 +29,22 @@ __all__ = [
     "RestartSection",
     "SlurmSection",
     "Transport",
+    "toml_key",
 ]
 
 Transport: TypeAlias = Literal["auto", "ipc", "tcp"]
 """How ranks reach the daemon: ``auto`` is IPC on one node, TCP across nodes."""
 RequeueMode: TypeAlias = Literal["auto", "always", "never"]
 """Whether a stopped allocation is requeued; ``auto``: if Slurm says it can be."""
+
+_KEYWORD_KEYS = {"async_save": "async"}
+"""Fields whose TOML key is a Python keyword."""
+
+
+def toml_key(field_name: str) -> str:
+    """The job.toml key of a section's field: its name less the ``_s`` (seconds) suffix, or the
+    keyword it stands for (``async_save`` is ``async``)."""
+    return _KEYWORD_KEYS.get(field_name, field_name.removesuffix("_s"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +145,7 @@ class LaunchSection:
       again (seconds). It runs on the job's interpreter, forked from the zygote when there is
       one (else started cold, costing that idle process's memory); there is none when
       ``torchrun`` names a wrapper whose interpreter rvsup cannot tell.
-    - ``torchrun`` (default ``"auto"``, then None): the torchrun of the job's environment, when
+    - ``torchrun`` (default ``"auto"``): the torchrun of the job's environment, when
       rvsup cannot derive it: a path (``"/venv/bin/torchrun"``; relative to job.toml's folder,
       ``~`` expanded; a bare name is looked up on PATH) or a command line, an array of strings
       whose first one is such a path or name (``["/venv/bin/python", "-m",
@@ -174,7 +184,7 @@ class CheckpointSection:
 
     - ``every_steps`` (default 500): every N finished steps; 0 disables.
     - ``every`` (default ``"30m"``): at most this long apart; ``0``, ``"off"`` or ``false``
-      disables (``every_s`` is then None).
+      disables.
     - ``keep_last`` (default 3, >= 1): committed checkpoints kept; older ones are pruned.
     - ``async`` (default false): training blocks only while the state is copied to shared
       memory; a background process per rank writes, fsyncs and commits.
@@ -192,13 +202,14 @@ class HeartbeatSection:
 
     - ``interval`` (default ``"1s"``, > 0 and <= 60s): how often each rank reports.
     - ``startup_timeout`` (default ``"10m"``, > 0): launch -> first finished step.
-    - ``hang_timeout`` (default ``"auto"``: learnt from observed step times, then None):
+    - ``hang_timeout`` (default ``"auto"``: learnt from observed step times):
       no progress for this long while processes live is a hang; > the interval.
     - ``hang_timeout_max`` (default ``"30m"``, or ``hang_timeout`` where that is longer; >
       the interval and >= a configured ``hang_timeout``): the ceiling of the automatic hang
       timeout, and the longest a silence may last while ranks outside collectives work or
       wait on their own (evaluating alone, a sleep in a hook) and the others wait for them.
-    - ``transport`` (default ``"auto"``): ``"auto"``, ``"ipc"`` or ``"tcp"``.
+    - ``transport`` (default ``"auto"``: IPC on one node, TCP across nodes): ``"auto"``,
+      ``"ipc"`` or ``"tcp"``.
     - ``native_stacks`` (default true): a hang's diagnostics include every rank's native
       (C/C++) stacks where py-spy is installed. py-spy needs about a second a rank (at most
       3 s), paid while the hang is confirmed: from 2 s before the timeout runs out, so that the
@@ -239,8 +250,9 @@ class RestartSection:
 class SlurmSection:
     """``[slurm]``: behaviour inside a Slurm allocation.
 
-    - ``requeue`` (default ``"auto"``): ``"auto"``, ``"always"`` or ``"never"`` requeue the
-      allocation on preemption / time limit; ``true`` / ``false`` mean always / never.
+    - ``requeue`` (default ``"auto"``: if Slurm says the job can be requeued): ``"auto"``,
+      ``"always"`` or ``"never"`` requeue the allocation on preemption / time limit; ``true`` /
+      ``false`` mean always / never.
     - ``stop_before_end`` (default ``"5m"``, >= 0; 0 disables): checkpoint and stop this
       long before the time limit.
     """

@@ -544,7 +544,7 @@ _CLASSES: Final = (
 EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
     {cls.NAME: cls for cls in _CLASSES}
 )
-"""Every event, by name, in the order README lists them."""
+"""Every event, by name, in the order docs/events.md lists them."""
 
 
 # ---------------------------------------------------------------- writing
@@ -556,7 +556,8 @@ def to_json(event: Event) -> dict[str, object]:
 
 
 def describe() -> str:
-    """The events as a Markdown table (README's list): name, level, meaning, fields and types."""
+    """The events as a Markdown table (docs/events.md's summary): name, level, meaning, fields and
+    types."""
     lines = ["| event | level | what | fields |", "|---|---|---|---|"]
     for name, cls in EVENTS.items():
         first_paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]

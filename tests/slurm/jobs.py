@@ -95,7 +95,7 @@ def write_trainer_job(
         "OMP_NUM_THREADS": "1",
         "FINAL": str(job.final),
         # DDP keeps its gradient buckets as first built: with 4 ranks a resumed run then sums
-        # every step's gradients in the uninterrupted run's order (README, bit-identical resume)
+        # every step's gradients in the uninterrupted run's order (docs/sdk.md, bit-identical resume)
         "DDP_FIND_UNUSED": "1",
         **(env or {}),
     }

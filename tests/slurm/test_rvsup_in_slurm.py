@@ -4,7 +4,7 @@ a real time limit, and the loss of a node.
 
 Every job's final model, optimizer, scheduler and per-rank RNG states are compared with those
 of the same 2 x 2 job run without interruption (``reference``) with torch.equal. (The trainer
-builds DDP with find_unused_parameters=True: see README, bit-identical resume with 3+ ranks.)
+builds DDP with find_unused_parameters=True: see docs/sdk.md, bit-identical resume with 3+ ranks.)
 
 A test waits for its job to leave the queue, so that the next one finds its nodes free; the node
 failure tests bring node2 back before they end. Jobs run on node1 and node2; node3 is the spare

@@ -20,7 +20,7 @@ from supervisor.rules.hangs import (
 
 
 def test_documented_constants() -> None:
-    """The factor and floor are the ones README.md documents (10 x p99, 5 s)."""
+    """The factor and floor are the ones docs/failures.md documents (10 x p99, 5 s)."""
     assert FACTOR == 10.0
     assert FLOOR_S == 5.0
 
