@@ -55,11 +55,33 @@ def marked_processes(*, exempt_daemons: bool) -> dict[int, str]:
 _OWN_GROUP = _cgroup.own_group_dir()
 
 
+_SEEN_OURS: set[Path] = set()
+
+
 def job_groups() -> list[Path]:
-    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them)."""
+    """This run's rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes
+    them). Other test runs on the machine may share that group (the root one, in a container):
+    a group is this run's when its daemon (``rvsup-PID``) or one of its members carries this
+    run's mark, or did when it was seen before."""
     if _OWN_GROUP is None:
         return []
-    return sorted(Path(_OWN_GROUP).glob("rvsup-*"))
+    found = []
+    for group in sorted(Path(_OWN_GROUP).glob("rvsup-*")):
+        if group in _SEEN_OURS or _carries_mark(group):
+            _SEEN_OURS.add(group)
+            found.append(group)
+    return found
+
+
+def _carries_mark(group: Path) -> bool:
+    """Whether the daemon that made ``group``, or a process in it, carries this run's mark."""
+    daemon = group.name.removeprefix("rvsup-")
+    pids = {int(daemon)} if daemon.isdigit() else set()
+    for pid in pids | job_group_members(group):
+        with contextlib.suppress(psutil.Error, OSError):
+            if psutil.Process(pid).environ().get(MARK) == os.environ[MARK]:
+                return True
+    return False
 
 
 def job_group_members(group: Path) -> set[int]:
