@@ -6,7 +6,7 @@ thread's stack to ``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faultha
 is C code, so it answers even while the rank blocks in a collective or holds the GIL in a loop.
 Where c10d records collectives, a byte written to ``rank-NNNNN.flight.fifo`` makes the rank dump
 torch's flight recorder to ``rank-NNNNN.flight.json`` (see worker_sdk._flight). Where py-spy
-is installed, ``rank-NNNNN.native`` holds the native stacks (see :mod:`supervisor.ranks.native`).
+is installed, ``rank-NNNNN.native`` holds the native stacks (see :mod:`supervisor.process.native`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from supervisor.process import proctree
-from supervisor.ranks import native
+from supervisor.process import native, proctree
 from worker_sdk import protocol as p
 
 __all__ = [

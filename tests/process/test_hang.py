@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.ranks import native
+from supervisor.process import native
 from worker_sdk import protocol as p
 
 from .harness import events, named, rvsup, write_job

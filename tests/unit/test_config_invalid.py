@@ -218,6 +218,11 @@ INVALID: list[Any] = [
     ),
     # values out of range
     pytest.param(
+        with_section("restart", "max_no_progress = 0"),
+        [("restart.max_no_progress", "must be at least 1, got 0")],
+        id="max-no-progress-zero-is-not-off",
+    ),
+    pytest.param(
         with_section("restart", 'backoff = "-5s"'),
         [("restart.backoff", "must not be negative")],
         id="negative-duration",

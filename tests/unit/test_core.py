@@ -15,7 +15,7 @@ import pytest
 
 from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
-from supervisor.ranks import native
+from supervisor.process import native
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.load import load_config
+from supervisor.process import diagnostics
 from supervisor.process.launcher import build_plan
-from supervisor.ranks import diagnostics
 from worker_sdk import _flight
 from worker_sdk import protocol as p
 

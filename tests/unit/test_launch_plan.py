@@ -13,6 +13,7 @@ from supervisor.config.torchrun import Torchrun
 from supervisor.process.launcher import build_plan
 from supervisor.process.plan import Launches, PortHold
 from supervisor.process.zygote import zygote_step_argv
+from supervisor.service.sdnotify import CHILD_ENV_VARS
 from supervisor.slurm.commands import Allocation
 from tests.unit.core_fakes import job_config
 from worker_sdk.protocol import ENV_REPORT_EXIT
@@ -156,3 +157,41 @@ def test_a_held_port_is_refused_to_others_and_given_to_the_rendezvous_store() ->
                 conn.close()
     finally:
         hold.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {
+                "NOTIFY_SOCKET": "/run/systemd/notify",
+                "WATCHDOG_USEC": "30000000",
+                "WATCHDOG_PID": "42",
+                "PATH": "/usr/bin",
+                "RVSUP_JOB": "gpt",
+            },
+            {"PATH": "/usr/bin", "RVSUP_JOB": "gpt"},
+        ),
+        ({"NOTIFY_SOCKET": "@x"}, {}),
+        ({"PATH": "/usr/bin"}, {"PATH": "/usr/bin"}),
+        ({}, {}),
+    ],
+    ids=["all-three", "socket-only", "none", "empty"],
+)
+def test_systemds_variables_are_withheld_from_the_children(
+    tmp_path: Path, env: dict[str, str], expected: dict[str, str]
+) -> None:
+    """With the daemon's CHILD_ENV_VARS withheld, a plan's environment lacks exactly systemd's
+    three main-process variables, and the environment it was built from is left as it was."""
+    cfg = job_config(tmp_path, "[launch]\nwarm_standby = false\nzygote = false\n")
+    base = dict(env)
+    plan = build_plan(
+        cfg,
+        attempt=1,
+        torchrun=TORCHRUN,
+        rank_env={},
+        base_env=base,
+        withheld_env=CHILD_ENV_VARS,
+    )
+    assert {k: v for k, v in plan.env.items() if k in env} == expected
+    assert base == env

@@ -14,8 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.process import proctree
-from supervisor.ranks import native
+from supervisor.process import native, proctree
 
 
 def script(path: Path, body: str) -> str:

@@ -1,4 +1,4 @@
-"""supervisor.sdnotify: datagrams on real AF_UNIX sockets, watchdog settings, child environments."""
+"""supervisor.service.sdnotify: datagrams on real AF_UNIX sockets, watchdog settings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.service.sdnotify import MAX_STATUS_CHARS, Notifier, child_env_cleanup
+from supervisor.service.sdnotify import MAX_STATUS_CHARS, Notifier
 
 RECEIVE_TIMEOUT_S = 5.0
 
@@ -288,37 +288,3 @@ def test_close_is_idempotent_and_silences(receiver: Receiver, notifier: Notifier
     assert notifier.watchdog_interval_s is None
     assert receiver.pending() == []
     assert (notifier.sent, notifier.send_failures) == (0, 0)
-
-
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        (
-            {
-                "NOTIFY_SOCKET": "/run/systemd/notify",
-                "WATCHDOG_USEC": "30000000",
-                "WATCHDOG_PID": "42",
-                "PATH": "/usr/bin",
-                "RVSUP_JOB": "gpt",
-            },
-            {"PATH": "/usr/bin", "RVSUP_JOB": "gpt"},
-        ),
-        ({"NOTIFY_SOCKET": "@x"}, {}),
-        ({"PATH": "/usr/bin"}, {"PATH": "/usr/bin"}),
-        ({}, {}),
-    ],
-    ids=["all-three", "socket-only", "none", "empty"],
-)
-def test_child_env_cleanup(env: dict[str, str], expected: dict[str, str]) -> None:
-    """child_env_cleanup removes exactly systemd's three main-process variables, in place."""
-    child_env_cleanup(env)
-    assert env == expected
-
-
-def test_child_env_cleanup_leaves_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cleaning a copy for a child does not touch the daemon's own environment."""
-    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
-    child = dict(os.environ)
-    child_env_cleanup(child)
-    assert "NOTIFY_SOCKET" not in child
-    assert os.environ["NOTIFY_SOCKET"] == "/run/systemd/notify"
