@@ -28,6 +28,8 @@ import pytest
 from supervisor.process.cgroup import Group
 from worker_sdk import _cgroup
 
+pytest_plugins = ("tests.helpers.fixtures",)  # the fixtures every package's tests share
+
 MARK = "RVTEST_MARK"
 _DAEMONS = frozenset({"slurmctld", "slurmd", "slurmstepd", "munged", "slurmdbd", "mariadbd"})
 os.environ[MARK] = uuid.uuid4().hex
@@ -95,15 +97,12 @@ def _kill(pids: Iterator[int] | list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-_PROCESS_DIRS = ("process", "slurm")
-
-
 @pytest.fixture(autouse=True)
 def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test that leaves a process of its own behind (and kill it). Checked after every
-    test that starts real processes (tests/process, tests/slurm; a scan costs ~0.06 s); for the
-    rest, the check at the end of the session covers them."""
-    if request.node.path.parent.name not in _PROCESS_DIRS:
+    test that starts real processes (marked ``process`` or ``slurm``; a scan costs ~0.06 s); for
+    the rest, the check at the end of the session covers them."""
+    if not any(request.node.get_closest_marker(name) for name in ("process", "slurm")):
         yield
         return
     before = set(marked_processes(exempt_daemons=True))

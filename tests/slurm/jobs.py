@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from tests.process.harness import TRAINER, events, rvsup
+from tests.helpers.harness import TRAINER, events, rvsup
 from tests.slurm.cluster import PAIR, SlurmCluster
 
 CHECKOUT: Final = Path(__file__).resolve().parents[2]
