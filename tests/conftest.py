@@ -28,7 +28,7 @@ import pytest
 from supervisor.process.cgroup import Group
 from worker_sdk import _cgroup
 
-pytest_plugins = ("tests.helpers.fixtures",)  # the fixtures every package's tests share
+pytest_plugins = ("tests.helpers.fixtures", "tests.helpers.torchless")  # see each module
 
 MARK = "RVTEST_MARK"
 _DAEMONS = frozenset({"slurmctld", "slurmd", "slurmstepd", "munged", "slurmdbd", "mariadbd"})

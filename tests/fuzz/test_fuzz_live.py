@@ -24,10 +24,8 @@ import zmq
 from tests.fuzz.control_client import draw_request, exchange, expected_error
 from tests.fuzz.frames import draw
 from tests.helpers.harness import (
-    assert_same_state,
     dropped_since,
     events,
-    load_final,
     named,
     running,
     status,
@@ -35,6 +33,7 @@ from tests.helpers.harness import (
     wait_progress,
     write_job,
 )
+from tests.helpers.states import assert_same_state, load_final
 
 pytestmark = pytest.mark.process
 

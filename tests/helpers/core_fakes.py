@@ -19,6 +19,7 @@ from supervisor.config import JobConfig, load_config
 from supervisor.process.launcher import LaunchPlan
 from supervisor.record.schema import ColdStart
 from supervisor.rules.observation import RankExit
+from tests.helpers.jobs import write_job_file
 from worker_sdk import protocol as p
 
 WORLD = 2
@@ -298,10 +299,12 @@ def job_config(tmp: Path, extra: str = "") -> JobConfig:
     """A job.toml in ``tmp`` with short backoffs (the clock is virtual anyway)."""
     (tmp / "runs").mkdir(exist_ok=True)
     (tmp / "ckpt").mkdir(exist_ok=True)
-    text = (
-        '[job]\nname = "core"\ncommand = ["python", "train.py"]\n'
-        'run_dir = "runs"\ncheckpoint_dir = "ckpt"\n'
-        '[restart]\nmax_restarts = 3\nbackoff = "1s"\n' + extra
+    path = write_job_file(
+        tmp,
+        command=["python", "train.py"],
+        name="core",
+        run_dir="runs",
+        tables={"restart": 'max_restarts = 3\nbackoff = "1s"'},
+        extra=extra,
     )
-    (tmp / "job.toml").write_text(text)
-    return load_config(tmp / "job.toml")
+    return load_config(path)

@@ -12,10 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, AnyStr
 
 import psutil
-import torch
+
+from tests.helpers.jobs import write_job_file
 
 TRAINER = Path(__file__).with_name("trainer.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -33,37 +34,23 @@ def write_job(
     launch: str = 'term_timeout = "3s"\nstop_timeout = "30s"',
     anomaly: str = "",
     nproc: int = 2,
+    checkpoint_dir: str = "ckpt",
 ) -> Path:
     """A job.toml running the fault-switch trainer on ``nproc`` ranks (2)."""
-    job_env = {"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})}
-    env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in job_env.items())
-    text = f"""
-[job]
-name = "{name}"
-command = [{json.dumps(sys.executable)}, {json.dumps(str(TRAINER))}]
-run_dir = "run"
-checkpoint_dir = "ckpt"
-env = {{ {env_toml} }}
-
-[launch]
-nproc_per_node = {nproc}
-{launch}
-
-[checkpoint]
-{checkpoint}
-
-[heartbeat]
-{heartbeat}
-
-[restart]
-{restart}
-
-[anomaly]
-{anomaly}
-"""
-    path = tmp / "job.toml"
-    path.write_text(text)
-    return path
+    return write_job_file(
+        tmp,
+        command=[sys.executable, str(TRAINER)],
+        name=name,
+        checkpoint_dir=checkpoint_dir,
+        env={"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})},
+        tables={
+            "launch": f"nproc_per_node = {nproc}\n{launch}",
+            "checkpoint": checkpoint,
+            "heartbeat": heartbeat,
+            "restart": restart,
+            "anomaly": anomaly,
+        },
+    )
 
 
 def rvsup_env() -> dict[str, str]:
@@ -95,6 +82,14 @@ def running(job: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    with reaped(proc):
+        yield proc
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[AnyStr]) -> Iterator[subprocess.Popen[AnyStr]]:
+    """``proc`` for the block; then it and every process below it are SIGKILLed and reaped
+    (also when the block fails)."""
     try:
         yield proc
     finally:
@@ -104,6 +99,7 @@ def running(job: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
 
 
 def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it, and wait (10 s at most) until they are gone."""
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -185,24 +181,3 @@ def launcher_of_ranks(daemon: int, rank_pid: int) -> psutil.Process:
     launcher = launchers.pop()
     assert launcher is not None
     return launcher
-
-
-def load_final(path: Path) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    return state
-
-
-def assert_same_state(a: Any, b: Any, where: str = "") -> None:
-    """Bit-identical nested state (tensors compared with torch.equal)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, Mapping):
-        assert isinstance(b, Mapping) and set(a) == set(b), f"{where}: keys differ"
-        for k in a:
-            assert_same_state(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_state(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"

@@ -10,17 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.harness import (
-    REPO,
-    assert_same_state,
-    events,
-    load_final,
-    named,
-    running,
-    rvsup,
-    status,
-    wait_for,
-)
+from tests.helpers.harness import REPO, events, named, running, rvsup, status, wait_for
+from tests.helpers.states import assert_same_state, load_final
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 

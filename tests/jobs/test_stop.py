@@ -9,17 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.harness import (
-    assert_same_state,
-    events,
-    load_final,
-    named,
-    running,
-    rvsup,
-    wait_for,
-    wait_progress,
-    write_job,
-)
+from tests.helpers.harness import events, named, running, rvsup, wait_for, wait_progress, write_job
+from tests.helpers.states import assert_same_state, load_final
 
 pytestmark = pytest.mark.process
 

@@ -13,15 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers.harness import (
-    assert_same_state,
-    events,
-    load_final,
-    named,
-    running,
-    wait_progress,
-    write_job,
-)
+from tests.helpers.harness import events, named, running, wait_progress, write_job
+from tests.helpers.states import assert_same_state, load_final
 
 pytestmark = pytest.mark.process
 

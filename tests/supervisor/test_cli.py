@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.harness import rvsup
+from tests.helpers.jobs import write_job_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,22 +24,13 @@ else:  # pragma: no cover
 
 pytestmark = pytest.mark.process
 
-# A cheap budget, so that a regression that does launch ends quickly.
-_CHEAP = '\n[restart]\nmax_restarts = 0\nbackoff = "0s"\n'
-
 
 def _job(tmp_path: Path, command: list[str] | None = None, extra: str = "") -> Path:
-    """A valid job.toml in tmp_path (run_dir "run", checkpoint_dir "ckpt")."""
+    """A valid job.toml in tmp_path (run_dir "run", checkpoint_dir "ckpt") with a cheap budget,
+    so that a regression that does launch ends quickly."""
     argv = command if command is not None else [sys.executable, "train.py"]
-    path = tmp_path / "job.toml"
-    path.write_text(
-        "[job]\n"
-        'name = "toy"\n'
-        f"command = {json.dumps(argv)}\n"
-        'run_dir = "run"\n'
-        'checkpoint_dir = "ckpt"\n' + _CHEAP + extra
-    )
-    return path
+    restart = 'max_restarts = 0\nbackoff = "0s"'
+    return write_job_file(tmp_path, command=argv, tables={"restart": restart}, extra=extra)
 
 
 def _event(at: str, name: str, attempt: int, **fields: Any) -> str:
@@ -165,8 +157,7 @@ def test_validate_unparsable_toml(tmp_path: Path) -> None:
 
 def test_start_bad_file_launches_nothing(tmp_path: Path) -> None:
     """start of an invalid job file exits 2 before creating any directory."""
-    job = tmp_path / "job.toml"
-    job.write_text('[job]\nname = "toy"\ncommand = []\nrun_dir = "run"\n' + _CHEAP)
+    job = _job(tmp_path, command=[])
     res = rvsup("start", str(job), timeout=30)
     assert res.returncode == 2
     assert "job.command" in res.stderr

@@ -22,6 +22,7 @@ from supervisor.rules.budget import Budget
 from supervisor.rules.observation import StopReason
 from supervisor.rules.states import ExitCode, JobState
 from supervisor.supervisor import Supervisor
+from tests.helpers.checkpoint_dirs import make_checkpoint
 from tests.helpers.core_fakes import (
     FakeChannel,
     FakeClock,
@@ -31,7 +32,6 @@ from tests.helpers.core_fakes import (
     Scenario,
     job_config,
 )
-from tests.worker_sdk.contract.test_layout import make_checkpoint
 from worker_sdk import layout
 from worker_sdk import protocol as p
 

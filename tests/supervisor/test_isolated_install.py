@@ -28,16 +28,16 @@ import pytest
 from tests.helpers.harness import (
     REPO,
     TRAINER,
-    assert_same_state,
     events,
-    kill_tree,
     launcher_of_ranks,
-    load_final,
     named,
+    reaped,
     status,
     wait_for,
     write_job,
 )
+from tests.helpers.jobs import write_job_file
+from tests.helpers.states import assert_same_state, load_final
 
 pytestmark = pytest.mark.process
 
@@ -141,12 +141,8 @@ def _running(rvsup_python: str, job: Path) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
+    with reaped(proc):
         yield proc
-    finally:
-        kill_tree(proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=10)
 
 
 def _wait_status(
@@ -282,11 +278,7 @@ def test_torchless_daemon_refuses_a_job_without_torchrun(
     (tmp_path / "train.sh").write_text("#!/bin/sh\n")
     (tmp_path / "train.sh").chmod(0o755)
     argv = [word.replace("{rvsup_python}", rvsup_python) for word in command]
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f'[job]\nname = "toy"\ncommand = {json.dumps(argv)}\nrun_dir = "run"\n'
-        'checkpoint_dir = "ckpt"\n'
-    )
+    job = write_job_file(tmp_path, command=argv)
     res = _rvsup(rvsup_python, "start", str(job))
     assert res.returncode == 2, res.stderr
     expected = "rvsup: launch.torchrun: " + message.replace("{rvsup_python}", rvsup_python)

@@ -12,8 +12,8 @@ from supervisor.record.schema import (
     CheckpointCommitted,
     JobSucceeded,
 )
-from tests.supervisor.record.test_history import attempt_started, job_started
-from tests.worker_sdk.contract.test_layout import make_checkpoint
+from tests.helpers.checkpoint_dirs import make_checkpoint
+from tests.helpers.events import attempt_started, job_started
 from worker_sdk.layout import MANIFEST
 
 

@@ -1,8 +1,8 @@
 """The daemon's own environment: Python 3.10 (the oldest supported) and no torch.
 
-tests/run.sh runs the unit tests there for real (and mypy for 3.10); these tests keep the pieces
-that make that run meaningful honest: the skipping of torch-needing test modules, and that the
-daemon's modules import without torch at all.
+tests/run.sh runs the fast selection there for real (and mypy for 3.10); these tests keep the
+pieces that make that run meaningful honest: the skipping of torch-needing test modules
+(tests/helpers/torchless.py), and that the daemon's modules import without torch at all.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.conftest import ROOT, needs_torch
+from tests.helpers.torchless import missing_torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,68 +25,58 @@ else:  # pragma: no cover
 
 
 @pytest.mark.parametrize(
-    ("path", "expected"),
+    ("error", "expected"),
     [
-        ("tests/worker_sdk/checkpoint/test_checkpoint.py", True),
-        ("tests/worker_sdk/checkpoint/test_sharded_checkpoint.py", True),
-        ("worker_sdk/checkpoint.py", True),
-        ("tests/supervisor/config/test_config.py", False),
-        ("tests/supervisor/process/test_torchrun_resolution.py", False),
-        ("worker_sdk/protocol.py", False),
-        ("worker_sdk/layout.py", False),
-        ("supervisor/cli.py", False),
-        ("supervisor/daemon.py", False),
+        (ModuleNotFoundError("No module named 'torch'", name="torch"), True),
+        (ModuleNotFoundError("No module named 'torch.nn'", name="torch.nn"), True),
+        (ModuleNotFoundError("No module named 'torchvision_like'", name="torchvision_like"), False),
+        (ModuleNotFoundError("No module named 'numpy'", name="numpy"), False),
+        (ImportError("cannot import name 'x' from 'torch'"), False),
+        (None, False),
     ],
+    ids=["torch", "torch-submodule", "other-package", "numpy", "not-a-missing-module", "none"],
 )
-def test_needs_torch_of_repository_modules(path: str, expected: bool) -> None:
-    """Test modules that import torch, directly or through worker_sdk, are found; the daemon's
-    modules and the torch-free SDK modules are not."""
-    assert needs_torch(ROOT / path) is expected
+def test_missing_torch_is_only_torchs_absence(error: BaseException | None, expected: bool) -> None:
+    """Only a ModuleNotFoundError for torch or a submodule of it counts as torch missing."""
+    assert missing_torch(error) is expected
 
 
-@pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        ("import torch.nn as nn\n", True),
-        ("from torch import nn\n", True),
-        ("from worker_sdk import checkpoint\n", True),
-        ("import worker_sdk.checkpoint\n", True),
-        ("from worker_sdk import protocol\n", False),
-        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n", False),
-        ("try:\n    import torch\nexcept ImportError:\n    torch = None\n", False),
-        ("def f():\n    import torch\n", False),
-        ("import torchvision_like_name\n", False),
-    ],
-    ids=[
-        "import-submodule",
-        "from-torch",
-        "through-sdk",
-        "sdk-submodule",
-        "sdk-torch-free",
-        "type-checking",
-        "optional",
-        "in-function",
-        "other-package",
-    ],
-)
-def test_needs_torch_counts_only_top_level_imports(
-    tmp_path: Path, source: str, expected: bool
-) -> None:
-    """Only what importing the module runs counts: TYPE_CHECKING blocks, optional imports and
-    imports inside functions do not."""
-    module = tmp_path / "test_x.py"
-    module.write_text(source)
-    assert needs_torch(module) is expected
+def test_missing_torch_follows_the_cause() -> None:
+    """pytest wraps the import's error in its own; the cause is what is judged."""
+    outer = RuntimeError("ImportError while importing test module")
+    outer.__cause__ = ModuleNotFoundError("No module named 'torch'", name="torch")
+    assert missing_torch(outer)
 
 
-def test_every_daemon_module_is_torch_free() -> None:
-    """No module of supervisor/ imports torch at its top, directly or through worker_sdk."""
-    heavy = [
-        str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "supervisor").rglob("*.py"))
-        if needs_torch(p)
-    ]
-    assert heavy == []
+def test_torch_needing_test_modules_are_skipped_where_torch_is_missing(tmp_path: Path) -> None:
+    """Where ``import torch`` fails, a test module that imports torch, itself or through the SDK,
+    is collected as one skip with the reason; a torch-free one is collected as usual; one that
+    misses another module is still an error."""
+    modules = {
+        "test_direct.py": "import torch\n\ndef test_a():\n    pass\n",
+        "test_through_sdk.py": "from worker_sdk import checkpoint\n\ndef test_b():\n    pass\n",
+        "test_free.py": "from worker_sdk import protocol\n\ndef test_c():\n    pass\n",
+        "test_other.py": "import no_such_module_rvsup\n\ndef test_d():\n    pass\n",
+    }
+    for name, source in modules.items():
+        (tmp_path / name).write_text(source)
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
+        "import pytest\n"
+        "sys.exit(pytest.main(sys.argv[1:]))\n"
+    )
+    argv = [sys.executable, "-c", code, str(tmp_path), "--collect-only", "-q", "-rs"]
+    argv += ["-p", "tests.helpers.torchless", "-p", "no:cacheprovider"]
+    argv += ["--rootdir", str(tmp_path), "-c", os.devnull]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, out  # the error stops the session
+    assert "test_direct.py imports torch, which this environment does not have" in out
+    assert "test_through_sdk.py imports torch, which this environment does not have" in out
+    assert "test_free.py::test_c" in out
+    assert "no_such_module_rvsup" in out and "1 error" in out
 
 
 def test_the_daemon_imports_where_torch_cannot_be_imported() -> None:
@@ -111,11 +103,11 @@ def test_the_daemon_imports_where_torch_cannot_be_imported() -> None:
 
 
 def test_the_oldest_python_is_the_one_checked() -> None:
-    """requires-python, ruff's target and the checks of tests/run.sh (mypy and the unit tests on
-    3.10) name the same oldest Python."""
+    """requires-python, ruff's target and the checks of tests/run.sh (mypy and the fast selection
+    on 3.10) name the same oldest Python."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["requires-python"] == ">=3.10"
     assert project["tool"]["ruff"]["target-version"] == "py310"
     script = (ROOT / "tests" / "run.sh").read_text()
     assert "mypy --python-version 3.10" in script
-    assert "-m pytest -q -p no:cacheprovider tests/unit" in script
+    assert '-m pytest -q -p no:cacheprovider -m "not process and not slurm"' in script

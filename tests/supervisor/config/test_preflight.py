@@ -6,6 +6,7 @@ depend on the environment running the tests; test_torchrun_resolution.py covers 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -14,23 +15,29 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.load import CHECKPOINT_MARKER, ConfigIssue, JobConfig, load_config, preflight
+from tests.helpers.jobs import write_job_file
 
 
 def write_job(
     tmp_path: Path, body: str = "", command: str | None = None, torchrun: str | None = None
 ) -> JobConfig:
-    """A job in tmp_path whose program is this Python (found by absolute path) and whose
-    torchrun is ``torchrun`` (default: a stand-in script, given relative to job.toml)."""
-    program = command if command is not None else f"[{sys.executable!r}, 'train.py']"
+    """A job in tmp_path whose program is this Python (found by absolute path), or ``command``
+    (a TOML array), and whose torchrun is ``torchrun`` (default: a stand-in script, given
+    relative to job.toml); ``body``: more [job] lines."""
+    argv = json.loads(command) if command is not None else [sys.executable, "train.py"]
     if torchrun is None:
         fake = tmp_path / "torch-env" / "torchrun"
         fake.parent.mkdir(exist_ok=True)
         fake.write_text("#!/bin/sh\n")
         fake.chmod(0o755)
         torchrun = '"torch-env/torchrun"'
-    path = tmp_path / "job.toml"
-    path.write_text(
-        f'[job]\nname = "toy"\ncommand = {program}\n{body}\n[launch]\ntorchrun = {torchrun}\n'
+    path = write_job_file(
+        tmp_path,
+        command=argv,
+        run_dir=None,
+        checkpoint_dir=None,
+        job_keys=body,
+        tables={"launch": f"torchrun = {torchrun}"},
     )
     return load_config(path)
 

@@ -13,16 +13,20 @@ import pytest
 from supervisor.config.load import load_config
 from supervisor.process import diagnostics
 from supervisor.process.launcher import build_plan
+from tests.helpers.jobs import write_job_file
 from worker_sdk import _flight
 from worker_sdk import protocol as p
 
 
 def plan_env(tmp_path: Path, env: dict[str, str], base: dict[str, str]) -> dict[str, str]:
     """The environment of attempt 1 of a job whose [job] env is ``env``."""
-    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in env.items())
-    path = tmp_path / "job.toml"
-    path.write_text(
-        f'[job]\nname = "toy"\nworkdir = "."\ncommand = ["./train.sh"]\n[job.env]\n{lines}'
+    path = write_job_file(
+        tmp_path,
+        command=["./train.sh"],
+        run_dir=None,
+        checkpoint_dir=None,
+        env=env,
+        job_keys='workdir = "."',
     )
     plan = build_plan(
         load_config(path), attempt=1, torchrun="/x/torchrun", rank_env={}, base_env=base

@@ -25,6 +25,7 @@ from supervisor.config.torchrun import (
 )
 from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan, Standby, build_plan, standby_argv
+from tests.helpers.jobs import write_job_file
 
 M = ("-m", "torch.distributed.run")
 
@@ -207,11 +208,14 @@ CASES = {
 
 def job(root: Path, command: list[str], env_path: str | None, setting: object) -> JobConfig:
     """A job.toml in root (workdir root/work) with this command, PATH and launch.torchrun."""
-    env = f"env = {{ PATH = {json.dumps(env_path)} }}\n" if env_path is not None else ""
-    launch = f"[launch]\ntorchrun = {json.dumps(setting)}\n" if setting is not None else ""
-    path = root / "job.toml"
-    path.write_text(
-        f'[job]\nname = "toy"\nworkdir = "work"\ncommand = {json.dumps(command)}\n{env}{launch}'
+    path = write_job_file(
+        root,
+        command=command,
+        run_dir=None,
+        checkpoint_dir=None,
+        env=None if env_path is None else {"PATH": env_path},
+        job_keys='workdir = "work"',
+        tables={} if setting is None else {"launch": f"torchrun = {json.dumps(setting)}"},
     )
     return load_config(path)
 

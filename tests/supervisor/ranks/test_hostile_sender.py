@@ -20,10 +20,8 @@ import zmq
 
 from tests.helpers.harness import (
     REPO,
-    assert_same_state,
     dropped_since,
     events,
-    load_final,
     named,
     running,
     status,
@@ -31,6 +29,7 @@ from tests.helpers.harness import (
     wait_progress,
     write_job,
 )
+from tests.helpers.states import assert_same_state, load_final
 from worker_sdk import protocol as p
 
 pytestmark = pytest.mark.process

@@ -22,7 +22,7 @@ from supervisor.record.schema import (
     TimeLeftUnknown,
     to_json,
 )
-from tests.supervisor.record.test_schema import SAMPLES
+from tests.helpers.events import SAMPLES
 
 COMMON = {"timestamp", "event", "level", "job", "attempt"}
 

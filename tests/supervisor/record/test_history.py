@@ -22,20 +22,19 @@ from supervisor.record.history import (
     rows_to_json,
 )
 from supervisor.record.schema import (
-    AttemptStarted,
     CheckpointCommitted,
     CheckpointLoaded,
     CheckpointSkipped,
     Event,
     FailureDetected,
     JobGaveUp,
-    JobStarted,
     JobStopped,
     JobSucceeded,
     RestartScheduled,
     StopRequested,
     to_json,
 )
+from tests.helpers.events import attempt_started, job_started
 
 T0 = datetime(2026, 11, 22, 19, 0, 0, tzinfo=timezone.utc)
 
@@ -54,29 +53,6 @@ def ev(t: float, attempt: int, event: Event) -> dict[str, Any]:
         "attempt": attempt,
         **to_json(event),
     }
-
-
-def job_started(slurm_job_id: str | None = None, restart_count: int | None = None) -> JobStarted:
-    return JobStarted(
-        config="job.toml",
-        host="n1",
-        pid=1,
-        slurm_job_id=slurm_job_id,
-        restart_count=restart_count,
-        restarts_used=0,
-    )
-
-
-def attempt_started(resume: int, slurm_job_id: str | None = None) -> AttemptStarted:
-    return AttemptStarted(
-        resume_step=resume,
-        checkpoint=None if resume == 0 else f"ckpt/{resume - 1}",
-        launcher=("torchrun",),
-        nnodes=1,
-        nproc_per_node=2,
-        slurm_job_id=slurm_job_id,
-        restart_count=None,
-    )
 
 
 def committed(step: int) -> CheckpointCommitted:

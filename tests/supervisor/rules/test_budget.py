@@ -13,11 +13,9 @@ from supervisor.record.events import EventLog
 from supervisor.record.history import read
 from supervisor.record.schema import (
     AttemptStarted,
-    CheckpointCommitted,
     Event,
     FailureDetected,
     JobGaveUp,
-    JobStarted,
     JobStopped,
     JobSucceeded,
     RestartScheduled,
@@ -28,47 +26,9 @@ from supervisor.rules.budget import Budget, budget_of, fold, signature
 from supervisor.rules.failures import deterministic_signature
 from supervisor.rules.observation import Failure, FailureKind
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
+from tests.helpers.events import attempt_started, commit, failure_event, job_started
 
 K = FailureKind
-
-
-def start() -> JobStarted:
-    return JobStarted(
-        config="job.toml", host="n1", pid=1, slurm_job_id=None, restart_count=None, restarts_used=0
-    )
-
-
-def attempt(resume: int = 0) -> AttemptStarted:
-    return AttemptStarted(
-        resume_step=resume,
-        checkpoint=None,
-        launcher=("torchrun",),
-        nnodes=1,
-        nproc_per_node=1,
-        slurm_job_id=None,
-        restart_count=None,
-    )
-
-
-def commit(step: int) -> CheckpointCommitted:
-    return CheckpointCommitted(step=step, path=f"c/{step}", seconds=None, bytes=1, source="sdk")
-
-
-def failure_event(f: Failure) -> FailureDetected:
-    """The failure_detected the supervisor logs for ``f``."""
-    return FailureDetected(
-        kind=str(f.kind),
-        ranks=f.ranks,
-        exit_codes=f.exit_codes,
-        signals=f.signals,
-        last_step=f.last_step,
-        detail=f.detail,
-        diagnostics=None,
-        detect_s=0.01,
-        hang_timeout_s=None,
-        noticed_at=None,
-        nodes=f.nodes,
-    )
 
 
 def failed(kind: str, ranks: tuple[int, ...] = (1,), step: int | None = 30) -> FailureDetected:
@@ -92,7 +52,7 @@ def crash_loop(n: int, *, commits: bool = False) -> list[Event]:
     """``n`` attempts that each crash the same way and are restarted (charged)."""
     events: list[Event] = []
     for i in range(n):
-        events += [attempt(), *([commit(10 * (i + 1))] if commits else []), failed("crash")]
+        events += [attempt_started(), *([commit(10 * (i + 1))] if commits else []), failed("crash")]
         events.append(restarted())
     return events
 
@@ -105,13 +65,13 @@ FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
         {"attempts": 2, "restarts_used": 2, "no_progress_streak": 2, "charged_failure": CRASH_30},
     ),
     "uncharged-restart-spends-nothing": (
-        [attempt(), failed("crash"), restarted(charged=False)],
+        [attempt_started(), failed("crash"), restarted(charged=False)],
         {"restarts_used": 0, "no_progress_streak": 0, "charged_failure": None},
     ),
     "preemption-never-charged": (
         [
             *crash_loop(1),
-            attempt(),
+            attempt_started(),
             StopRequested(reason="preempted", source="SIGTERM"),
             failed("preempted", (), 31),
             stopped(),
@@ -125,7 +85,7 @@ FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
         },
     ),
     "progress-resets-the-streak": (
-        [*crash_loop(2), attempt(), commit(5)],
+        [*crash_loop(2), attempt_started(), commit(5)],
         {"no_progress_streak": 0, "progressed": True, "newest_step": 5},
     ),
     "a-charged-attempt-that-progressed-keeps-it-at-zero": (
@@ -133,52 +93,59 @@ FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
         {"restarts_used": 3, "no_progress_streak": 0, "progressed": True, "newest_step": 30},
     ),
     "an-uncharged-attempt-that-progressed-resets": (
-        [*crash_loop(2), attempt(), failed("preempted", (), 40), commit(40), stopped()],
+        [*crash_loop(2), attempt_started(), failed("preempted", (), 40), commit(40), stopped()],
         {"no_progress_streak": 0, "restarts_used": 2},
     ),
     "resumed-step-recommitted-is-no-progress": (
-        [attempt(resume=10), commit(9), failed("crash"), restarted()],
+        [attempt_started(resume=10), commit(9), failed("crash"), restarted()],
         {"progressed": False, "newest_step": 9, "no_progress_streak": 1},
     ),
     "older-commit-is-no-progress": (
-        [attempt(), commit(20), *crash_loop(1)[:1], commit(10)],
+        [attempt_started(), commit(20), *crash_loop(1)[:1], commit(10)],
         {"progressed": False, "newest_step": 20},
     ),
     "a-new-attempt-has-not-progressed": (
-        [attempt(), commit(5), failed("crash"), restarted(), attempt(resume=6)],
+        [attempt_started(), commit(5), failed("crash"), restarted(), attempt_started(resume=6)],
         {"progressed": False, "no_progress_streak": 0, "attempts": 2},
     ),
     "oom-count": (
         [
-            attempt(),
+            attempt_started(),
             failed("oom"),
             restarted(),
-            attempt(),
+            attempt_started(),
             failed("crash"),
             restarted(),
-            attempt(),
+            attempt_started(),
             failed("oom", (0,), 7),
         ],
         {"oom_count": 2, "last_failure": "oom", "failure": ("oom", (0,), 7)},
     ),
     "signature-carried-across-a-new-start": (
-        [*crash_loop(1), attempt(), failed("preempted", (), 35), stopped(), start(), attempt()],
+        [
+            *crash_loop(1),
+            attempt_started(),
+            failed("preempted", (), 35),
+            stopped(),
+            job_started(),
+            attempt_started(),
+        ],
         {"charged_failure": CRASH_30, "restarts_used": 1, "no_progress_streak": 1},
     ),
     "attempts-continue-across-a-new-start": (
-        [*crash_loop(2), attempt(), stopped(), start(), attempt()],
+        [*crash_loop(2), attempt_started(), stopped(), job_started(), attempt_started()],
         {"attempts": 4},
     ),
     "the-last-charged-failure-not-the-last-failure": (
-        [*crash_loop(1), attempt(), failed("crash", (0,), 80), JobGaveUp(reason="spent")],
+        [*crash_loop(1), attempt_started(), failed("crash", (0,), 80), JobGaveUp(reason="spent")],
         {"charged_failure": CRASH_30, "failure": ("crash", (0,), 80)},
     ),
     "a-new-start-ends-the-attempt": (
-        [attempt(), commit(3), start()],
+        [attempt_started(), commit(3), job_started()],
         {"progressed": False, "newest_step": 3, "attempts": 1},
     ),
     "success-changes-nothing": (
-        [attempt(), JobSucceeded(last_step=9)],
+        [attempt_started(), JobSucceeded(last_step=9)],
         {"attempts": 1, "restarts_used": 0, "failure": None},
     ),
 }
@@ -193,7 +160,7 @@ def test_fold(events: list[Event], expected: dict[str, Any]) -> None:
 
 def test_fold_is_one_event_at_a_time() -> None:
     """budget_of() is fold() one event at a time; an ignored event returns the same budget."""
-    events = [*crash_loop(2), attempt(), commit(4)]
+    events = [*crash_loop(2), attempt_started(), commit(4)]
     budget = Budget()
     for event in events:
         budget = fold(budget, event)
@@ -230,11 +197,11 @@ class Daemon:
     def run(self) -> str:
         """Attempts until the job ends or this daemon stops: ``"ended"`` / ``"stopped"``."""
         try:
-            self.emit(start())
+            self.emit(job_started())
             while True:
                 self.log.attempt = self.budget.attempts + 1
                 newest = self.budget.newest_step
-                self.emit(attempt(resume=0 if newest is None else newest + 1))
+                self.emit(attempt_started(resume=0 if newest is None else newest + 1))
                 assert self.budget.attempts == self.log.attempt
                 outcome = self._one_attempt(0 if newest is None else newest + 1)
                 if outcome is not None:
@@ -307,8 +274,8 @@ def test_a_rollback_moves_the_skip_and_bounds_only_the_next_load() -> None:
         rollbacks_left=2,
         note="",
     )
-    b = budget_of([start(), attempt(0), rolled])
+    b = budget_of([job_started(), attempt_started(0), rolled])
     assert (b.rollbacks_used, b.skip_to, b.resume_before, b.newest_step) == (1, 26, 25, 19)
     assert b.restarts_used == 0
-    b = fold(b, attempt(26))
+    b = fold(b, attempt_started(26))
     assert (b.rollbacks_used, b.skip_to, b.resume_before) == (1, 26, None)

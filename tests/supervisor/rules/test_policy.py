@@ -22,8 +22,7 @@ from supervisor.rules.policy import (
     decide,
     nodes_for_restart,
 )
-from tests.supervisor.rules.test_budget import attempt as attempt_started
-from tests.supervisor.rules.test_budget import commit, failure_event
+from tests.helpers.events import attempt_started, commit, failure_event
 from worker_sdk.protocol import EXIT_USAGE
 
 K = FailureKind

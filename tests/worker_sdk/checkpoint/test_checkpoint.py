@@ -6,7 +6,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers.states import assert_same_state, make_checkpointer, write_format1
 from worker_sdk import _rng, checkpoint, layout
 from worker_sdk._determinism import reordered_sums_warning
-from worker_sdk.checkpoint import Checkpointer, LoadResult, Stateful, unwrap
+from worker_sdk.checkpoint import LoadResult, Stateful, unwrap
 from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
 from worker_sdk.protocol import ENV_RESUME_BEFORE
 
@@ -54,56 +55,6 @@ class Trainer:
         self.sched.step()
 
 
-def make(directory: Path, keep_last: int = 3, tag: str = "a1", **kw: int) -> Checkpointer:
-    return Checkpointer(
-        directory,
-        rank=kw.get("rank", 0),
-        world_size=kw.get("world_size", 1),
-        attempt_tag=tag,
-        keep_last=keep_last,
-    )
-
-
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Recursive equality; tensors must be bit-identical (torch.equal, same dtype)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert a.dtype == b.dtype, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, Mapping):
-        assert isinstance(b, Mapping), where
-        assert set(a) == set(b), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b), where
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
-def write_format1(directory: Path, step: int, objects: list[Stateful], extra: Any) -> Path:
-    """A format-1 checkpoint (one rank) exactly as the previous release's writer made it:
-    shared.pt with every object's state, rank-00000.pt, a manifest without objects/checksums."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / MARKER).touch(mode=0o600)
-    path = directory / committed_name(step)
-    path.mkdir()
-    table = {
-        str(i): {"class": type(unwrap(obj)).__qualname__, "state": unwrap(obj).state_dict()}
-        for i, obj in enumerate(objects)
-    }
-    torch.save({"format": 1, "objects": table}, path / SHARED)
-    part = {"format": 1, "rank": 0, "rng": _rng.capture(), "extra": extra}
-    torch.save(part, path / rank_file(0))
-    files = {name: os.path.getsize(path / name) for name in (SHARED, rank_file(0))}
-    manifest = {"format": 1, "step": step, "world_size": 1, "created": 1.0, "files": files}
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return path
-
-
 def draws() -> tuple[list[float], list[float], torch.Tensor]:
     return [random.random() for _ in range(3)], list(np.random.rand(3)), torch.rand(3)
 
@@ -114,7 +65,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
     for _ in range(3):
         t.step()
     extra = (torch.arange(5), 7, torch.tensor([1.5, -2.0]))
-    result = make(tmp_path).save(2, t.objects, extra)
+    result = make_checkpointer(tmp_path).save(2, t.objects, extra)
     assert (result.committed, result.step, result.path) == (True, 2, tmp_path / committed_name(2))
     assert result.nbytes == layout.validate(result.path).nbytes > 0
     assert result.seconds > 0
@@ -125,11 +76,11 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
     fresh.step()
     random.seed(5)
     np.random.seed(5)
-    loaded = make(tmp_path).load_latest(fresh.objects, extra=None)
+    loaded = make_checkpointer(tmp_path).load_latest(fresh.objects, extra=None)
     assert (loaded.step, loaded.path, loaded.skipped) == (2, result.path, ())
-    assert_same(loaded.extra, extra)
+    assert_same_state(loaded.extra, extra)
     for before, obj in zip(saved, fresh.objects, strict=True):
-        assert_same(before, obj.state_dict())
+        assert_same_state(before, obj.state_dict())
     assert fresh.opt.state_dict()["state"][0]["exp_avg_sq"].abs().sum() > 0
     got = draws()
     assert got[:2] == expected_draws[:2]
@@ -147,15 +98,15 @@ def test_format1_checkpoint_of_the_previous_release_still_loads(tmp_path: Path) 
     assert layout.validate(path).format == 1
     saved = [obj.state_dict() for obj in t.objects]
     fresh = Trainer(seed=2)
-    loaded = make(tmp_path).load_latest(fresh.objects, extra=None)
+    loaded = make_checkpointer(tmp_path).load_latest(fresh.objects, extra=None)
     assert (loaded.step, loaded.path, loaded.skipped) == (2, path, ())
-    assert_same(loaded.extra, (torch.arange(3), "x"))
+    assert_same_state(loaded.extra, (torch.arange(3), "x"))
     for before, obj in zip(saved, fresh.objects, strict=True):
-        assert_same(before, obj.state_dict())
+        assert_same_state(before, obj.state_dict())
     got = draws()
     assert got[:2] == expected_draws[:2]
     assert torch.equal(got[2], expected_draws[2])
-    make(tmp_path).save(3, fresh.objects, extra=None)
+    make_checkpointer(tmp_path).save(3, fresh.objects, extra=None)
     assert layout.validate(tmp_path / committed_name(3)).format == 2
 
 
@@ -165,27 +116,27 @@ def test_resumed_training_equals_uninterrupted(tmp_path: Path) -> None:
     for step in range(6):
         t.step()
         if step == 2:
-            make(tmp_path).save(step, t.objects, extra=None)
+            make_checkpointer(tmp_path).save(step, t.objects, extra=None)
     resumed = Trainer(seed=3)
-    start = make(tmp_path).load_latest(resumed.objects, extra=None).step
+    start = make_checkpointer(tmp_path).load_latest(resumed.objects, extra=None).step
     assert start == 2
     for _ in range(start + 1, 6):
         resumed.step()
-    assert_same(t.model.state_dict(), resumed.model.state_dict())
-    assert_same(t.opt.state_dict(), resumed.opt.state_dict())
+    assert_same_state(t.model.state_dict(), resumed.model.state_dict())
+    assert_same_state(t.opt.state_dict(), resumed.opt.state_dict())
 
 
 def test_fresh_start_returns_given_extra(tmp_path: Path) -> None:
     """With nothing committed load_latest is a fresh start and hands back the given extra."""
     t = Trainer(seed=1)
-    assert make(tmp_path / "none").load_latest(t.objects, extra=(1, 2)) == LoadResult(
+    assert make_checkpointer(tmp_path / "none").load_latest(t.objects, extra=(1, 2)) == LoadResult(
         None, None, (1, 2), ()
     )
 
 
 def test_save_layout_on_disk(tmp_path: Path) -> None:
     """A save leaves the marker, the committed directory with its manifest, and nothing else."""
-    make(tmp_path / "c").save(4, Trainer(1).objects, extra=None)
+    make_checkpointer(tmp_path / "c").save(4, Trainer(1).objects, extra=None)
     assert sorted(os.listdir(tmp_path / "c")) == [MARKER, committed_name(4)]
     assert (os.stat(tmp_path / "c" / MARKER).st_mode & 0o777) == 0o600
     path = tmp_path / "c" / committed_name(4)
@@ -219,19 +170,19 @@ def test_ddp_model_is_saved_unwrapped(tmp_path: Path) -> None:
     """A DDP model is saved as its inner module and loads into wrapped and plain models."""
     t = Trainer(seed=1)
     ddp = nn.parallel.DistributedDataParallel(t.model)
-    make(tmp_path / "c").save(0, [ddp, t.opt], extra=None)
+    make_checkpointer(tmp_path / "c").save(0, [ddp, t.opt], extra=None)
     shared = torch.load(tmp_path / "c" / committed_name(0) / SHARED, weights_only=True)
     keys = list(shared["objects"]["0"]["state"])
     assert keys
     assert not any(k.startswith("module.") for k in keys)
     plain = Trainer(seed=2)
-    make(tmp_path / "c").load_latest([plain.model, plain.opt], extra=None)
-    assert_same(t.model.state_dict(), plain.model.state_dict())
+    make_checkpointer(tmp_path / "c").load_latest([plain.model, plain.opt], extra=None)
+    assert_same_state(t.model.state_dict(), plain.model.state_dict())
     wrapped = Trainer(seed=3)
-    make(tmp_path / "c").load_latest(
+    make_checkpointer(tmp_path / "c").load_latest(
         [nn.parallel.DistributedDataParallel(wrapped.model), wrapped.opt], None
     )
-    assert_same(t.model.state_dict(), wrapped.model.state_dict())
+    assert_same_state(t.model.state_dict(), wrapped.model.state_dict())
 
 
 def test_unwrap() -> None:
@@ -261,12 +212,12 @@ def truncate(path: Path) -> None:
 def test_damaged_newest_is_skipped_and_reported(tmp_path: Path, damage: Any, reason: str) -> None:
     """A torn or corrupt newest checkpoint is passed over, reported, and the older one loaded."""
     t = Trainer(seed=1)
-    ck = make(tmp_path)
+    ck = make_checkpointer(tmp_path)
     ck.save(1, t.objects, extra="one")
     t.step()
     ck.save(2, t.objects, extra="two")
     damage(tmp_path / committed_name(2))
-    loaded = make(tmp_path).load_latest(Trainer(seed=2).objects, extra=None)
+    loaded = make_checkpointer(tmp_path).load_latest(Trainer(seed=2).objects, extra=None)
     assert (loaded.step, loaded.extra) == (1, "one")
     [(path, why)] = loaded.skipped
     assert path == tmp_path / committed_name(2)
@@ -276,44 +227,44 @@ def test_damaged_newest_is_skipped_and_reported(tmp_path: Path, damage: Any, rea
 def test_temp_dir_is_never_loaded(tmp_path: Path) -> None:
     """A complete-looking temporary directory of a newer step is ignored by load."""
     t = Trainer(seed=1)
-    make(tmp_path).save(1, t.objects, extra="committed")
+    make_checkpointer(tmp_path).save(1, t.objects, extra="committed")
     tmp = tmp_path / temp_name(9, "a0")
     shutil.copytree(tmp_path / committed_name(1), tmp)
     manifest = json.loads((tmp / MANIFEST).read_text())
     (tmp / MANIFEST).write_text(json.dumps(manifest | {"step": 9}))
-    loaded = make(tmp_path, tag="a2").load_latest(t.objects, extra=None)
+    loaded = make_checkpointer(tmp_path, tag="a2").load_latest(t.objects, extra=None)
     assert (loaded.step, loaded.extra, loaded.skipped) == (1, "committed", ())
 
 
 def test_same_step_twice_keeps_the_first(tmp_path: Path) -> None:
     """Saving a step that is already validly committed keeps it and leaves no temp behind."""
     t = Trainer(seed=1)
-    first = make(tmp_path).save(3, t.objects, extra="first")
-    again = make(tmp_path, tag="a2").save(3, t.objects, extra="second")
+    first = make_checkpointer(tmp_path).save(3, t.objects, extra="first")
+    again = make_checkpointer(tmp_path, tag="a2").save(3, t.objects, extra="second")
     assert (again.committed, again.path, again.nbytes) == (True, first.path, first.nbytes)
     assert sorted(os.listdir(tmp_path)) == [MARKER, committed_name(3)]
-    assert make(tmp_path).load_latest(t.objects, None).extra == "first"
+    assert make_checkpointer(tmp_path).load_latest(t.objects, None).extra == "first"
 
 
 def test_same_step_replaces_a_torn_one(tmp_path: Path) -> None:
     """Saving a step whose committed directory is torn replaces it with the new one."""
     t = Trainer(seed=1)
-    make(tmp_path).save(3, t.objects, extra="first")
+    make_checkpointer(tmp_path).save(3, t.objects, extra="first")
     truncate(tmp_path / committed_name(3))
-    make(tmp_path, tag="a2").save(3, t.objects, extra="second")
+    make_checkpointer(tmp_path, tag="a2").save(3, t.objects, extra="second")
     assert sorted(os.listdir(tmp_path)) == [MARKER, committed_name(3)]
-    assert make(tmp_path).load_latest(t.objects, None).extra == "second"
+    assert make_checkpointer(tmp_path).load_latest(t.objects, None).extra == "second"
 
 
 def test_same_step_replaces_one_that_failed_to_load(tmp_path: Path) -> None:
     """A checkpoint with right sizes that failed to load is replaced when its step is re-saved."""
     t = Trainer(seed=1)
-    make(tmp_path).save(3, t.objects, extra="first")
+    make_checkpointer(tmp_path).save(3, t.objects, extra="first")
     scribble(tmp_path / committed_name(3))
-    ck = make(tmp_path, tag="a2")
+    ck = make_checkpointer(tmp_path, tag="a2")
     assert ck.load_latest(t.objects, None).step is None
     ck.save(3, t.objects, extra="second")
-    loaded = make(tmp_path).load_latest(t.objects, None)
+    loaded = make_checkpointer(tmp_path).load_latest(t.objects, None)
     assert (loaded.step, loaded.extra, loaded.skipped) == (3, "second", ())
 
 
@@ -322,21 +273,21 @@ def test_a_rollback_loads_no_checkpoint_of_the_onset_or_later(
 ) -> None:
     """With RVSUP_RESUME_BEFORE (a rollback's onset) the newest checkpoint before it loads,
     never a later one; without it the newest."""
-    ck = make(tmp_path, keep_last=5)
+    ck = make_checkpointer(tmp_path, keep_last=5)
     t = Trainer(seed=1)
     for step in (9, 19, 29):
         ck.save(step, t.objects, extra=step)
     monkeypatch.setenv(ENV_RESUME_BEFORE, "25")
-    assert make(tmp_path).load_latest(t.objects, None).step == 19
+    assert make_checkpointer(tmp_path).load_latest(t.objects, None).step == 19
     monkeypatch.setenv(ENV_RESUME_BEFORE, "9")
-    assert make(tmp_path).load_latest(t.objects, None).step is None
+    assert make_checkpointer(tmp_path).load_latest(t.objects, None).step is None
     monkeypatch.delenv(ENV_RESUME_BEFORE)
-    assert make(tmp_path).load_latest(t.objects, None).step == 29
+    assert make_checkpointer(tmp_path).load_latest(t.objects, None).step == 29
 
 
 def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:
     """After several saves only the newest keep_last committed checkpoints remain."""
-    ck = make(tmp_path, keep_last=2)
+    ck = make_checkpointer(tmp_path, keep_last=2)
     t = Trainer(seed=1)
     for step in range(5):
         ck.save(step, t.objects, extra=step)
@@ -348,7 +299,7 @@ def test_failure_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     reports as checkpoint_failed and trains on), the step is not committed and the previous one
     stays newest."""
     t = Trainer(seed=1)
-    make(tmp_path).save(1, t.objects, extra="one")
+    make_checkpointer(tmp_path).save(1, t.objects, extra="one")
     real_save = torch.save
 
     def dies_on_rank_file(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
@@ -358,11 +309,11 @@ def test_failure_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr("torch.save", dies_on_rank_file)
     with pytest.raises(checkpoint.SaveError, match="step 2 is not committed: disk full") as err:
-        make(tmp_path).save(2, t.objects, extra="two")
+        make_checkpointer(tmp_path).save(2, t.objects, extra="two")
     assert isinstance(err.value.__cause__, OSError)
     monkeypatch.undo()
     assert not (tmp_path / committed_name(2)).exists()
-    assert make(tmp_path, tag="a2").load_latest(t.objects, None).extra == "one"
+    assert make_checkpointer(tmp_path, tag="a2").load_latest(t.objects, None).extra == "one"
 
 
 def test_ranks_without_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,13 +322,13 @@ def test_ranks_without_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyP
     t = Trainer(seed=1)
     monkeypatch.setattr(checkpoint, "_PART_WAIT_S", 0.2)
     with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\]"):
-        make(tmp_path, world_size=2).save(1, t.objects, extra="r0")
+        make_checkpointer(tmp_path, world_size=2).save(1, t.objects, extra="r0")
     assert not (tmp_path / committed_name(1)).exists()
-    r1 = make(tmp_path, rank=1, world_size=2).save(1, t.objects, extra="r1")
+    r1 = make_checkpointer(tmp_path, rank=1, world_size=2).save(1, t.objects, extra="r1")
     assert not r1.committed
-    assert make(tmp_path, world_size=2).save(1, t.objects, extra="r0").committed
+    assert make_checkpointer(tmp_path, world_size=2).save(1, t.objects, extra="r0").committed
     for rank in (0, 1):
-        loaded = make(tmp_path, rank=rank, world_size=2).load_latest(t.objects, None)
+        loaded = make_checkpointer(tmp_path, rank=rank, world_size=2).load_latest(t.objects, None)
         assert (loaded.step, loaded.extra) == (1, f"r{rank}")
 
 
@@ -386,15 +337,17 @@ def test_world_size_change_follows_the_per_rank_rule(tmp_path: Path) -> None:
     extra, the new rank 1 the given extra and RNGs seeded from (step, rank)."""
     t = Trainer(seed=1)
     t.step()
-    make(tmp_path).save(1, t.objects, extra="r0")
+    make_checkpointer(tmp_path).save(1, t.objects, extra="r0")
     after_save = draws()
     results = []
     for rank in (0, 1):
         fresh = Trainer(seed=2 + rank)
-        loaded = make(tmp_path, rank=rank, world_size=2).load_latest(fresh.objects, "given")
+        loaded = make_checkpointer(tmp_path, rank=rank, world_size=2).load_latest(
+            fresh.objects, "given"
+        )
         results.append((loaded, draws()))
         for saved, obj in zip(t.objects, fresh.objects, strict=True):
-            assert_same(saved.state_dict(), obj.state_dict())
+            assert_same_state(saved.state_dict(), obj.state_dict())
     (r0, draws0), (r1, draws1) = results
     assert (r0.step, r0.extra, r0.saved_world_size, r0.resharded_from, r0.own_part) == (
         1,
@@ -420,21 +373,21 @@ def test_world_size_change_follows_the_per_rank_rule(tmp_path: Path) -> None:
 def test_different_objects_are_refused(tmp_path: Path, pick: Any, message: str) -> None:
     """Objects given in another order or number than saved are refused with a clear error."""
     t = Trainer(seed=1)
-    make(tmp_path).save(1, t.objects, extra=None)
+    make_checkpointer(tmp_path).save(1, t.objects, extra=None)
     with pytest.raises(RuntimeError, match=message):
-        make(tmp_path).load_latest(pick(Trainer(seed=2)), None)
+        make_checkpointer(tmp_path).load_latest(pick(Trainer(seed=2)), None)
 
 
 def test_pickled_extra_loads_only_from_a_trusted_directory(tmp_path: Path) -> None:
     """extra that needs unpickling loads from the user's own directory, and is refused
     once others can write there."""
     t = Trainer(seed=1)
-    make(tmp_path / "c").save(1, t.objects, extra=Cursor(2, 30))
-    assert make(tmp_path / "c").load_latest(t.objects, None).extra == Cursor(2, 30)
+    make_checkpointer(tmp_path / "c").save(1, t.objects, extra=Cursor(2, 30))
+    assert make_checkpointer(tmp_path / "c").load_latest(t.objects, None).extra == Cursor(2, 30)
     step_dir = tmp_path / "c" / committed_name(1)
     os.chmod(step_dir, 0o775)
     with pytest.raises(RuntimeError, match="writable by group or others") as caught:
-        make(tmp_path / "c").load_latest(t.objects, None)
+        make_checkpointer(tmp_path / "c").load_latest(t.objects, None)
     assert "Cursor" in str(caught.value)
 
 

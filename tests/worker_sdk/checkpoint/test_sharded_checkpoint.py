@@ -19,11 +19,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.utils._pytree import tree_map
 
 import worker_sdk
+from tests.helpers.states import assert_same_state, write_format1
 from worker_sdk import _dcp, _parallel, checkpoint, layout
 from worker_sdk.checkpoint import Checkpointer, Stateful
 from worker_sdk.layout import MANIFEST, committed_name
-
-from .test_checkpoint import assert_same, write_format1
 
 
 @pytest.fixture(autouse=True)
@@ -104,8 +103,8 @@ def test_sharded_round_trip_through_dcp(tmp_path: Path, kind: str) -> None:
         (),
         None,
     )
-    assert_same(saved, full_state(fresh[0], fresh[1]))
-    assert_same(saved_sched, fresh[2].state_dict())
+    assert_same_state(saved, full_state(fresh[0], fresh[1]))
+    assert_same_state(saved_sched, fresh[2].state_dict())
 
 
 def test_sharded_checkpoint_loads_into_a_plain_model(tmp_path: Path) -> None:
@@ -117,7 +116,7 @@ def test_sharded_checkpoint_loads_into_a_plain_model(tmp_path: Path) -> None:
     ck(tmp_path).save(1, list(t), extra=None)
     plain = build("plain", seed=3)
     assert ck(tmp_path, "a2").load_latest(list(plain), extra=None).step == 1
-    assert_same(saved, full_state(plain[0], plain[1]))
+    assert_same_state(saved, full_state(plain[0], plain[1]))
 
 
 def flip_bytes(path: Path) -> None:
@@ -143,7 +142,7 @@ def test_corrupt_dcp_file_falls_back_to_the_previous_checkpoint(tmp_path: Path) 
     [(path, why)] = loaded.skipped
     assert path == tmp_path / committed_name(1)
     assert "dcp/__0_0.distcp: CRC-32" in why
-    assert_same(first, full_state(fresh[0], fresh[1]))
+    assert_same_state(first, full_state(fresh[0], fresh[1]))
 
 
 def test_dcp_files_others_can_write_are_never_unpickled(tmp_path: Path) -> None:
@@ -167,7 +166,7 @@ def test_optimizer_before_its_first_step_is_saved_as_it_is(tmp_path: Path) -> No
     fresh = build("fsdp2", seed=2)
     assert ck(tmp_path, "a2").load_latest(list(fresh), extra=None).step == 0
     assert not fresh[1].state
-    assert_same(full_state(t[0], t[1]), full_state(fresh[0], fresh[1]))
+    assert_same_state(full_state(t[0], t[1]), full_state(fresh[0], fresh[1]))
 
 
 def test_format1_checkpoint_of_a_sharded_model_is_refused(tmp_path: Path) -> None:

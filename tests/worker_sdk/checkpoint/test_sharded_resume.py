@@ -7,108 +7,19 @@ Each job is tests/helpers/sharded_worker.py. A restart is a second torchrun, as 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 import torch
 
-from tests.helpers.harness import assert_same_state
+from tests.helpers.sharded import Run, torchrun
+from tests.helpers.states import assert_same_state
 from worker_sdk import _rng, layout
 from worker_sdk.layout import committed_name
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
-
-WORKER = Path(__file__).resolve().parents[2] / "helpers" / "sharded_worker.py"
-REPO = Path(__file__).resolve().parents[3]
-
-
-@dataclass(frozen=True)
-class Run:
-    """What one torchrun left behind."""
-
-    out: Path  # rank 0's full state (torch.save); OUT.rank<r>.json beside it
-    output: str  # torchrun's and the ranks' stdout and stderr
-    world: int
-
-    def state(self) -> Any:
-        """The full (unsharded) model, optimizer and schedule state rank 0 wrote."""
-        return torch.load(self.out, map_location="cpu", weights_only=True)
-
-    def ranks(self) -> list[dict[str, Any]]:
-        """Every rank's extra counter and next random draw."""
-        return [json.loads(Path(f"{self.out}.rank{r}.json").read_text()) for r in range(self.world)]
-
-
-def torchrun(
-    tmp: Path,
-    name: str,
-    *,
-    kind: str,
-    nproc: int = 2,
-    total: int = 16,
-    ckpt: Path | None = None,
-    fails: bool = False,
-    **env: str,
-) -> Run:
-    """Run the worker on ``nproc`` ranks to completion (checkpoints every 4 steps), expecting
-    success or (``fails``) a failure; every process of the run is SIGKILLed on the way out."""
-    out = tmp / f"{name}.pt"
-    full_env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("RVSUP_")},
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1",
-        "KIND": kind,
-        "CKPT": str(ckpt or tmp / f"{name}-ckpt"),
-        "OUT": str(out),
-        "TOTAL": str(total),
-        "EVERY": "4",
-        **env,
-    }
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "--max-restarts=0",
-        "--monitor-interval=0.1",
-        str(WORKER),
-    ]
-    proc = subprocess.Popen(
-        argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            for p in psutil.Process(proc.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            proc.kill()
-            proc.communicate(timeout=30)
-    assert (proc.returncode != 0) == fails, _failure_text(proc.returncode, output)
-    return Run(out, output, nproc)
-
-
-def _failure_text(returncode: int, output: str) -> str:
-    """Why a run ended unexpectedly: its exit code and the lines that say why first (a
-    truncated report still shows them), then the end of its output."""
-    telling = [
-        line
-        for line in output.splitlines()
-        if any(word in line for word in ("Error", "error:", "exitcode", "Signal", "Killed"))
-    ]
-    summary = "\n".join(telling[:20])
-    return f"torchrun exited {returncode}\n{summary}\n--- output:\n{output[-6000:]}"
 
 
 @pytest.fixture(autouse=True)
@@ -116,23 +27,6 @@ def no_process_left_behind() -> Iterator[None]:
     """Every test must leave no child process alive."""
     yield
     assert psutil.Process().children(recursive=True) == []
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Uninterrupted 16-step runs, one per parallelism, computed when first needed."""
-    return _References(tmp_path_factory.mktemp("reference"))
-
-
-class _References(dict[str, Run]):
-    def __init__(self, tmp: Path) -> None:
-        super().__init__()
-        self.tmp = tmp
-
-    def __missing__(self, kind: str) -> Run:
-        run = torchrun(self.tmp, kind, kind=kind)
-        self[kind] = run
-        return run
 
 
 @pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "ddp"])

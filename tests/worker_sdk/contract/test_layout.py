@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.checkpoint_dirs import make_checkpoint, make_checkpoint_v2
 from worker_sdk import layout
 from worker_sdk.layout import (
     DCP_METADATA,
@@ -24,43 +25,6 @@ from worker_sdk.layout import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def make_checkpoint(
-    directory: Path, step: int, world_size: int = 2, name: str | None = None
-) -> Path:
-    """A committed checkpoint with dummy files of distinct sizes and a matching manifest."""
-    path = directory / (name or committed_name(step))
-    path.mkdir(parents=True)
-    files = {SHARED: 100 + step} | {rank_file(r): 10 + r for r in range(world_size)}
-    for fname, size in files.items():
-        (path / fname).write_bytes(b"x" * size)
-    manifest = {"format": 1, "step": step, "world_size": world_size, "created": 1.5, "files": files}
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    return path
-
-
-def make_checkpoint_v2(directory: Path, step: int, world_size: int = 2) -> Path:
-    """A committed format-2 checkpoint: a model and its optimizer sharded in dcp/, a schedule
-    replicated in shared.pt."""
-    path = make_checkpoint(directory, step, world_size)
-    (path / "dcp").mkdir()
-    dcp_files = {DCP_METADATA: 50} | {f"dcp/__{r}_0.distcp": 70 + r for r in range(world_size)}
-    for fname, size in dcp_files.items():
-        (path / fname).write_bytes(b"d" * size)
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest |= {
-        "format": 2,
-        "files": manifest["files"] | dcp_files,
-        "checksums": {name: 1000 + size for name, size in dcp_files.items()},
-        "objects": [
-            {"class": "Transformer", "state": "dcp"},
-            {"class": "AdamW", "state": "dcp"},
-            {"class": "LambdaLR", "state": "shared"},
-        ],
-    }
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    return path
 
 
 def rewrite_manifest(path: Path, **changes: object) -> None:

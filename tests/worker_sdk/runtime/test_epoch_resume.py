@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import worker_sdk
-from tests.worker_sdk.checkpoint.test_checkpoint import assert_same
+from tests.helpers.states import assert_same_state
 
 EPOCHS = 3
 SAMPLES = 96
@@ -139,7 +139,7 @@ def test_default_dataloader_epoch_loop_resumes_bit_exactly(
     assert all(n.startswith(f"rvsup: {start + 1} batches were fetched") for n in notes), notes
     assert all("range(start // len(loader), epochs)" in n for n in notes), notes
     assert run.final is not None and reference.final is not None
-    assert_same(reference.final, run.final)
+    assert_same_state(reference.final, run.final)
     assert run.scaler_at_resume == reference.scaler_after[start - 1]
     assert len({s["scale"] for s in reference.scaler_after.values()}) > 1  # the scale moved
 
@@ -152,7 +152,7 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_bit_exactly(tmp_path: Path)
     reference, run = resumed(tmp_path, "default", 30, every=12)
     assert run.start == 24
     assert run.final is not None and reference.final is not None
-    assert_same(reference.final, run.final)
+    assert_same_state(reference.final, run.final)
 
 
 def test_a_shuffling_dataloader_without_generator_is_named_and_the_advice_works(
@@ -170,7 +170,7 @@ def test_a_shuffling_dataloader_without_generator_is_named_and_the_advice_works(
         warnings.filterwarnings("ignore", r"rvsup: \d+ batches were fetched")
         reference, run = resumed(tmp_path / "fixed", "shuffle-generator", 17)
     assert run.final is not None and reference.final is not None
-    assert_same(reference.final, run.final)
+    assert_same_state(reference.final, run.final)
 
 
 def test_worker_processes_seeded_from_the_global_rng_are_named(tmp_path: Path) -> None:
@@ -193,4 +193,4 @@ def test_stateful_dataloader_with_workers_resumes_bit_exactly(
     checkpoint left the loader and ends bit-identical to the uninterrupted run."""
     reference, run = resumed(tmp_path, "stateful", kill_before, every)
     assert run.final is not None and reference.final is not None
-    assert_same(reference.final, run.final)
+    assert_same_state(reference.final, run.final)

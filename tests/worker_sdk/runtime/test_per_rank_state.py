@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import worker_sdk
-from tests.worker_sdk.checkpoint.test_checkpoint import make
+from tests.helpers.states import make_checkpointer
 from worker_sdk.layout import MANIFEST, committed_name
 
 
@@ -34,7 +34,7 @@ def save_two_ranks(directory: Path, values: tuple[int, int], *, grouped: bool = 
     for rank in (1, 0):
         torch.manual_seed(0)
         objects: list[Any] = [torch.nn.Linear(2, 2), Position(values[rank])]
-        ck = make(directory, rank=rank, world_size=2)
+        ck = make_checkpointer(directory, rank=rank, world_size=2)
         if grouped:
             ck._group_active = lambda: True  # type: ignore[method-assign]
             ck._agree_parts_written = lambda *a: ([], [])  # type: ignore[method-assign]
@@ -45,7 +45,7 @@ def save_two_ranks(directory: Path, values: tuple[int, int], *, grouped: bool = 
 def loaded_value(directory: Path, rank: int, world_size: int) -> tuple[int, tuple[str, ...]]:
     torch.manual_seed(0)
     position = Position(-1)
-    result = make(directory, rank=rank, world_size=world_size).load_latest(
+    result = make_checkpointer(directory, rank=rank, world_size=world_size).load_latest(
         [torch.nn.Linear(2, 2), position], None
     )
     return position.value, result.notes

@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 from supervisor.ranks.channel import exit_from_report
+from tests.helpers.harness import reaped
 from worker_sdk import protocol as p
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -73,14 +74,8 @@ def router(tmp_path: Path) -> Iterator[Router]:
 def bootstrapped(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker_sdk._bootstrap ARGV``; killed (with whatever it started) and reaped."""
     proc = subprocess.Popen([sys.executable, "-m", "worker_sdk._bootstrap", *argv], env=env)
-    try:
+    with reaped(proc):
         yield proc
-    finally:
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def the_rank(proc: subprocess.Popen[bytes]) -> psutil.Process:

@@ -21,6 +21,7 @@ import pytest
 
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
+from tests.helpers.harness import reaped
 from worker_sdk import _zygote_wire as wire
 from worker_sdk._zygote_client import request_of
 
@@ -80,18 +81,6 @@ def client(
         start_new_session=True,
         **kwargs,
     )
-
-
-@contextlib.contextmanager
-def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-        proc.kill()
-        proc.communicate(timeout=10)
 
 
 def forked_rank(zygote: Zygote, script: str) -> psutil.Process:

@@ -16,22 +16,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.harness import (
-    assert_same_state,
-    events,
-    load_final,
-    named,
-    running,
-    rvsup,
-    wait_progress,
-)
+from tests.helpers.harness import events, named, running, rvsup, wait_progress
 from tests.helpers.harness import write_job as write_rvsup_job
-from tests.worker_sdk.checkpoint.test_sharded_resume import Run, references, torchrun
+from tests.helpers.sharded import Run, torchrun
+from tests.helpers.states import assert_same_state, load_final
 from worker_sdk import layout
 from worker_sdk.layout import committed_name
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
-__all__ = ["references"]  # the fixture, shared with test_sharded_resume
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from tests.worker_sdk.checkpoint.test_checkpoint import assert_same
+from tests.helpers.states import assert_same_state
 from worker_sdk import _arena, layout
 from worker_sdk._arena import Arena, StagedTensor
 from worker_sdk._settings import resolve
@@ -82,7 +82,7 @@ def test_every_dtype_and_shape_comes_back_bit_identical() -> None:
         "plain": {"lr": 0.1, "betas": (0.9, 0.99)},
     }
     _, back = _roundtrip(payload)
-    assert_same(payload, back)
+    assert_same_state(payload, back)
     assert isinstance(back["named"], Pair)
     assert back["strided"].is_contiguous()
 
@@ -108,7 +108,7 @@ def test_a_module_state_dict_keeps_its_metadata() -> None:
     assert back._metadata == state._metadata  # type: ignore[attr-defined]
     fresh = torch.nn.BatchNorm1d(4)
     fresh.load_state_dict(back)
-    assert_same(bn.state_dict(), fresh.state_dict())
+    assert_same_state(bn.state_dict(), fresh.state_dict())
 
 
 def test_a_staged_tensor_is_saved_as_its_own_bytes(tmp_path: Path) -> None:
