@@ -19,14 +19,15 @@ from pathlib import Path
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending
+from supervisor.process import native
 from supervisor.process.cgroup import ended_events
+from supervisor.process.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
-from supervisor.ranks import native, slow
+from supervisor.ranks import slow
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
 from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_event, trouble_event
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
-from supervisor.ranks.diagnostics import read_flights, read_stacks, read_steps, read_stopped
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
 from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in

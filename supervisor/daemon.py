@@ -45,6 +45,7 @@ from supervisor.record.schema import (
 from supervisor.rules.budget import budget_of
 from supervisor.rules.observation import StopReason
 from supervisor.rules.states import ExitCode
+from supervisor.service import sdnotify
 from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
 from supervisor.service.sdnotify import Notifier
 from supervisor.slurm import commands as slurm
@@ -117,7 +118,13 @@ async def _house(
         containment = (
             groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
         )
-        launches = Launches(cfg, alloc, torchrun, groups if isinstance(groups, JobGroups) else None)
+        launches = Launches(
+            cfg,
+            alloc,
+            torchrun,
+            groups if isinstance(groups, JobGroups) else None,
+            withheld_env=sdnotify.CHILD_ENV_VARS,  # torchrun must not talk to systemd for us
+        )
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport
         tcp = transport == "tcp" or (transport == "auto" and launches.multi_node)

@@ -123,14 +123,7 @@ class Supervisor:
         self.clock = clock
         self.liveness = liveness or Liveness(clock)
         self._jitter = jitter
-        self.policy = RestartPolicy(
-            max_restarts=cfg.restart.max_restarts,
-            backoff_s=cfg.restart.backoff_s,
-            backoff_max_s=cfg.restart.backoff_max_s,
-            max_no_progress=cfg.restart.max_no_progress,
-            on_oom=cfg.restart.on_oom,
-            on_node_failure=cfg.restart.on_node_failure,
-        )
+        self.policy: RestartPolicy = cfg.restart
         self.state = JobState.STARTING
         self.ranks = RankTable()
         self.losses = LossWatch(cfg.anomaly)  # across attempts: a baseline outlives a rollback
@@ -192,7 +185,7 @@ class Supervisor:
                 self.events.log(JobGaveUp(reason=decision.reason))
                 return exit_code(self.state)
             if isinstance(decision, Requeue):
-                return await self._stopped(StopReason(decision.reason), None, failure.detail)
+                return await self._stopped(decision.reason, None, failure.detail)
             assert isinstance(decision, Restart)
             self.transition(JobState.BACKOFF)
             self.events.log(

@@ -28,6 +28,8 @@ import pytest
 from supervisor.process.cgroup import Group
 from worker_sdk import _cgroup
 
+pytest_plugins = ("tests.helpers.fixtures", "tests.helpers.torchless")  # see each module
+
 MARK = "RVTEST_MARK"
 _DAEMONS = frozenset({"slurmctld", "slurmd", "slurmstepd", "munged", "slurmdbd", "mariadbd"})
 os.environ[MARK] = uuid.uuid4().hex
@@ -55,11 +57,33 @@ def marked_processes(*, exempt_daemons: bool) -> dict[int, str]:
 _OWN_GROUP = _cgroup.own_group_dir()
 
 
+_SEEN_OURS: set[Path] = set()
+
+
 def job_groups() -> list[Path]:
-    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them)."""
+    """This run's rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes
+    them). Other test runs on the machine may share that group (the root one, in a container):
+    a group is this run's when its daemon (``rvsup-PID``) or one of its members carries this
+    run's mark, or did when it was seen before."""
     if _OWN_GROUP is None:
         return []
-    return sorted(Path(_OWN_GROUP).glob("rvsup-*"))
+    found = []
+    for group in sorted(Path(_OWN_GROUP).glob("rvsup-*")):
+        if group in _SEEN_OURS or _carries_mark(group):
+            _SEEN_OURS.add(group)
+            found.append(group)
+    return found
+
+
+def _carries_mark(group: Path) -> bool:
+    """Whether the daemon that made ``group``, or a process in it, carries this run's mark."""
+    daemon = group.name.removeprefix("rvsup-")
+    pids = {int(daemon)} if daemon.isdigit() else set()
+    for pid in pids | job_group_members(group):
+        with contextlib.suppress(psutil.Error, OSError):
+            if psutil.Process(pid).environ().get(MARK) == os.environ[MARK]:
+                return True
+    return False
 
 
 def job_group_members(group: Path) -> set[int]:
@@ -73,15 +97,12 @@ def _kill(pids: Iterator[int] | list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-_PROCESS_DIRS = ("process", "slurm")
-
-
 @pytest.fixture(autouse=True)
 def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test that leaves a process of its own behind (and kill it). Checked after every
-    test that starts real processes (tests/process, tests/slurm; a scan costs ~0.06 s); for the
-    rest, the check at the end of the session covers them."""
-    if request.node.path.parent.name not in _PROCESS_DIRS:
+    test that starts real processes (marked ``process`` or ``slurm``; a scan costs ~0.06 s); for
+    the rest, the check at the end of the session covers them."""
+    if not any(request.node.get_closest_marker(name) for name in ("process", "slurm")):
         yield
         return
     before = set(marked_processes(exempt_daemons=True))

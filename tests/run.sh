@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (once) and run every check: lint, format, types (for Python 3.11 and 3.10), the unit tests
-# on Python 3.10 without torch (where the daemon may run: its own environment), then the whole suite.
+# Set up (once) and run every check: lint, format, types (for Python 3.11 and 3.10), the fast
+# selection (no process, no Slurm) on Python 3.10 without torch (where the daemon may run: its own
+# environment; test modules that need torch are skipped there), then the whole suite.
 #   VENV=dir     where the virtualenv lives (default .venv; CI passes a fresh one)
 #   VENV310=dir  where the torch-less Python 3.10 one lives (default $VENV/py310); built with the
 #                first Python 3.10 found (python3.10 on PATH, else pyenv's); when there is none,
@@ -61,13 +62,13 @@ ruff format --check .
 mypy
 mypy --python-version 3.10
 if [ -n "$py310" ]; then
-  echo "tests/run.sh: unit tests on $("$VENV310/bin/python" -V) without torch ($VENV310)"
-  "$VENV310/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/fuzz
+  echo "tests/run.sh: the fast selection on $("$VENV310/bin/python" -V) without torch ($VENV310)"
+  "$VENV310/bin/python" -m pytest -q -p no:cacheprovider -m "not process and not slurm"
   # the process tests run the daemon from this environment too (test_isolated_install.py)
   RVSUP_TORCHLESS_PYTHON="$(cd "$VENV310/bin" && pwd)/python"
   export RVSUP_TORCHLESS_PYTHON
 else
-  echo "tests/run.sh: SKIPPED the unit tests on Python 3.10 without torch:" \
+  echo "tests/run.sh: SKIPPED the fast selection on Python 3.10 without torch:" \
     "no python3.10 on PATH or in pyenv" >&2
 fi
 python -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -3,10 +3,10 @@
 Every problem is collected in one pass and reported with its dotted key
 (``restart.backoff``, ``job.command[1]``); unknown sections and keys are rejected with the
 list of valid ones. The schema (the section dataclasses, which document every key) lives in
-:mod:`supervisor.config_model`, the converters of single values in
-:mod:`supervisor.config_values`, and :func:`preflight`, which checks the machine (programs,
-directories) just before a start, in :mod:`supervisor.preflight`; this module re-exports them.
-Durations are seconds or strings like "90s", "5m", "1h30m" (see :mod:`supervisor.durations`).
+:mod:`supervisor.config.model`, the converters of single values in
+:mod:`supervisor.config.values`, and :func:`preflight`, which checks the machine (programs,
+directories) just before a start, in :mod:`supervisor.config.preflight`; this module re-exports them.
+Durations are seconds or strings like "90s", "5m", "1h30m" (see :mod:`supervisor.config.durations`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The job.toml schema: frozen section dataclasses that document every key, and config errors.
 
 :mod:`supervisor.config` reads job.toml into these; durations are seconds or strings like
-"90s", "5m", "1h30m" (see :mod:`supervisor.durations`). A TOML key is its field's name less
+"90s", "5m", "1h30m" (see :mod:`supervisor.config.durations`). A TOML key is its field's name less
 the ``_s`` (seconds) suffix.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from supervisor.rules.anomalies import AnomalyPolicy
-from supervisor.rules.policy import OnFailure
+from supervisor.rules.policy import RestartPolicy
 
 __all__ = [
     "CheckpointSection",
@@ -224,26 +224,9 @@ class HeartbeatSection:
     native_stacks: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class RestartSection:
-    """``[restart]``: the retry budget, for the whole job across allocations.
-
-    - ``max_restarts`` (default 5, >= 0): restarts charged before giving up; preemptions
-      are never charged.
-    - ``backoff`` (default ``"5s"``, >= 0): first delay, doubled each time, with jitter.
-    - ``backoff_max`` (default ``"5m"``, >= backoff): the longest delay.
-    - ``max_no_progress`` (default 2, >= 1): restarts in a row without a new checkpoint
-      before giving up.
-    - ``on_oom`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
-    - ``on_node_failure`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
-    """
-
-    max_restarts: int
-    backoff_s: float
-    backoff_max_s: float
-    max_no_progress: int
-    on_oom: OnFailure
-    on_node_failure: OnFailure
+RestartSection: TypeAlias = RestartPolicy
+"""``[restart]``: the retry budget (keys documented on
+:class:`supervisor.rules.policy.RestartPolicy`, which the restart rule applies as it is)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Checks of the machine just before a start: torchrun, programs, private run/checkpoint dirs.
 
-:func:`preflight` reports problems as :class:`~supervisor.config_model.ConfigIssue` keyed like
+:func:`preflight` reports problems as :class:`~supervisor.config.model.ConfigIssue` keyed like
 job.toml (``job.checkpoint_dir``); it creates missing directories but never deletes anything.
 """
 

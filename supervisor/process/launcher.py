@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +29,6 @@ from supervisor.config.load import JobConfig
 from supervisor.config.torchrun import Torchrun, resolve_torchrun
 from supervisor.process.cgroup import Group
 from supervisor.record import rundir
-from supervisor.service.sdnotify import child_env_cleanup
 from worker_sdk import protocol as p
 
 if TYPE_CHECKING:
@@ -116,13 +115,16 @@ def build_plan(
     base_env: Mapping[str, str] | None = None,
     zygote: str | None = None,
     cgroup: str | None = None,
+    withheld_env: Collection[str] = (),
 ) -> LaunchPlan:
     """The command line and environment of attempt ``attempt``; ``torchrun`` is the job's
     (:func:`resolve_torchrun`). ``zygote``: the name of the zygote the ranks are forked from
     (each node's, on several). ``cgroup``: the directory of the attempt's cgroup, not made
-    yet (:func:`spawn` makes it)."""
+    yet (:func:`spawn` makes it). ``withheld_env``: variables of ``base_env`` the children must
+    not inherit (the daemon's service manager's: torchrun must not talk to systemd in its name)."""
     env = dict(os.environ if base_env is None else base_env)
-    child_env_cleanup(env)  # torchrun must not talk to systemd in our name
+    for name in withheld_env:
+        env.pop(name, None)
     env.update(cfg.job.env)
     env.update(rank_env)
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -15,7 +15,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from supervisor.config import JobConfig
 from supervisor.config.torchrun import job_python
@@ -43,8 +43,11 @@ class Launches:
         torchrun: launcher.Torchrun,
         groups: JobGroups | None = None,
         sweep: Callable[[Allocation, str], None] | None = None,
+        withheld_env: Collection[str] = (),
     ) -> None:
         self.cfg = cfg
+        self.withheld_env = tuple(withheld_env)
+        """The daemon's environment variables no child inherits (:func:`launcher.build_plan`)."""
         self.groups = groups
         """The job's cgroups; None: the teardown walks the process tree instead."""
         self._sweep = sweep_nodes if sweep is None else sweep
@@ -107,6 +110,7 @@ class Launches:
             alloc=alloc,
             rdzv_port=self._port.port,
             cgroup=None if groups is None else groups.attempt(attempt),
+            withheld_env=self.withheld_env,
         )
         if self.zygote is None:
             return plan
@@ -122,6 +126,7 @@ class Launches:
             rdzv_port=self._port.port,
             zygote=self.zygote.name,
             cgroup=plan.cgroup,
+            withheld_env=self.withheld_env,
         )
 
     def cold_starts(self) -> list[ColdStart]:

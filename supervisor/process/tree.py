@@ -22,11 +22,10 @@ from typing import Protocol
 import psutil
 
 from supervisor.loops import shielded
-from supervisor.process import launcher, proctree
+from supervisor.process import diagnostics, launcher, native, proctree
 from supervisor.process.cgroup import TREE_WALK, Group
+from supervisor.process.exits import ExitLedger
 from supervisor.process.launcher import LaunchPlan
-from supervisor.ranks import diagnostics, native
-from supervisor.ranks.exits import ExitLedger
 from supervisor.rules.observation import RankExit
 from supervisor.slurm import commands as slurm
 
@@ -148,7 +147,7 @@ class AttemptTree:
     def foresee_hang(self, directory: Path) -> None:
         """The ranks are close to their hang timeout: where py-spy is installed, take their
         native stacks now, so that a hang declared soon need not wait for them (see
-        :class:`~supervisor.ranks.native.EarlyNative`)."""
+        :class:`~supervisor.process.native.EarlyNative`)."""
         if self._early is None:
             py_spy = native.find_py_spy()
             if py_spy is None:

@@ -8,7 +8,7 @@
 - :mod:`.budget` — the restart budget as one fold over the history's events.
 - :mod:`.policy` — ``decide(budget, failure, policy) -> Restart | GiveUp | Requeue``.
 
-A unit test (``tests/unit/test_architecture.py``) checks that nothing here imports a module that
+A unit test (``tests/supervisor/test_architecture.py``) checks that nothing here imports a module that
 does I/O.
 """
 

@@ -3,7 +3,7 @@
 In a hang the healthy ranks wait inside a collective (an all-reduce, a barrier, DDP's gradient
 reduction at the end of ``backward()``) for the rank that never comes; that one is elsewhere:
 sleeping, looping, reading data, stopped. Each rank's stacks are faulthandler's text (see
-:mod:`supervisor.ranks.diagnostics`); the thread that took the dump signal, ``Current thread``, is
+:mod:`supervisor.process.diagnostics`); the thread that took the dump signal, ``Current thread``, is
 the main thread the training loop runs in.
 
 torch's flight recorder, where the ranks dumped one (c10d's JSON: per process group the last

@@ -15,8 +15,7 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
   job's minimum (``nodes``: left, minimum; ``launch.min_nnodes``, by default ``nnodes``).
 - Anything else is a charged restart, unless the budget is spent
   (``restarts_used >= max_restarts``) or the attempt made no progress (``budget.progressed``)
-  and would be the ``max_no_progress``-th such attempt in a row (``max_no_progress = 0`` turns
-  this check off); then :class:`GiveUp`.
+  and would be the ``max_no_progress``-th such attempt in a row; then :class:`GiveUp`.
 - A crash or OOM with the signature (kind, ranks, last step) of the last *charged* failure is
   called deterministic in the note or reason; that failure may lie before a requeue or a
   restart of rvsup (the budget carries it over).
@@ -33,7 +32,7 @@ from typing import Final, Literal, TypeAlias, get_args
 
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import deterministic_signature
-from supervisor.rules.observation import Failure, FailureKind
+from supervisor.rules.observation import Failure, FailureKind, StopReason
 from worker_sdk.protocol import EXIT_USAGE
 
 __all__ = [
@@ -61,7 +60,21 @@ _MAX_DOUBLINGS: Final = 64  # past this the cap applies anyway; avoids float ove
 
 @dataclass(frozen=True, slots=True)
 class RestartPolicy:
-    """The ``[restart]`` table of job.toml, durations in seconds."""
+    """``[restart]`` of job.toml: the retry budget, for the whole job across allocations.
+
+    One type for the configuration and the rule: :mod:`supervisor.config` reads the table into
+    it (and reports a bad value per key before this class would reject it), :func:`decide`
+    applies it.
+
+    - ``max_restarts`` (default 5, >= 0): restarts charged before giving up; preemptions
+      are never charged.
+    - ``backoff`` (default ``"5s"``, >= 0): first delay, doubled each time, with jitter.
+    - ``backoff_max`` (default ``"5m"``, >= backoff): the longest delay.
+    - ``max_no_progress`` (default 2, >= 1): restarts in a row without a new checkpoint
+      before giving up.
+    - ``on_oom`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
+    - ``on_node_failure`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
+    """
 
     max_restarts: int
     """Charged restarts allowed for the whole job, across allocations."""
@@ -70,14 +83,16 @@ class RestartPolicy:
     backoff_max_s: float
     """Cap on the delay."""
     max_no_progress: int
-    """Give up at this many charged attempts in a row without a new checkpoint (0: never)."""
+    """Give up at this many charged attempts in a row without a new checkpoint (>= 1)."""
     on_oom: OnFailure = "restart"
     on_node_failure: OnFailure = "restart"
 
     def __post_init__(self) -> None:
         """Reject values that make no sense (the config layer reports them per key first)."""
-        if self.max_restarts < 0 or self.max_no_progress < 0:
-            raise ValueError("max_restarts and max_no_progress must be >= 0")
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        if self.max_no_progress < 1:
+            raise ValueError("max_no_progress must be >= 1")
         if self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ValueError("backoff_s and backoff_max_s must be >= 0")
         for name in ("on_oom", "on_node_failure"):
@@ -111,8 +126,8 @@ class GiveUp:
 class Requeue:
     """Stop this allocation and let Slurm requeue it (or just stop: exit 75)."""
 
-    reason: str
-    """The failure kind: ``"preempted"``, ``"timelimit"`` or ``"stopped"``."""
+    reason: StopReason
+    """Why: preempted, time limit or stopped (the failure kind of the attempt that ended)."""
 
 
 Decision: TypeAlias = Restart | GiveUp | Requeue
@@ -157,7 +172,7 @@ def decide(
     """
     progressed = budget.progressed
     if failure.kind in _NEVER_CHARGED:
-        return Requeue(str(failure.kind))
+        return Requeue(StopReason(failure.kind.value))
     deterministic = (
         failure.kind in _DETERMINISTIC_KINDS
         and budget.charged_failure == deterministic_signature(failure)
@@ -180,7 +195,7 @@ def decide(
         noun = _plural(policy.max_restarts, "restart")
         return GiveUp(f"restart budget spent: {used} {noun} used{suffix}")
     streak = budget.no_progress_streak + 1
-    if not progressed and policy.max_no_progress > 0 and streak >= policy.max_no_progress:
+    if not progressed and streak >= policy.max_no_progress:
         return GiveUp(
             f"no progress: {streak} {_plural(streak, 'restart')} in a row without a new checkpoint"
             f"{suffix}"

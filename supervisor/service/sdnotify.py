@@ -17,9 +17,9 @@ Design points:
   not die, nor stall its event loop, because the service manager went away.
 * The watchdog is pinged from the daemon's own event loop (:meth:`Notifier.run_watchdog`), so a
   loop that stops turning stops the pings and systemd restarts the daemon.
-* ``os.environ`` is left untouched; whoever builds a child's environment (``torchrun``) calls
-  :func:`child_env_cleanup` so that the children neither notify systemd nor think they own
-  the watchdog.
+* ``os.environ`` is left untouched; the daemon gives :data:`CHILD_ENV_VARS` to the launch
+  planning (:class:`supervisor.process.plan.Launches`), which leaves them out of every child's
+  environment, so that the children neither notify systemd nor think they own the watchdog.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
-__all__ = ["CHILD_ENV_VARS", "Notifier", "child_env_cleanup"]
+__all__ = ["CHILD_ENV_VARS", "Notifier"]
 
 NOTIFY_SOCKET_VAR: Final = "NOTIFY_SOCKET"
 WATCHDOG_USEC_VAR: Final = "WATCHDOG_USEC"
@@ -44,12 +44,6 @@ MAX_STATUS_CHARS: Final = 1000
 # A newline would start a new assignment (``STATUS=x\nREADY=1``), and systemd drops a whole
 # datagram that contains a NUL byte: both become spaces in status texts.
 _UNSAFE_IN_VALUE: Final = str.maketrans({"\n": " ", "\r": " ", "\0": " "})
-
-
-def child_env_cleanup(env: MutableMapping[str, str]) -> None:
-    """Remove ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID`` from a child's env dict."""
-    for name in CHILD_ENV_VARS:
-        env.pop(name, None)
 
 
 def _socket_address(value: str) -> bytes | None:

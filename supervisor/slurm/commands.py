@@ -15,7 +15,7 @@
 - :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
   task there now, or the controller marks them down or not responding): the evidence that tells
   a node failure from a crash.
-- The parsers of Slurm's notations and messages are in :mod:`supervisor.slurm_text`.
+- The parsers of Slurm's notations and messages are in :mod:`supervisor.slurm.text`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   of Slurm's environment ("node[1-3,5]", "2(x3),1").
 - :func:`parse_time_left`: squeue's ``%L``; :func:`parse_job_record`: ``scontrol show job -o``.
 - :func:`parse_lost_nodes` (sinfo node states) and :func:`parse_probe_failures` (srun's launch
-  failures): the evidence :func:`supervisor.slurm.unreachable_nodes` reads.
+  failures): the evidence :func:`supervisor.slurm.commands.unreachable_nodes` reads.
 """
 
 from __future__ import annotations

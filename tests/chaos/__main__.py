@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.process.harness import assert_same_state, load_final
+from tests.helpers.states import assert_same_state, load_final
 
 from .execute import Observed, execute, reference
 from .invariants import check

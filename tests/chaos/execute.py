@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
+from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
 from worker_sdk import layout
 
 from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
@@ -100,7 +100,7 @@ def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
     }
     if schedule.aims_at_saves:
         env["BALLAST_MB"] = BALLAST_MB
-    job = write_job(
+    return write_job(
         workdir,
         name="chaos",
         total=TOTAL_STEPS,
@@ -110,9 +110,8 @@ def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
             f'max_restarts = {schedule.max_restarts}\nbackoff = "0.1s"\nbackoff_max = "0.5s"\n'
             "max_no_progress = 99"
         ),
+        checkpoint_dir=ckpt,
     )
-    job.write_text(job.read_text().replace('checkpoint_dir = "ckpt"', f'checkpoint_dir = "{ckpt}"'))
-    return job
 
 
 def _invocations(

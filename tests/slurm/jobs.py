@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from tests.process.harness import TRAINER, events, rvsup
+from tests.helpers.harness import TRAINER, events, rvsup
+from tests.helpers.jobs import write_job_file
 from tests.slurm.cluster import PAIR, SlurmCluster
 
 CHECKOUT: Final = Path(__file__).resolve().parents[2]
@@ -99,36 +100,23 @@ def write_trainer_job(
         "DDP_FIND_UNUSED": "1",
         **(env or {}),
     }
-    env_toml = ", ".join(f"{key} = {json.dumps(value)}" for key, value in job_env.items())
-    job.job_toml.write_text(
-        f"""
-[job]
-name = "{name}"
-command = [{json.dumps(sys.executable)}, {json.dumps(str(TRAINER))}]
-run_dir = "run"
-checkpoint_dir = "ckpt"
-env = {{ {env_toml} }}
-
-[launch]
-nproc_per_node = 2
-nnodes = {nnodes}
-term_timeout = "3s"
-stop_timeout = "30s"
-
-[checkpoint]
-every_steps = 10
-
-[heartbeat]
-interval = "0.2s"
-startup_timeout = "60s"
-hang_timeout = {json.dumps(hang_timeout)}
-
-[restart]
-{restart}
-
-[slurm]
-{slurm}
-"""
+    write_job_file(
+        root,
+        command=[sys.executable, str(TRAINER)],
+        name=name,
+        env=job_env,
+        tables={
+            "launch": (
+                f'nproc_per_node = 2\nnnodes = {nnodes}\nterm_timeout = "3s"\nstop_timeout = "30s"'
+            ),
+            "checkpoint": "every_steps = 10",
+            "heartbeat": (
+                'interval = "0.2s"\nstartup_timeout = "60s"\n'
+                f"hang_timeout = {json.dumps(hang_timeout)}"
+            ),
+            "restart": restart,
+            "slurm": slurm,
+        },
     )
     return job
 

@@ -1,5 +1,5 @@
 """Nothing outlives its attempt on several nodes: 2 x 2 jobs under Slurm whose ranks start
-processes that try to (``tests/process/spawning_worker.py``)."""
+processes that try to (``tests/helpers/spawning_worker.py``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import json
 import uuid
 from pathlib import Path
 
-from tests.process.harness import TRAINER
-from tests.process.spawning_worker import marked, still_running
+import pytest
+
+from tests.helpers.harness import TRAINER
+from tests.helpers.spawning_worker import marked, still_running
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import TrainerJob, submit, write_trainer_job
 
-WORKER = Path(__file__).resolve().parents[1] / "process" / "spawning_worker.py"
+pytestmark = pytest.mark.slurm
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "spawning_worker.py"
 RUN_S = 300.0  # two 2-node attempts, 6 processes importing torch on 2 cores
 
 

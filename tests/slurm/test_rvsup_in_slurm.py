@@ -30,7 +30,7 @@ import pytest
 from supervisor.record import rundir
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import text as slurm_text
-from tests.process.harness import assert_same_state, load_final
+from tests.helpers.states import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
     TrainerJob,

@@ -1,0 +1,45 @@
+"""The one writer of job.toml for the tests: the ``[job]`` table from arguments, every other
+table from its TOML body. Torch-free, so that the daemon's tests use it where torch is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["write_job_file"]
+
+
+def write_job_file(
+    directory: Path,
+    *,
+    command: Sequence[str],
+    name: str = "toy",
+    run_dir: str | None = "run",
+    checkpoint_dir: str | None = "ckpt",
+    env: Mapping[str, str] | None = None,
+    job_keys: str = "",
+    tables: Mapping[str, str] | None = None,
+    extra: str = "",
+) -> Path:
+    """Write ``directory/job.toml`` and return its path.
+
+    ``run_dir``/``checkpoint_dir`` None leaves the key out (rvsup's default); ``env`` becomes
+    ``[job] env``; ``job_keys`` are more ``[job]`` lines, verbatim; ``tables`` maps a table's
+    name to its body (``{"restart": "max_restarts = 0"}``); ``extra`` is appended verbatim.
+    """
+    lines = ["[job]", f"name = {json.dumps(name)}", f"command = {json.dumps(list(command))}"]
+    for key, value in (("run_dir", run_dir), ("checkpoint_dir", checkpoint_dir)):
+        if value is not None:
+            lines.append(f"{key} = {json.dumps(value)}")
+    if env:
+        pairs = ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items())
+        lines.append(f"env = {{ {pairs} }}")
+    if job_keys:
+        lines.append(job_keys)
+    for table, body in (tables or {}).items():
+        lines += ["", f"[{table}]", body]
+    path = directory / "job.toml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path

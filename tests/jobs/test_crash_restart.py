@@ -1,0 +1,183 @@
+"""Real torchrun, 2 ranks on CPU/gloo: crashes are survived, bit-exactly, and nothing is left behind."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers.harness import events, named, running, rvsup, wait_for, wait_progress, write_job
+from tests.helpers.states import assert_same_state, load_final
+
+pytestmark = pytest.mark.process
+
+
+def test_kill9_of_rank1_restarts_and_ends_bit_identical(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """SIGKILL of rank 1 mid-run: noticed within 0.1 s, one crash and one restart in the history,
+    and the final model and optimizer are bit-identical to an uninterrupted run."""
+    final = tmp_path / "final.pt"
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
+    with running(job) as proc:
+        st = wait_progress(job, min_step=15)
+        victim = next(r for r in st["ranks"] if r["rank"] == 1)
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    evs = events(tmp_path / "run")
+    failures = named(evs, "failure_detected")
+    assert [f["kind"] for f in failures] == ["crash"]
+    # the killed rank first; a peer that died of the broken connection may follow it
+    assert failures[0]["ranks"][0] == 1
+    assert failures[0]["signals"][0] == "SIGKILL"
+    noticed = datetime.datetime.fromisoformat(failures[0]["noticed_at"]).timestamp()
+    assert noticed - killed_at < 0.1, f"noticed {noticed - killed_at:.3f}s after the kill"
+    assert len(named(evs, "restart_scheduled")) == 1
+    attempts = named(evs, "attempt_started")
+    assert len(attempts) == 2 and attempts[1]["resume_step"] > 0
+    assert named(evs, "job_succeeded")
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
+def test_rank_raising_every_attempt_spends_budget_and_exits_3(tmp_path: Path) -> None:
+    """A rank that raises at the same step in every attempt: budget spent -> exit 3, job_gave_up,
+    and the failure is named deterministic."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "raise:1:3:*"},
+        restart='max_restarts = 2\nbackoff = "0.1s"\nmax_no_progress = 10',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 3, res.stderr
+    evs = events(tmp_path / "run")
+    assert [f["kind"] for f in named(evs, "failure_detected")] == ["crash"] * 3
+    assert len(named(evs, "restart_scheduled")) == 2
+    gave_up = named(evs, "job_gave_up")
+    assert len(gave_up) == 1 and "budget spent" in gave_up[0]["reason"]
+    assert "deterministic" in gave_up[0]["reason"]
+
+
+def test_budget_is_counted_across_starts(tmp_path: Path) -> None:
+    """max_restarts is for the whole job: a second `rvsup start` continues the count."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "raise:0:2:*"},
+        restart='max_restarts = 1\nbackoff = "0.1s"\nmax_no_progress = 10',
+    )
+    assert rvsup("start", str(job), timeout=180).returncode == 3
+    assert rvsup("start", str(job), timeout=180).returncode == 3
+    evs = events(tmp_path / "run")
+    assert len(named(evs, "restart_scheduled")) == 1  # the second start had nothing left
+    assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]
+
+
+def test_sigkill_of_the_daemon_leaves_no_orphan(tmp_path: Path) -> None:
+    """SIGKILL of rvsup itself: torchrun and every rank die with it (parent-death signals)."""
+    job = write_job(tmp_path, total=100000, env={"STEP_SLEEP": "0.02"})
+    with running(job) as proc:
+        wait_progress(job, min_step=3)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 3  # torchrun and two ranks
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        _gone, alive = psutil.wait_procs(tree, timeout=10)
+        assert not alive, f"survived the daemon: {[p.pid for p in alive]}"
+
+
+def test_torn_checkpoint_from_a_kill_during_save_is_never_loaded(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """Rank 0 killed while writing a checkpoint: the torn one is never loaded; the result is still
+    bit-identical."""
+    final = tmp_path / "final.pt"
+    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05", "BALLAST_MB": "300"})
+    ckpt = tmp_path / "ckpt"
+    with running(job) as proc:
+        st = wait_progress(job, min_step=12)
+        rank0 = next(r for r in st["ranks"] if r["rank"] == 0)
+        torn = wait_for(
+            lambda: sorted(ckpt.glob(".tmp-step-*")),
+            timeout=60,
+            what="a save in progress",
+            interval=0.002,
+        )
+        os.kill(rank0["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    evs = events(tmp_path / "run")
+    torn_steps = {int(p.name.split("-")[2]) for p in torn}
+    never_committed = {s for s in torn_steps if not named_commit(evs, s)}
+    resumed = [e["resume_step"] for e in named(evs, "attempt_started")][1:]
+    assert resumed and all(r - 1 not in never_committed for r in resumed), (torn, resumed)
+    assert not list(ckpt.glob(".tmp-step-*")), "the torn directory was cleaned up"
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
+def named_commit(evs: list[dict[str, object]], step: int) -> bool:
+    return any(e["event"] == "checkpoint_committed" and e["step"] == step for e in evs)
+
+
+def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> None:
+    """A rank raising in step 15 every attempt: the first attempt committed step 9, the next ones
+    commit nothing new -> give up after max_no_progress restarts in a row, named deterministic at
+    step 14, the last step it finished."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "raise:1:15:*"},
+        restart='max_restarts = 10\nbackoff = "0.1s"\nmax_no_progress = 2',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 3, res.stderr
+    evs = events(tmp_path / "run")
+    assert len(named(evs, "attempt_started")) == 3
+    reason = named(evs, "job_gave_up")[0]["reason"]
+    assert "no progress: 2 restarts in a row without a new checkpoint" in reason
+    assert "deterministic: rank 1 fails at step 14 every time" in reason, reason
+
+
+def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
+    """max_restarts = 0: a SIGTERM stop and a fresh start still complete; nothing was charged."""
+    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"}, total=40, restart="max_restarts = 0")
+    with running(job) as proc:
+        wait_progress(job, min_step=5)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    res = rvsup("start", str(job), timeout=120)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert not named(evs, "restart_scheduled") and named(evs, "job_succeeded")
+
+
+def test_deterministic_failure_is_recognised_across_starts(tmp_path: Path) -> None:
+    """A rank failing at the same step before and after a requeue (a second `rvsup start`) is
+    named deterministic: the last charged failure is folded from the history, not kept in memory."""
+    job = write_job(
+        tmp_path,
+        total=8,
+        env={"FAULT": "raise:1:3:1,raise:1:3:2"},
+        restart='max_restarts = 5\nbackoff = "4s"\nbackoff_max = "4s"\nmax_no_progress = 10',
+    )
+    with running(job) as proc:
+        wait_for(
+            lambda: named(events(tmp_path / "run"), "restart_scheduled"),
+            timeout=90,
+            what="a restart",
+        )
+        os.kill(proc.pid, signal.SIGTERM)  # stop during the backoff, as a requeue would
+        proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    first = named(events(tmp_path / "run"), "restart_scheduled")
+    assert [r["deterministic"] for r in first] == [False]
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert [r["deterministic"] for r in named(evs, "restart_scheduled")] == [False, True]
+    assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]

@@ -1,0 +1,78 @@
+"""Busy is not hung: a rank that works outside collectives for longer than the hang timeout, while
+the others wait for it, is a slow phase (recorded), not a hang; a busy loop is one at
+hang_timeout_max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.harness import events, named, rvsup, write_job
+from tests.helpers.states import assert_same_state, load_final
+
+pytestmark = pytest.mark.process
+
+AUTO = 'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "auto"'
+
+
+@pytest.mark.parametrize(
+    ("eval_s", "zygote"),
+    [(8, "true"), (30, "false")],
+    ids=["8s-forked-ranks", "30s-cold-ranks"],
+)
+def test_rank_zero_evaluating_alone_is_not_a_hang(
+    tmp_path: Path, reference_final: Path, eval_s: int, zygote: str
+) -> None:
+    """Rank 0 alone evaluates for 8 s (ranks forked from the zygote) or 30 s (cold ranks) at step
+    20, without worker_sdk.phase(), under the automatic 5 s timeout; rank 1 waits for it in the
+    next all-reduce. No failure, one attempt, one slow_phase event naming rank 0 in the
+    evaluation with the phase's length and the phase() hint, and the final weights are
+    bit-identical to a run without the evaluation."""
+    final = tmp_path / "final.pt"
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "eval:0:20", "EVAL_S": str(eval_s), "FINAL": str(final)},
+        heartbeat=AUTO,
+        launch=f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {zygote}',
+    )
+    res = rvsup("start", str(job), timeout=120 + eval_s)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert not named(evs, "failure_detected"), named(evs, "failure_detected")
+    assert len(named(evs, "attempt_started")) == 1
+    slow = named(evs, "slow_phase")
+    assert len(slow) == 1, slow
+    phase = slow[0]
+    assert phase["ranks"] == [0] and phase["finished"] is True, phase
+    assert "in evaluate" in phase["where"], phase
+    assert eval_s - 1 <= phase["seconds"] <= eval_s + 5, phase
+    assert "rank 1 waits for it" in phase["detail"], phase
+    assert "worker_sdk.phase" in phase["hint"], phase
+    assert named(evs, "job_succeeded")
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
+def test_a_busy_loop_is_a_hang_at_hang_timeout_max(tmp_path: Path) -> None:
+    """Rank 1 spins in an infinite loop outside any collective: it works, so the automatic 5 s
+    timeout does not end it, but it never finishes a step: declared a hang at hang_timeout_max
+    (12 s here) + 1 s at the latest, rank 1 named first; the restarted job completes."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "spin:1:12:1", "STEP_SLEEP": "0.02"},
+        total=40,
+        heartbeat=AUTO + '\nhang_timeout_max = "12s"',
+        restart='max_restarts = 1\nbackoff = "0.1s"',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    hangs = named(evs, "failure_detected")
+    assert [f["kind"] for f in hangs] == ["hang"], hangs
+    hang = hangs[0]
+    assert 12.0 <= hang["detect_s"] <= 13.0, hang
+    assert hang["ranks"][0] == 1, hang
+    assert "ran for hang_timeout_max (12s)" in hang["detail"], hang
+    slow = named(evs, "slow_phase")
+    assert len(slow) == 1 and slow[0]["ranks"] == [1] and slow[0]["finished"] is False, slow
+    assert named(evs, "job_succeeded")

@@ -1,0 +1,152 @@
+"""The hang rule's evidence, gathered from real processes: /proc and faulthandler's stacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from supervisor.ranks.slow import MIN_WINDOW_S, STACKS_CAP_BYTES, SlowWatch
+from supervisor.rules.stuck import Stuck
+from worker_sdk import protocol as p
+
+pytestmark = pytest.mark.process  # ranks stood in for by real processes
+
+# a stand-in for c10d: a function whose file sits under torch/distributed/ (the stacks say so)
+COLLECTIVE = "import threading\ndef all_reduce():\n    threading.Event().wait()\n"
+READY = "print('ready', flush=True)\n"
+BODIES = {
+    "spin": f"{READY}while True:\n    pass",
+    "sleep": f"import time\n{READY}time.sleep(3600)",
+    "lock": f"import threading\nl = threading.Lock()\nl.acquire()\n{READY}l.acquire()",
+    "stop": f"import os, signal, time\n{READY}os.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(3600)",
+    "collective": (
+        "import sys\nns = {}\npath = sys.argv[1]\n"
+        "exec(compile(open(path).read(), path, 'exec'), ns)\n"
+        f"{READY}ns['all_reduce']()"
+    ),
+}
+
+
+@contextmanager
+def ranks(tmp: Path, kinds: Sequence[str], *, dumps: bool = True) -> Iterator[dict[int, int]]:
+    """Processes doing ``kinds`` (rank = index), each with faulthandler armed on the dump signal
+    into its stacks file as the SDK arms it (unless ``dumps`` is false); pid -> rank."""
+    fake = tmp / "fake" / "torch" / "distributed"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "c10d.py").write_text(COLLECTIVE)
+    procs = []
+    try:
+        for rank, kind in enumerate(kinds):
+            arm = (
+                "import faulthandler, signal\n"
+                f"f = open({str(tmp / p.stacks_file(rank))!r}, 'a')\n"
+                f"faulthandler.register({int(p.DUMP_SIGNAL)}, file=f, all_threads=True)\n"
+                if dumps
+                else ""
+            )
+            code = f"{arm}{BODIES[kind]}\n"
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(fake / "c10d.py")],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(0.3)  # into the blocking call (or stopped)
+        yield {proc.pid: rank for rank, proc in enumerate(procs)}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def judged(tmp: Path, pids: dict[int, int]) -> tuple[SlowWatch, Stuck | None]:
+    """Open a window, wait for it, and judge at the timeout."""
+    watch = SlowWatch(tmp, cap_s=60.0)
+    t0 = time.monotonic()
+    assert watch.review(t0, hung=False, silent_s=4.0, review_s=5.0, pids=pids) is None
+    time.sleep(MIN_WINDOW_S + 0.3)
+    now = time.monotonic()
+    return watch, watch.review(now, hung=True, silent_s=5.0, review_s=5.0, pids=pids)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "busy"),
+    [
+        (["spin", "collective"], (0,)),  # rank 0 works while rank 1 waits for it
+        (["sleep", "collective"], (0,)),  # a sleep in user code: its own wait
+        (["spin", "spin"], (0, 1)),
+    ],
+)
+def test_a_working_rank_opens_a_slow_phase(
+    tmp_path: Path, kinds: list[str], busy: tuple[int, ...]
+) -> None:
+    """Real processes: a rank that spins or sleeps outside a collective is busy, not stuck: no
+    hang, a slow phase naming it, recorded once the silence ends."""
+    with ranks(tmp_path, kinds) as pids:
+        watch, stuck = judged(tmp_path, pids)
+    assert stuck is None
+    assert watch.phase is not None and watch.phase.ranks == busy
+    event = watch.close(time.monotonic(), finished=True)
+    assert event is not None and event.ranks == busy and event.seconds >= 5.0
+    assert "<string>" in event.where, event
+
+
+@pytest.mark.parametrize(
+    ("kinds", "stuck_ranks", "says"),
+    [
+        (["lock", "collective"], (0,), "rank 0 is blocked on a lock"),
+        (["stop", "collective"], (0,), "rank 0 is stopped by a signal"),
+        (["collective", "collective"], (), "wait in collectives"),
+    ],
+)
+def test_a_stuck_group_is_a_hang_at_the_timeout(
+    tmp_path: Path, kinds: list[str], stuck_ranks: tuple[int, ...], says: str
+) -> None:
+    """Real processes: a deadlock on a lock, a stopped process, every rank in a collective: stuck
+    at the timeout, no slow phase."""
+    with ranks(tmp_path, kinds) as pids:
+        watch, stuck = judged(tmp_path, pids)
+    assert stuck is not None and stuck.ranks == stuck_ranks and says in stuck.detail, stuck
+    assert watch.phase is None
+
+
+def test_a_rank_that_cannot_dump_is_not_signalled(tmp_path: Path) -> None:
+    """A rank without the dump handler (before resume()) is not sent the dump signal, which
+    would kill it: it lives on, judged from /proc alone (sleeping: its own wait)."""
+    with ranks(tmp_path, ["sleep"], dumps=False) as pids:
+        watch, stuck = judged(tmp_path, pids)
+        alive = [pid for pid in pids if os.waitpid(pid, os.WNOHANG) == (0, 0)]
+    assert alive == list(pids)
+    assert stuck is None and watch.phase is not None and watch.phase.ranks == (0,)
+
+
+def test_a_slow_phase_is_a_hang_at_its_cap(tmp_path: Path) -> None:
+    """Busy ranks are judged again each review, and are a hang once the silence lasts cap_s."""
+    with ranks(tmp_path, ["spin", "collective"]) as pids:
+        watch, stuck = judged(tmp_path, pids)
+        assert stuck is None and watch.phase is not None
+        cap = watch.phase.cap_t
+        late = watch.review(cap, hung=True, silent_s=60.0, review_s=5.0, pids=pids)
+    assert late is not None and "ran for hang_timeout_max (60s)" in late.detail
+    assert watch.note == late.detail
+
+
+def test_a_full_stacks_file_is_not_added_to(tmp_path: Path) -> None:
+    """A rank whose stacks file has grown to the cap (a job that keeps coming close to its
+    timeout) is not asked for more stacks: judged from /proc alone."""
+    with ranks(tmp_path, ["sleep"]) as pids:
+        stacks = tmp_path / p.stacks_file(0)
+        os.truncate(stacks, STACKS_CAP_BYTES)
+        watch, stuck = judged(tmp_path, pids)
+    assert stacks.stat().st_size == STACKS_CAP_BYTES
+    assert stuck is None and watch.phase is not None and watch.phase.where == "no stack"

@@ -1,0 +1,196 @@
+"""Epoch loops resume bit-exactly in one process (no rvsup, a checkpoint directory): the loop as
+the training guides write it, a DataLoader per epoch made again after resume(), AMP."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import worker_sdk
+from tests.helpers.states import assert_same_state
+
+EPOCHS = 3
+SAMPLES = 96
+BATCH = 8  # 12 steps per epoch
+EVERY = 5  # checkpoints after steps 4, 9, 14, 19, ...
+STATEFUL = pytest.mark.skipif(
+    importlib.util.find_spec("torchdata") is None, reason="needs torchdata (the data extra)"
+)
+TORCHDATA_WARNING = "ignore:'set_vital' is deprecated:UserWarning"
+SKIPPED_EPOCHS = r"ignore:rvsup. \d+ batches were fetched:RuntimeWarning"  # a loop from epoch 0
+
+
+@dataclass
+class Run:
+    """What one process of the epoch script leaves: the weights, the scaler's state per step."""
+
+    start: int = 0
+    final: dict[str, Any] | None = None  # None: killed
+    scaler_after: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> state_dict
+    scaler_at_resume: dict[str, Any] | None = None
+
+
+def epoch_script(
+    ckpt: Path, *, loader_kind: str, kill_before: int | None = None, every: int = EVERY
+) -> Run:
+    """The guides' epoch loop with the two calls added the obvious way: every epoch from 0, the
+    batches below ``start`` skipped (a StatefulDataLoader: from the checkpoint's epoch, nothing
+    skipped). ``kill_before``: the process ends before that step."""
+    worker_sdk._reset_for_tests()
+    torch.manual_seed(0)
+    x, y = torch.randn(SAMPLES, 6), torch.randn(SAMPLES, 1)
+    dataset = TensorDataset(x, y)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=1, rank=0, shuffle=True
+    )
+    gen = torch.Generator()
+    loader: Any
+    if loader_kind == "default":
+        loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    elif loader_kind == "shuffle":  # no sampler: a RandomSampler seeded from the global RNG
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    elif loader_kind == "workers":
+        loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2)
+    elif loader_kind == "shuffle-generator":
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, generator=gen)
+    else:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader = StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
+    stateful = [loader] if loader_kind == "stateful" else []
+    start, _ = worker_sdk.resume(
+        model, opt, scaler, *stateful, checkpoint_dir=ckpt, every_steps=every
+    )
+    run = Run(start=start, scaler_at_resume=dict(scaler.state_dict()))
+    steps_per_epoch = len(loader)
+    step = start
+    epoch = start // steps_per_epoch if stateful else 0
+    while epoch < EPOCHS:
+        sampler.set_epoch(epoch)
+        gen.manual_seed(1234 + epoch)
+        for i, (xb, yb) in enumerate(loader):
+            if not stateful:
+                step = epoch * steps_per_epoch + i
+            if step < start:
+                continue
+            if step == kill_before:
+                worker_sdk._reset_for_tests()
+                return run
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(xb).float(), yb)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            worker_sdk.step(step)
+            run.scaler_after[step] = dict(scaler.state_dict())
+            step += 1
+        # a StatefulDataLoader restored after an epoch's last batch first yields nothing
+        epoch = step // steps_per_epoch if stateful else epoch + 1
+    worker_sdk._reset_for_tests()
+    run.final = {"model": model.state_dict(), "opt": opt.state_dict()}
+    return run
+
+
+def resumed(
+    tmp_path: Path, loader_kind: str, kill_before: int, every: int = EVERY
+) -> tuple[Run, Run]:
+    """An uninterrupted run, and one killed before ``kill_before`` then resumed to the end."""
+    reference = epoch_script(tmp_path / "ref", loader_kind=loader_kind, every=every)
+    killed = epoch_script(
+        tmp_path / "ckpt", loader_kind=loader_kind, kill_before=kill_before, every=every
+    )
+    assert killed.final is None
+    return reference, epoch_script(tmp_path / "ckpt", loader_kind=loader_kind, every=every)
+
+
+@pytest.mark.parametrize(
+    ("kill_before", "start"),
+    [(17, 15), (26, 25), (24, 20), (12, 10)],
+    ids=["mid-epoch", "just-after-a-save", "checkpoint-ends-epoch-1", "epoch-0-checkpoint"],
+)
+def test_default_dataloader_epoch_loop_resumes_bit_exactly(
+    tmp_path: Path, kill_before: int, start: int
+) -> None:
+    """DistributedSampler + set_epoch, a default DataLoader made again every epoch, dropout, bf16
+    autocast with a GradScaler: killed mid-epoch or after a checkpoint that ends an epoch (12
+    steps an epoch; 24 begins epoch 2 while the checkpoint of step 19 is mid-epoch), the resumed
+    run ends with the uninterrupted run's weights and optimizer, and the GradScaler's state right
+    after resume() is the uninterrupted run's after the checkpoint's step. The only warning says
+    that the loop read the epochs done only to skip them, and how not to."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reference, run = resumed(tmp_path, "default", kill_before)
+    assert run.start == start
+    # the one note: the loop reads the epochs done only to skip them (from epoch 1 on)
+    notes = [str(w.message) for w in caught]
+    assert len(notes) == (start >= 12), notes
+    assert all(n.startswith(f"rvsup: {start + 1} batches were fetched") for n in notes), notes
+    assert all("range(start // len(loader), epochs)" in n for n in notes), notes
+    assert run.final is not None and reference.final is not None
+    assert_same_state(reference.final, run.final)
+    assert run.scaler_at_resume == reference.scaler_after[start - 1]
+    assert len({s["scale"] for s in reference.scaler_after.values()}) > 1  # the scale moved
+
+
+@pytest.mark.filterwarnings(SKIPPED_EPOCHS)
+def test_a_checkpoint_at_an_epochs_last_step_resumes_bit_exactly(tmp_path: Path) -> None:
+    """The checkpoint of step 23 (every 12 steps) is the last batch of epoch 1: the resumed run's
+    first step is the first of epoch 2, whose iterator draws its seed from the checkpoint's RNG
+    state as in the uninterrupted run; the weights end bit-identical."""
+    reference, run = resumed(tmp_path, "default", 30, every=12)
+    assert run.start == 24
+    assert run.final is not None and reference.final is not None
+    assert_same_state(reference.final, run.final)
+
+
+def test_a_shuffling_dataloader_without_generator_is_named_and_the_advice_works(
+    tmp_path: Path,
+) -> None:
+    """DataLoader(shuffle=True) draws its permutation from the global RNG when its iterator is
+    made: resumed mid-epoch, the first step() warns, saying what to change; the same loader
+    with its own generator seeded at the top of every epoch (the change asked for) resumes
+    bit-exactly, without a warning."""
+    epoch_script(tmp_path / "ckpt", loader_kind="shuffle", kill_before=17)
+    with pytest.warns(RuntimeWarning, match=r"generator=g.*g\.manual_seed\(seed \+ epoch\)"):
+        epoch_script(tmp_path / "ckpt", loader_kind="shuffle")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", r"rvsup: \d+ batches were fetched")
+        reference, run = resumed(tmp_path / "fixed", "shuffle-generator", 17)
+    assert run.final is not None and reference.final is not None
+    assert_same_state(reference.final, run.final)
+
+
+def test_worker_processes_seeded_from_the_global_rng_are_named(tmp_path: Path) -> None:
+    """A DataLoader with worker processes and no generator, resumed mid-epoch: the workers'
+    seeds come from the global RNG when the iterator is made again, so random draws in them
+    would differ; the first step() says so, and what to change."""
+    epoch_script(tmp_path / "ckpt", loader_kind="workers", kill_before=17)
+    with pytest.warns(RuntimeWarning, match=r"worker processes seeded from the global RNG"):
+        epoch_script(tmp_path / "ckpt", loader_kind="workers")
+
+
+@STATEFUL
+@pytest.mark.filterwarnings(TORCHDATA_WARNING)
+@pytest.mark.parametrize(("kill_before", "every"), [(17, 5), (30, 12)], ids=["mid", "boundary"])
+def test_stateful_dataloader_with_workers_resumes_bit_exactly(
+    tmp_path: Path, kill_before: int, every: int
+) -> None:
+    """torchdata's StatefulDataLoader with 2 worker processes, given to resume(): killed mid-epoch,
+    or after a checkpoint at an epoch's last batch, the resumed run continues where the
+    checkpoint left the loader and ends bit-identical to the uninterrupted run."""
+    reference, run = resumed(tmp_path, "stateful", kill_before, every)
+    assert run.final is not None and reference.final is not None
+    assert_same_state(reference.final, run.final)

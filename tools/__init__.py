@@ -1,1 +1,0 @@
-"""Developer tools, run from the repository's root: ``python -m tools.docgen`` writes docs/."""
