@@ -29,11 +29,13 @@ from supervisor.record.schema import (
     ExitAborted,
     ExitStalled,
     FailureDetected,
+    HealthChecked,
     JobGaveUp,
     JobStarted,
     JobStopped,
     JobSucceeded,
     MessagesDropped,
+    NodeExcluded,
     ProcessesEnded,
     ProcessesLeft,
     RequeueFailed,
@@ -50,13 +52,13 @@ from supervisor.rules.observation import FailureKind, StopReason
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ("timestamp", "event", "level", "job", "attempt")
 ADDED_SINCE_0_1 = frozenset(
-    {"resharded_from", "world_size", "format", "mode", "blocked_s", "containment"}
+    {"resharded_from", "world_size", "format", "mode", "blocked_s", "containment", "node_ranks"}
 )
-"""Optional fields added after 0.1: null when an old line is read back."""
+"""Optional fields added after 0.1: null (or an empty map) when an old line is read back."""
 
 
 def _without_added(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if not (k in ADDED_SINCE_0_1 and v is None)}
+    return {k: v for k, v in fields.items() if not (k in ADDED_SINCE_0_1 and v in (None, {}))}
 
 
 # One line of every event as rvsup wrote them before the schema existed (the old typed methods
@@ -145,7 +147,17 @@ SAMPLES: list[Event] = [
         hang_timeout_s=None,
         noticed_at="2026-01-01T00:00:00Z",
         nodes=("n2",),
+        node_ranks={"n2": (1, 3)},
     ),
+    HealthChecked(
+        node="n3",
+        healthy=False,
+        when="failure",
+        failed={"command": "exited with status 1; output: ECC errors"},
+        skipped={"gpus": "nvidia-smi is not installed on this node"},
+        seconds=0.25,
+    ),
+    NodeExcluded(node="n2", reason="2 failures attributed to it", failures=2),
     AnomalyDetected(kind="loss_spike", step=80, onset=71, rank=1, value=40.5, baseline=2.25),
     RolledBack(
         from_step=80,
