@@ -55,11 +55,30 @@ def marked_processes(*, exempt_daemons: bool) -> dict[int, str]:
 _OWN_GROUP = _cgroup.own_group_dir()
 
 
+_OURS: set[Path] = set()
+
+
 def job_groups() -> list[Path]:
-    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them)."""
+    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them) that
+    this run's daemons made: a group's name holds its daemon's pid, and a group is this run's
+    once that daemon was seen carrying the mark. Other test runs on the machine (and their
+    daemons, also inside Slurm jobs) share the same parent group: theirs are left alone."""
     if _OWN_GROUP is None:
         return []
-    return sorted(Path(_OWN_GROUP).glob("rvsup-*"))
+    found = []
+    for group in sorted(Path(_OWN_GROUP).glob("rvsup-*")):
+        if group in _OURS or _made_by_this_run(group):
+            _OURS.add(group)
+            found.append(group)
+    return found
+
+
+def _made_by_this_run(group: Path) -> bool:
+    try:
+        daemon = psutil.Process(int(group.name.removeprefix("rvsup-")))
+        return daemon.environ().get(MARK) == os.environ[MARK]
+    except (ValueError, psutil.Error, OSError):
+        return False
 
 
 def job_group_members(group: Path) -> set[int]:
