@@ -396,7 +396,8 @@ class JobStopped(Event):
     NAME = "job_stopped"
     LEVEL = "warning"
     reason: str
-    """``preempted``, ``timelimit`` or ``stopped``."""
+    """``preempted``, ``timelimit``, ``stopped``, or ``excluded`` (requeued away from the excluded
+    nodes, docs/health.md)."""
     requeued: bool
     """The Slurm job was requeued."""
     step: int | None

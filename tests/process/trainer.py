@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,9 @@ import worker_sdk
 
 def faults_now(rank: int, step: int, attempt: int) -> list[str]:
     out = []
+    bad_node, _, bad_step = os.environ.get("BAD_NODE", "").partition(":")
+    if bad_node and bad_node == socket.gethostname() and int(bad_step or 0) == step:
+        out.append("raise")  # a bad node: its ranks fail there at this step, every attempt
     for spec in filter(None, os.environ.get("FAULT", "").split(",")):
         kind, r, s, *a = spec.split(":")
         if r in ("*", str(rank)) and int(s) == step and (not a or a[0] in ("*", str(attempt))):
