@@ -10,8 +10,8 @@ left for ``launch.min_nnodes``, the answer is to requeue the Slurm job away from
 excluded node, or to give up where it cannot be requeued. Excluded nodes come back from the
 history (the budget's fold) at every start: they are left out from the first attempt on.
 
-Outside a Slurm allocation there is nowhere else to run: failures attributed to the machine
-exclude nothing; a failed health check ends the job (``job_gave_up``) unless exclusion is off.
+Outside a Slurm allocation there is nowhere else to run: the checks are run and logged, and
+nothing is excluded (the restart budget decides, as before).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from supervisor.config import JobConfig
 from supervisor.record.events import EventLog
 from supervisor.record.schema import HealthChecked, NodeExcluded
 from supervisor.rules.budget import Budget
-from supervisor.rules.health import Verdict, to_exclude
+from supervisor.rules.health import Verdict, node_faults, to_exclude
 
-__all__ = ["Exclusion", "HealthSource", "NodeSource", "RequeueAway", "Unrunnable"]
+__all__ = ["Exclusion", "HealthSource", "NodeSource", "RequeueAway"]
 
 
 class HealthSource(Protocol):
@@ -52,13 +52,6 @@ class RequeueAway:
     note: str
 
 
-@dataclass(frozen=True, slots=True)
-class Unrunnable:
-    """No node is left to run on and the job cannot go elsewhere: give up."""
-
-    reason: str
-
-
 class Exclusion:
     """Health rounds and exclusion for one ``rvsup start`` (see the module docstring)."""
 
@@ -77,36 +70,32 @@ class Exclusion:
         self.health = health
         self._budget = budget
 
-    async def round(self, when: str, newest: Path | None) -> RequeueAway | Unrunnable | None:
+    async def round(self, when: str, newest: Path | None) -> RequeueAway | None:
         """Check, exclude, and say whether the job can go on here (None: it can)."""
         in_allocation = self.nodes.usable_nodes() is not None
         left = self.nodes.lose(self._budget().excluded)  # the history's exclusions first
         if left is not None and left[0] < left[1]:
             return self._too_few(left)
         unhealthy = await self._checked(when, newest)
+        if not in_allocation:
+            return None
         budget = self._budget()
-        failures = budget.node_failures if in_allocation else {}
         exclude_after = self.cfg.health.exclude_after
+        failures = budget.node_failures
         for node, reason, count in to_exclude(unhealthy, failures, budget.excluded, exclude_after):
             self.events.log(NodeExcluded(node=node, reason=reason, failures=count))
-        excluded = self._budget().excluded
-        if not in_allocation:
-            if excluded:
-                node, why = next(iter(excluded.items()))
-                return Unrunnable(f"node {node} is excluded ({why}) and the job has no other")
-            return None
-        left = self.nodes.lose(excluded)
+        left = self.nodes.lose(self._budget().excluded)
         if left is not None and left[0] < left[1]:
             return self._too_few(left)
         return None
 
     async def _checked(self, when: str, newest: Path | None) -> dict[str, str]:
-        """A health round's unhealthy nodes and why ({} when checks are off)."""
+        """A health round's nodes at fault and why ({} when checks are off)."""
         if self.health is None or not self.cfg.health.enabled:
             return {}
         nodes = self.nodes.usable_nodes() or (self.health.this_node(),)
-        unhealthy: dict[str, str] = {}
-        for verdict in await self.health.check(nodes, newest):
+        verdicts = await self.health.check(nodes, newest)
+        for verdict in verdicts:
             self.events.log(
                 HealthChecked(
                     node=verdict.node,
@@ -117,9 +106,7 @@ class Exclusion:
                     seconds=verdict.seconds,
                 )
             )
-            if not verdict.healthy:
-                unhealthy[verdict.node] = "; ".join(f"{k}: {v}" for k, v in verdict.failed.items())
-        return unhealthy
+        return node_faults(verdicts)
 
     def _too_few(self, left: tuple[int, int]) -> RequeueAway:
         count, minimum = left

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from supervisor.attempt import Attempt
 from supervisor.config import JobConfig
-from supervisor.exclusion import Exclusion, HealthSource, RequeueAway
+from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome
 from supervisor.process import launcher
@@ -229,20 +229,16 @@ class Supervisor:
         answer = await self.exclusion.round(when, path)
         if answer is None:
             return None
-        if isinstance(answer, RequeueAway):
-            requeued, problem = False, "the job does not run in a Slurm allocation"
-            if self._requeue_away is not None:
-                requeued, problem = await self._requeue_away(answer.nodes)
-            if requeued:
-                self.transition(JobState.STOPPED)
-                note = f"{answer.note}; {problem}" if problem else answer.note
-                self.events.log(JobStopped(reason="excluded", requeued=True, step=None, note=note))
-                return exit_code(self.state)
-            reason = f"{answer.note.split(';')[0]}; not requeued: {problem}"
-        else:
-            reason = answer.reason
+        requeued, problem = False, "the job does not run in a Slurm allocation"
+        if self._requeue_away is not None:
+            requeued, problem = await self._requeue_away(answer.nodes)
+        if requeued:
+            self.transition(JobState.STOPPED)
+            note = f"{answer.note}; {problem}" if problem else answer.note
+            self.events.log(JobStopped(reason="excluded", requeued=True, step=None, note=note))
+            return exit_code(self.state)
         self.transition(JobState.GAVE_UP)
-        self.events.log(JobGaveUp(reason=reason))
+        self.events.log(JobGaveUp(reason=f"{answer.note.split(';')[0]}; not requeued: {problem}"))
         return exit_code(self.state)
 
     def _roll_back(self, anomaly: Anomaly) -> bool:

@@ -9,6 +9,11 @@ needs (:class:`Needs`): every built-in check fails, passes or is skipped with a 
 report (that node's launch failed), skipped everywhere when none did (the round itself could not
 run: that says nothing about any node).
 
+A failed check is a node's fault (:func:`node_faults`) unless it failed on every node of a round
+of several nodes: then the problem is shared (a full file system, a misconfigured command) and
+excluding every node would only stop the job. In a round of one node, a full or read-only
+checkpoint directory is taken for shared storage too; its other checks are the node's.
+
 Exclusion (:func:`to_exclude`): a node that failed a health check is excluded at once; a node
 with ``exclude_after`` failures attributed to it (``failure_detected.nodes``, counted by
 :func:`supervisor.rules.budget.fold`) is excluded then; ``exclude_after = 0`` excludes nothing.
@@ -28,6 +33,7 @@ __all__ = [
     "Verdict",
     "judge",
     "judge_round",
+    "node_faults",
     "parse_probe",
     "to_exclude",
 ]
@@ -169,6 +175,23 @@ def judge_round(
         else:
             verdicts.append(Verdict(node, {}, {"all": f"the checks could not run{said}"}))
     return verdicts
+
+
+def node_faults(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """The nodes whose failed checks are their own fault, each with why (module docstring)."""
+    failing: dict[str, int] = {}
+    for verdict in verdicts:
+        for check in verdict.failed:
+            failing[check] = failing.get(check, 0) + 1
+    shared = {check for check, count in failing.items() if count == len(verdicts) > 1}
+    if len(verdicts) == 1:
+        shared.add("checkpoint_dir")
+    out = {}
+    for verdict in verdicts:
+        own = {check: why for check, why in verdict.failed.items() if check not in shared}
+        if own:
+            out[verdict.node] = "; ".join(f"{check}: {why}" for check, why in own.items())
+    return out
 
 
 def to_exclude(

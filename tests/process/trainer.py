@@ -17,6 +17,7 @@ LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d t
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
 whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
 bitflip flips a bit of the rank's first weight before that step (its replica diverges).
+BAD_NODE="host:step": the ranks on that host raise at that step in every attempt (a bad node).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.exclusion import Exclusion, RequeueAway, Unrunnable
+from supervisor.exclusion import Exclusion, RequeueAway
 from supervisor.record.events import EventLog
 from supervisor.record.history import read
 from supervisor.record.schema import Event, FailureDetected, HealthChecked, NodeExcluded
@@ -86,7 +86,7 @@ class Setup:
     def _fold(self, event: Event) -> None:
         self.budget = budgets.fold(self.budget, event)
 
-    def round(self, when: str = "failure") -> RequeueAway | Unrunnable | None:
+    def round(self, when: str = "failure") -> RequeueAway | None:
         return asyncio.run(self.exclusion.round(when, None))
 
     def logged(self, kind: type[Event]) -> list[Event]:
@@ -182,17 +182,24 @@ def test_exclusion_off_checks_but_excludes_nothing(make: Make) -> None:
     assert setup.logged(NodeExcluded) == []
 
 
-def test_outside_an_allocation_only_a_failed_check_ends_the_job(make: Make) -> None:
-    """Without Slurm, failures attributed to the machine exclude nothing; a failed health check
-    excludes it and the job, having no other machine, gives up."""
-    setup = make(FakeNodes(None), FakeHealth())
+def test_outside_an_allocation_checks_are_logged_and_nothing_is_excluded(make: Make) -> None:
+    """Without Slurm there is no other machine: failures attributed to it and a failed check
+    are logged, nothing is excluded, and the job goes on (the restart budget decides)."""
+    setup = make(FakeNodes(None), FakeHealth(bad={"solo"}))
     for _ in range(3):
         setup.events.log(_crash_on("solo"))
-    assert setup.round() is None
-    bad = make(FakeNodes(None), FakeHealth(bad={"solo"}))
-    answer = bad.round("start")
-    assert isinstance(answer, Unrunnable)
-    assert answer.reason.startswith("node solo is excluded (failed its health check")
+    assert setup.round("start") is None
+    assert [e.healthy for e in setup.logged(HealthChecked)] == [False]  # type: ignore[attr-defined]
+    assert setup.logged(NodeExcluded) == []
+
+
+def test_a_check_failing_on_every_node_excludes_none(make: Make) -> None:
+    """A command failing on all three nodes is the command's or the storage's problem, not the
+    nodes': logged, nobody excluded, the job goes on."""
+    setup = make(FakeNodes(("n1", "n2", "n3")), FakeHealth(bad={"n1", "n2", "n3"}))
+    assert setup.round("start") is None
+    assert setup.nodes.usable_nodes() == ("n1", "n2", "n3")
+    assert setup.logged(NodeExcluded) == []
 
 
 def test_disabled_checks_run_no_round(make: Make) -> None:

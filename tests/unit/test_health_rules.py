@@ -14,6 +14,7 @@ from supervisor.rules.health import (
     Verdict,
     judge,
     judge_round,
+    node_faults,
     parse_probe,
     to_exclude,
 )
@@ -214,3 +215,32 @@ def test_verdict_healthy_is_no_failed_check() -> None:
     """A verdict with only skipped checks is healthy."""
     assert Verdict("n1", {}, {"gpus": "no nvidia-smi"}).healthy
     assert not Verdict("n1", {"memory": "low"}, {}).healthy
+
+
+FULL = {"checkpoint_dir": "0.00 GiB free, 5.00 GiB needed"}
+FAULTS = {
+    "one-node-s-own-failure": (
+        [Verdict("n1", {"gpus": "7 GPUs"}, {}), Verdict("n2", {}, {})],
+        {"n1": "gpus: 7 GPUs"},
+    ),
+    "failing-everywhere-is-shared": (
+        [Verdict("n1", FULL, {}), Verdict("n2", FULL, {})],
+        {},
+    ),
+    "shared-check-dropped-own-kept": (
+        [Verdict("n1", {**FULL, "memory": "low"}, {}), Verdict("n2", FULL, {})],
+        {"n1": "memory: low"},
+    ),
+    "one-node-round-storage-is-shared": ([Verdict("n1", FULL, {})], {}),
+    "one-node-round-other-checks-are-the-node-s": (
+        [Verdict("n1", {"command": "exited with status 1"}, {})],
+        {"n1": "command: exited with status 1"},
+    ),
+}
+
+
+@pytest.mark.parametrize(("verdicts", "faults"), FAULTS.values(), ids=list(FAULTS))
+def test_node_faults(verdicts: list[Verdict], faults: dict[str, str]) -> None:
+    """A check that failed on every node of a round of several (or the checkpoint directory in a
+    round of one) is shared, not a node's fault; the rest are the node's, joined."""
+    assert node_faults(verdicts) == faults
