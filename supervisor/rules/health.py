@@ -150,7 +150,10 @@ def judge(probe: Probe, needs: Needs) -> Verdict:
         if probe.gpus is None:
             skipped["gpus"] = probe.gpus_skipped or "the GPUs could not be counted"
         elif probe.gpus < needs.gpus:
-            failed["gpus"] = f"{probe.gpus} GPUs listed by nvidia-smi, the job needs {needs.gpus}"
+            said = f" ({probe.gpus_skipped})" if probe.gpus_skipped else ""
+            failed["gpus"] = (
+                f"{probe.gpus} GPUs listed by nvidia-smi, the job needs {needs.gpus}{said}"
+            )
     if probe.command is not None:
         problem = _command_problem(probe.command)
         if problem:

@@ -77,3 +77,33 @@ def test_the_probe_as_a_program_prints_one_line_judged_healthy_here(tmp_path: Pa
     assert judge(probe, Needs(checkpoint_free=1, memory_free=1 << 20)).healthy
     huge = judge(probe, Needs(checkpoint_free=1 << 60, memory_free=1 << 60))
     assert set(huge.failed) == {"checkpoint_dir", "memory"}
+
+
+def test_gpus_are_counted_from_nvidia_smi_or_skipped_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An nvidia-smi on PATH that lists two GPUs counts 2 (a job needing 4 is unhealthy); one that
+    fails counts 0 with its message; with none on PATH the check is skipped, saying why."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n"
+        "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)'\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    spec = {"checkpoint_dir": str(tmp_path / "ckpt"), "command": [], "timeout_s": 5.0}
+    probe = parse_probe(json.dumps(measure(spec)))
+    assert probe is not None and probe.gpus == 2
+    assert judge(probe, Needs(gpus=4)).failed == {
+        "gpus": "2 GPUs listed by nvidia-smi, the job needs 4"
+    }
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: driver not loaded' >&2\nexit 9\n")
+    broken = parse_probe(json.dumps(measure(spec)))
+    assert broken is not None and broken.gpus == 0
+    assert "driver not loaded" in judge(broken, Needs(gpus=1)).failed["gpus"]
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    absent = parse_probe(json.dumps(measure(spec)))
+    assert absent is not None and absent.gpus is None
+    assert judge(absent, Needs(gpus=1)).skipped == {
+        "gpus": "nvidia-smi is not installed on this node"
+    }
