@@ -25,6 +25,7 @@ from supervisor.console import logs, status_view
 from supervisor.console.version import version_text
 from supervisor.record import history, rundir, summary
 from supervisor.record.schema import JobStopped
+from supervisor.rules.budget import budget_of
 from supervisor.rules.states import ExitCode
 from supervisor.service import control
 
@@ -181,18 +182,23 @@ def cmd_history(args: argparse.Namespace) -> int:
     past = history.read(path)
     rows = history.attempt_rows(past.entries)
     total = summary.summarize(rows, datetime.datetime.now(datetime.timezone.utc))
+    excluded = dict(budget_of(past.events).excluded)
     if args.json:
-        print(
-            json.dumps(
-                {"attempts": history.rows_to_json(rows), "summary": summary.summary_to_json(total)},
-                indent=2,
-            )
-        )
+        out = {
+            "attempts": history.rows_to_json(rows),
+            "summary": summary.summary_to_json(total),
+            "excluded_nodes": excluded,
+        }
+        print(json.dumps(out, indent=2))
     elif not rows:
         print(f"{cfg.job.name}: no attempts recorded in {path}")
+        for line in status_view.excluded_lines(excluded):
+            print(line)
     else:
         print(history.render_table(rows))
         print(summary.render_summary(total))
+        for line in status_view.excluded_lines(excluded):
+            print(line)
     if past.skipped:
         print(f"rvsup: skipped {past.skipped} unreadable line(s) of {path}", file=sys.stderr)
     if past.unknown:

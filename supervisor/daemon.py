@@ -30,6 +30,7 @@ from supervisor.config import JobConfig
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
 from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
+from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
@@ -148,6 +149,12 @@ async def _house(
                 return False
             return await lifecycle.requeue(alloc.job_id, mode=cfg.slurm.requeue, events=events)
 
+        async def requeue_away(nodes: tuple[str, ...]) -> tuple[bool, str]:
+            if alloc is None:
+                return False, "the job does not run in a Slurm allocation"
+            mode = cfg.slurm.requeue
+            return await lifecycle.requeue_away(alloc.job_id, nodes, mode=mode, events=events)
+
         sup = Supervisor(
             cfg,
             events=events,
@@ -161,6 +168,8 @@ async def _house(
             notifier=notifier,
             slurm_ids=slurm_ids,
             liveness=liveness,
+            health=HealthChecks(cfg, alloc),
+            requeue_away=requeue_away,
         )
 
         async def on_control(request: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from supervisor.attempt import Attempt
 from supervisor.config import JobConfig
+from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome
 from supervisor.process import launcher
@@ -78,6 +79,7 @@ class LaunchSource(Protocol):
     def warm_up(self, plan: LaunchPlan) -> None: ...
     def cold_starts(self) -> list[ColdStart]: ...
     def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None: ...
+    def usable_nodes(self) -> tuple[str, ...] | None: ...
 
 
 class StatusSink(Protocol):
@@ -107,6 +109,8 @@ class Supervisor:
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
         jitter: Callable[[], float] = random.random,
+        health: HealthSource | None = None,
+        requeue_away: Callable[[tuple[str, ...]], Awaitable[tuple[bool, str]]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.events = events
@@ -130,6 +134,10 @@ class Supervisor:
         self.current: Attempt | None = None
         self.stop_reason: StopReason | None = None
         self._stop_wakeup = asyncio.Event()
+        self.exclusion = Exclusion(
+            cfg, events=events, nodes=launches, health=health, budget=lambda: self.budget
+        )
+        self._requeue_away = requeue_away
 
     # ------------------------------------------------------------------ state
     def fold(self, event: Event) -> None:
@@ -154,6 +162,9 @@ class Supervisor:
     # ------------------------------------------------------------------ the attempt loop
     async def run(self) -> ExitCode:
         """Attempts until the job succeeds, gives up or stops; the exit status."""
+        ended = await self._nodes_round("start")
+        if ended is not None:
+            return ended
         while True:
             if self.stop_reason is not None:
                 return await self._stopped(self.stop_reason, None, "before the attempt began")
@@ -188,6 +199,9 @@ class Supervisor:
                 return await self._stopped(decision.reason, None, failure.detail)
             assert isinstance(decision, Restart)
             self.transition(JobState.BACKOFF)
+            ended = await self._nodes_round("failure")
+            if ended is not None:
+                return ended
             self.events.log(
                 RestartScheduled(
                     backoff_s=decision.after_s,
@@ -198,6 +212,27 @@ class Supervisor:
                 )
             )
             await first_done(self._stop_wakeup.wait(), self.clock.sleep(decision.after_s))
+
+    async def _nodes_round(self, when: str) -> ExitCode | None:
+        """Health checks and exclusion (:mod:`supervisor.exclusion`); the exit status when the
+        job cannot go on in this allocation (requeued away from its excluded nodes, or given
+        up), else None."""
+        newest = self.tracker.newest_step
+        path = None if newest is None else self.tracker.path_of(newest)
+        answer = await self.exclusion.round(when, path)
+        if answer is None:
+            return None
+        requeued, problem = False, "the job does not run in a Slurm allocation"
+        if self._requeue_away is not None:
+            requeued, problem = await self._requeue_away(answer.nodes)
+        if requeued:
+            self.transition(JobState.STOPPED)
+            note = f"{answer.note}; {problem}" if problem else answer.note
+            self.events.log(JobStopped(reason="excluded", requeued=True, step=None, note=note))
+            return exit_code(self.state)
+        self.transition(JobState.GAVE_UP)
+        self.events.log(JobGaveUp(reason=f"{answer.note.split(';')[0]}; not requeued: {problem}"))
+        return exit_code(self.state)
 
     def _roll_back(self, anomaly: Anomaly) -> bool:
         """Discard the checkpoints from the anomaly's onset on, record the rollback and the
@@ -308,6 +343,7 @@ class Supervisor:
                 hang_timeout_s=result.observation.hang_timeout_s,
                 noticed_at=iso_utc(result.noticed_at),
                 nodes=failure.nodes,
+                node_ranks=failure.node_ranks,
             )
         )
 
@@ -349,6 +385,7 @@ class Supervisor:
             "state": self.state.name.lower(),
             "attempt": self.attempt_no,
             "restarts_used": self.budget.restarts_used,
+            "excluded_nodes": dict(self.budget.excluded),
             "max_restarts": self.policy.max_restarts,
             "newest_checkpoint_step": self.tracker.newest_step,
             "hang_timeout_s": None if cur is None else cur.hang_timeout_s,

@@ -1,7 +1,7 @@
 """Writes the generated pages of ``docs/``: the job.toml reference and the history's events.
 
 Run ``python -m tests.docgen`` from the repository's root after changing
-:mod:`supervisor.config.model` or :mod:`supervisor.record.schema`; ``tests/unit/test_docs.py``
+:mod:`supervisor.config.model` or :mod:`supervisor.record.schema`; ``tests/test_docs.py``
 fails while a committed page differs from what this writes. ``--check`` only compares.
 
 The configuration reference reads each section's dataclass: its keys and types from the fields,

@@ -28,6 +28,7 @@ from supervisor.config.model import (
     ConfigError,
     ConfigIssue,
     FrozenEnv,
+    HealthSection,
     HeartbeatSection,
     JobConfig,
     JobSection,
@@ -44,6 +45,7 @@ from supervisor.config.values import (
     auto_count,
     boolean,
     choice,
+    count_or_auto,
     describe,
     duration,
     duration_or,
@@ -52,6 +54,8 @@ from supervisor.config.values import (
     owned_flag_reason,
     path_text,
     positive_number,
+    size,
+    size_or_auto,
     unknown_name,
 )
 from supervisor.rules.policy import OnFailure
@@ -67,6 +71,7 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "FrozenEnv",
+    "HealthSection",
     "HeartbeatSection",
     "JobConfig",
     "JobSection",
@@ -91,6 +96,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "restart": RestartSection,
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
+    "health": HealthSection,
 }
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
@@ -325,6 +331,22 @@ def _read_anomaly(t: _Table) -> AnomalySection:
     )
 
 
+def _read_health(t: _Table) -> HealthSection:
+    command = t.strings("command")
+    if command and not command[0]:
+        t.report("command[0]", "must not be empty")
+    return HealthSection(
+        enabled=t.read("enabled", True, boolean),
+        command=() if command is None else command,
+        timeout_s=t.read("timeout", "60s", duration(positive=True)),
+        checkpoint_free=t.read("checkpoint_free", "auto", size_or_auto),
+        shm_free=t.read("shm_free", "auto", size_or_auto),
+        memory_free=t.read("memory_free", "1G", size),
+        gpus=t.read("gpus", "auto", count_or_auto),
+        exclude_after=t.read("exclude_after", 2, integer(0)),
+    )
+
+
 def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     """Validate already-parsed job.toml ``data``; ``path`` is where it came from.
 
@@ -348,9 +370,10 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     restart = _read_restart(_Table(issues, "restart", tables["restart"]))
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
     anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
+    health = _read_health(_Table(issues, "health", tables["health"]))
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly)
+    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health)
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:

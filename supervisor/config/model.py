@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "FrozenEnv",
+    "HealthSection",
     "HeartbeatSection",
     "JobConfig",
     "JobSection",
@@ -244,6 +245,40 @@ class SlurmSection:
     stop_before_end_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class HealthSection:
+    """``[health]``: checks of every node before the first attempt and after each failure, and
+    the exclusion of bad nodes (docs/health.md).
+
+    - ``enabled`` (default true): false runs no check (exclusion by failures still applies).
+    - ``command`` (default ``[]``): a program run on every node (array of strings, or a
+      string split like a shell); exit 0 is healthy, anything else unhealthy with its output
+      (Slurm's ``HealthCheckProgram`` / LBNL NHC convention).
+    - ``timeout`` (default ``"60s"``, > 0): a check still running then is killed with its
+      process group and counts as unhealthy.
+    - ``checkpoint_free`` (default ``"auto"``: the newest checkpoint's size): the free space
+      the checkpoint directory must have (it must be writable in any case); a size
+      (``"20G"``; 0: writable is enough).
+    - ``shm_free`` (default ``"auto"``: with ``checkpoint.async``, a node's share of the
+      newest checkpoint; else not checked): free space ``/dev/shm`` must have.
+    - ``memory_free`` (default ``"1G"``): memory available (``MemAvailable``) a node must have.
+    - ``gpus`` (default ``"auto"``: the allocation's GPUs per node, else not checked): GPUs
+      ``nvidia-smi`` must list; skipped where there is no ``nvidia-smi``; 0 disables.
+    - ``exclude_after`` (default 2, >= 0): failures attributed to a node before it is
+      excluded; a node failing a health check is excluded at once; 0 turns exclusion off
+      (checks are still run and logged).
+    """
+
+    enabled: bool = True
+    command: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    checkpoint_free: int | None = None
+    shm_free: int | None = None
+    memory_free: int = 1 << 30
+    gpus: int | None = None
+    exclude_after: int = 2
+
+
 AnomalySection: TypeAlias = AnomalyPolicy
 """``[anomaly]``: the loss rules and the rollbacks (keys documented on
 :class:`supervisor.rules.anomalies.AnomalyPolicy`)."""
@@ -261,3 +296,4 @@ class JobConfig:
     restart: RestartSection
     slurm: SlurmSection
     anomaly: AnomalySection = field(default_factory=AnomalyPolicy)
+    health: HealthSection = field(default_factory=HealthSection)

@@ -147,6 +147,50 @@ def duration_or(
     return convert
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?", re.ASCII | re.IGNORECASE)
+_SIZE_POWERS: Final = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+EXPECTED_SIZE: Final = 'expected a size: bytes, or a string like "512M", "10GiB"'
+
+
+def size(value: Any) -> int:
+    """A size in bytes: an integer >= 0, or a string like ``"512M"``, ``"10GiB"``, ``"1.5T"``
+    (K, M, G, T are powers of 1024 with or without ``i``, as ``df -h`` and Slurm mean them)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidValueError(f"{EXPECTED_SIZE}, got {describe(value)}")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidValueError(f"must be at least 0, got {value}")
+        return value
+    match = _SIZE.fullmatch(value.strip())
+    if match is None:
+        raise InvalidValueError(f"{EXPECTED_SIZE}, got {describe(value)}")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** _SIZE_POWERS[unit])
+
+
+def size_or_auto(value: Any) -> int | None:
+    """``"auto"`` (None) or a :func:`size`."""
+    if value == "auto":
+        return None
+    try:
+        return size(value)
+    except InvalidValueError as exc:
+        raise InvalidValueError(
+            str(exc).replace("expected a size", 'expected "auto" or a size', 1)
+        ) from exc
+
+
+def count_or_auto(value: Any) -> int | None:
+    """``"auto"`` (None) or an integer >= 0."""
+    if value == "auto":
+        return None
+    try:
+        return integer(0)(value)
+    except InvalidValueError as exc:
+        either = 'expected "auto" or an integer'
+        raise InvalidValueError(str(exc).replace("expected an integer", either, 1)) from exc
+
+
 def boolean(value: Any) -> bool:
     """TOML true or false (not a string or a number)."""
     if not isinstance(value, bool):

@@ -12,7 +12,7 @@ import collections
 import contextlib
 import datetime
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -78,10 +78,16 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
         f"(not committed, the previous one is kept): {failed['reason']}"
         for failed in answer.get("checkpoint_failures", [])
     ]
+    lines += excluded_lines(answer.get("excluded_nodes") or {})
     msgs = answer["messages"]
     dropped = ", ".join(f"{k}: {v}" for k, v in sorted(msgs["dropped"].items())) or "none"
     lines.append(f"messages accepted: {msgs['accepted']}; dropped: {dropped}")
     return lines
+
+
+def excluded_lines(excluded: Mapping[str, str]) -> list[str]:
+    """One line per excluded node and why (``rvsup status`` and ``rvsup history``)."""
+    return [f"excluded node {node}: {why}" for node, why in excluded.items()]
 
 
 def _progress_line(answer: dict[str, Any], rate: float | None) -> str:

@@ -84,9 +84,16 @@ class Launches:
         assert self.alloc is not None
         return nodes_for_restart(self.alloc.nodes, self.lost_nodes, self.nodes_needed)
 
+    def usable_nodes(self) -> tuple[str, ...] | None:
+        """Every node of the allocation that is neither lost nor excluded, spares included, in
+        allocation order; None outside an allocation."""
+        if self.alloc is None:
+            return None
+        return tuple(node for node in self.alloc.nodes if node not in self.lost_nodes)
+
     def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None:
-        """Nodes a node failure named are gone for this allocation; returns (left, minimum) for
-        the policy, or None when the job does not run in an allocation."""
+        """Nodes a node failure named, or excluded ones, are gone for this allocation; returns
+        (left, minimum) for the policy, or None when the job does not run in an allocation."""
         if self.alloc is None:
             return None
         self.lost_nodes.update(nodes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Final, Literal, TypeAlias
 
 from supervisor.record import typed_json
@@ -40,12 +40,14 @@ __all__ = [
     "ExitAborted",
     "ExitStalled",
     "FailureDetected",
+    "HealthChecked",
     "JobGaveUp",
     "JobStarted",
     "JobStopped",
     "JobSucceeded",
     "Level",
     "MessagesDropped",
+    "NodeExcluded",
     "ProcessesEnded",
     "ProcessesLeft",
     "RequeueFailed",
@@ -246,6 +248,46 @@ class FailureDetected(Event):
     """The nodes the failure is attributed to (``supervisor.rules.attribution``): the lost
     nodes, a crash's culprit's node, an OOM's nodes, a hang's culprits' nodes; none for a
     stop or a hang without a culprit."""
+    node_ranks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """For each of ``nodes``, the ranks that ran on it (where to look for its GPUs and logs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthChecked(Event):
+    """A node's health checks ran (``[health]``): before the first attempt (``when``
+    ``"start"``) or after a failure (``"failure"``); one line per node and round."""
+
+    NAME = "health_checked"
+    LEVEL = "info"
+    DIGITS: ClassVar[Mapping[str, int]] = {"seconds": 3}
+    node: str
+    """The node checked."""
+    healthy: bool
+    """No check failed (a skipped check does not count)."""
+    when: str
+    """``"start"`` or ``"failure"``."""
+    failed: Mapping[str, str]
+    """Each failed check's name (``checkpoint_dir``, ``shm``, ``memory``, ``gpus``,
+    ``command``) and why, with the command's output."""
+    skipped: Mapping[str, str]
+    """Each check that could not run here and why (no nvidia-smi, nothing configured)."""
+    seconds: float
+    """How long the round took on this node."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeExcluded(Event):
+    """A node is excluded: no attempt of this job runs on it again, in this allocation or a
+    requeued one (``supervisor.rules.health``)."""
+
+    NAME = "node_excluded"
+    LEVEL = "warning"
+    node: str
+    """Its host name."""
+    reason: str
+    """Why: a failed health check, or the failures attributed to it."""
+    failures: int
+    """Failures attributed to it so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,7 +396,8 @@ class JobStopped(Event):
     NAME = "job_stopped"
     LEVEL = "warning"
     reason: str
-    """``preempted``, ``timelimit`` or ``stopped``."""
+    """``preempted``, ``timelimit``, ``stopped``, or ``excluded`` (requeued away from the excluded
+    nodes, docs/health.md)."""
     requeued: bool
     """The Slurm job was requeued."""
     step: int | None
@@ -523,6 +566,8 @@ _CLASSES: Final = (
     CheckpointLoaded,
     ColdStart,
     FailureDetected,
+    HealthChecked,
+    NodeExcluded,
     AnomalyDetected,
     RolledBack,
     RestartScheduled,

@@ -165,12 +165,13 @@ def read_fields(cls: type, obj: Mapping[str, Any]) -> dict[str, object] | None:
 
 def to_json(obj: object) -> dict[str, object]:
     """``obj``'s fields in declaration order, tuples as lists and maps as dicts."""
-    out: dict[str, object] = {}
-    for spec in specs(type(obj)):
-        value = getattr(obj, spec.name)
-        if isinstance(value, tuple):
-            value = list(value)
-        elif isinstance(value, Mapping):
-            value = dict(value)
-        out[spec.name] = value
-    return out
+    return {spec.name: _plain(getattr(obj, spec.name)) for spec in specs(type(obj))}
+
+
+def _plain(value: object) -> object:
+    """``value`` with every tuple a list and every map a dict, however deep."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

@@ -17,7 +17,10 @@ makes; the ``nodes`` of ``failure_detected`` are its answer. The rule, by kind:
 - ``preempted``, ``timelimit``, ``stopped``: no node; nothing failed.
 
 A rank's node is the one its exit was seen on, else the one its hello named; a rank known by
-neither adds no node.
+neither adds no node. :func:`ranks_on` names, for each attributed node, every rank known to
+have run on it (``failure_detected.node_ranks``): what a user needs to find the node's GPUs and
+logs. A failed health check names its node itself (``health_checked``), and is counted by
+:mod:`supervisor.rules.health`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Iterable
 
 from supervisor.rules.observation import Failure, FailureKind, Observation
 
-__all__ = ["nodes_of"]
+__all__ = ["nodes_of", "ranks_on"]
 
 
 def nodes_of(failure: Failure, obs: Observation) -> tuple[str, ...]:
@@ -41,6 +44,17 @@ def nodes_of(failure: Failure, obs: Observation) -> tuple[str, ...]:
     if kind is FailureKind.HANG:
         return _nodes(obs, obs.hang_culprits)
     return ()
+
+
+def ranks_on(nodes: Iterable[str], obs: Observation) -> dict[str, tuple[int, ...]]:
+    """Every rank known to have run on each of ``nodes`` (ascending; a node with none known
+    maps to ``()``), by the same rule as :func:`nodes_of`."""
+    node_of = dict(obs.rank_nodes)
+    node_of.update({e.rank: e.node for e in obs.exits if e.rank is not None and e.node})
+    return {
+        node: tuple(sorted(rank for rank, where in node_of.items() if where == node))
+        for node in nodes
+    }
 
 
 def _nodes(obs: Observation, ranks: Iterable[int]) -> tuple[str, ...]:

@@ -16,21 +16,24 @@ The rules, event by event (every other event leaves the budget as it is):
 - ``restart_scheduled`` with ``charged``: one restart used; the newest failure becomes the last
   charged one (what :func:`supervisor.rules.policy.decide` compares a failure with to call it
   deterministic); the streak grows unless the attempt progressed.
+- ``failure_detected`` also counts one failure for each of its ``nodes`` (attribution).
+- ``node_excluded``: the node is excluded, for the rest of the job (with why).
 - ``job_started``: a new daemon; no attempt runs until its ``attempt_started``.
 - ``rolled_back``: one rollback used; the attempts from now on start no earlier than its
   ``resume_step`` (the skipped steps stay skipped whatever checkpoint a later restart loads);
   the next attempt may load no checkpoint of its onset or later; the newest checkpoint known is
   the one restored.
 
-Nothing resets at a ``job_started``: the restarts used, the streak and the last charged failure
-carry over requeues and restarts of rvsup. A preemption, time limit or stop is never charged
+Nothing resets at a ``job_started``: the restarts used, the streak, the last charged failure,
+the failures counted per node and the excluded nodes carry over requeues and restarts of
+rvsup. A preemption, time limit or stop is never charged
 (no ``restart_scheduled`` follows it), so it neither spends the budget nor grows the streak.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TypeAlias
 
 from supervisor.record.schema import (
@@ -39,6 +42,7 @@ from supervisor.record.schema import (
     Event,
     FailureDetected,
     JobStarted,
+    NodeExcluded,
     RestartScheduled,
     RolledBack,
 )
@@ -77,6 +81,10 @@ class Budget:
     resume_before: int | None = None
     """Set by a rollback until the next attempt starts: it may load no checkpoint of this
     step or later."""
+    node_failures: Mapping[str, int] = field(default_factory=dict)
+    """Failures attributed to each node (``failure_detected.nodes``)."""
+    excluded: Mapping[str, str] = field(default_factory=dict)
+    """Excluded nodes and why (``node_excluded``), in the order they were excluded."""
 
     @property
     def last_failure(self) -> str | None:
@@ -108,7 +116,19 @@ def fold(budget: Budget, event: Event) -> Budget:
         return replace(budget, newest_step=event.step, progressed=True, no_progress_streak=0)
     if isinstance(event, FailureDetected):
         is_oom = event.kind == FailureKind.OOM
-        return replace(budget, failure=signature(event), oom_count=budget.oom_count + is_oom)
+        counts = dict(budget.node_failures)
+        for node in dict.fromkeys(event.nodes):
+            counts[node] = counts.get(node, 0) + 1
+        return replace(
+            budget,
+            failure=signature(event),
+            oom_count=budget.oom_count + is_oom,
+            node_failures=counts,
+        )
+    if isinstance(event, NodeExcluded):
+        if event.node in budget.excluded:
+            return budget
+        return replace(budget, excluded={**budget.excluded, event.node: event.reason})
     if isinstance(event, RestartScheduled) and event.charged:
         return replace(
             budget,

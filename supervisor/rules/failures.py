@@ -83,7 +83,8 @@ def classify(obs: Observation) -> Failure:
     """Classify what ended an attempt; see the module docstring for the precedence. Its
     ``nodes`` are those :func:`supervisor.rules.attribution.nodes_of` attributes it to."""
     failure = _classify(obs)
-    return dataclasses.replace(failure, nodes=attribution.nodes_of(failure, obs))
+    nodes = attribution.nodes_of(failure, obs)
+    return dataclasses.replace(failure, nodes=nodes, node_ranks=attribution.ranks_on(nodes, obs))
 
 
 def _classify(obs: Observation) -> Failure:

@@ -183,6 +183,9 @@ class Failure:
     detail: str
     """One human sentence, e.g. ``"rank 1 killed by SIGKILL at step 57"``."""
     nodes: tuple[str, ...] = ()
+    """The nodes it is attributed to (:mod:`supervisor.rules.attribution`)."""
+    node_ranks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """For each of ``nodes``, the ranks that ran on it."""
 
 
 def signal_name(signum: int) -> str:

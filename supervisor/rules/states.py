@@ -73,7 +73,9 @@ _S = JobState
 
 TRANSITIONS: Final[Mapping[JobState, frozenset[JobState]]] = MappingProxyType(
     {
-        _S.STARTING: frozenset({_S.RUNNING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
+        _S.STARTING: frozenset(
+            {_S.RUNNING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED, _S.STOPPED, _S.GAVE_UP}
+        ),
         _S.RUNNING: frozenset({_S.SAVING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
         _S.SAVING: frozenset({_S.RUNNING, _S.STOPPING, _S.TEARING_DOWN, _S.SUCCEEDED}),
         _S.STOPPING: frozenset({_S.TEARING_DOWN, _S.STOPPED, _S.SUCCEEDED}),

@@ -228,6 +228,34 @@ def requeue(job_id: str) -> None:
     _run_retrying(["scontrol", "requeue", job_id])
 
 
+def requeue_excluding(job_id: str, nodes: Sequence[str]) -> str:
+    """Requeue the job so that its next allocation holds none of ``nodes`` (added to the
+    job's ExcNodeList): ``scontrol requeuehold``, ``update ExcNodeList``, ``release``.
+
+    Slurm takes a new ExcNodeList only from a pending job, and requeuing ends this process's job
+    (SIGTERM to every process of it, SIGKILL after KillWait): the three commands run in one
+    shell that ignores SIGTERM and SIGHUP (the scontrols inherit that), so that the job is
+    released even while this process is being stopped. Returns "" or, when the update was
+    refused (the job was requeued and released all the same), scontrol's message. Raises
+    :class:`SlurmError` when the requeue itself is refused (nothing else ran then)."""
+    current = job_info(job_id).get("ExcNodeList", "")
+    known = expand_hostlist(current) if current and current != "(null)" else ()
+    excluded = ",".join(dict.fromkeys([*known, *nodes]))
+    script = (
+        'trap "" TERM HUP; scontrol requeuehold "$0" || exit 3; '
+        'scontrol update JobId="$0" ExcNodeList="$1"; updated=$?; scontrol release "$0"; '
+        "exit $((updated ? 4 : 0))"
+    )
+    argv = ["sh", "-c", script, job_id, excluded]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60.0, check=False)
+    said = (done.stderr or done.stdout).strip() or f"status {done.returncode}"
+    if done.returncode == 4:
+        return said
+    if done.returncode != 0:
+        raise SlurmError(argv, said)
+    return ""
+
+
 def srun_argv(
     alloc: Allocation, inner: Sequence[str], *, job_name: str, kill_on_bad_exit: bool = True
 ) -> list[str]:

@@ -61,3 +61,24 @@ async def requeue(job_id: str, *, mode: RequeueMode, events: EventLog) -> bool:
     except slurm.SlurmError as exc:
         events.log(RequeueFailed(job_id=job_id, error=str(exc)))
         return False
+
+
+async def requeue_away(
+    job_id: str, nodes: tuple[str, ...], *, mode: RequeueMode, events: EventLog
+) -> tuple[bool, str]:
+    """Requeue the allocation away from ``nodes`` (:func:`slurm.requeue_excluding`) as
+    ``slurm.requeue`` allows; (requeued, a problem worth noting or "")."""
+    if mode == "never":
+        return False, 'slurm.requeue = "never"'
+
+    def attempt() -> tuple[bool, str]:
+        if mode == "auto" and not slurm.is_requeueable(job_id):
+            return False, "Slurm does not let the job be requeued"
+        refused = slurm.requeue_excluding(job_id, nodes)
+        return True, f"the ExcNodeList update was refused: {refused}" if refused else ""
+
+    try:
+        return await asyncio.to_thread(attempt)
+    except slurm.SlurmError as exc:
+        events.log(RequeueFailed(job_id=job_id, error=str(exc)))
+        return False, str(exc)

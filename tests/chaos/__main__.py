@@ -4,6 +4,7 @@
     python -m tests.chaos --runs 200 --seed 1 --start 111   # the same campaign's runs 111..199
     python -m tests.chaos --smoke                    # the regression schedules and one drawn
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
+    python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
 Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
 its schedule line, which ``--replay`` runs again. Needs root for the ``enospc`` fault (a small
@@ -28,6 +29,7 @@ from typing import Any
 
 from tests.helpers.states import assert_same_state, load_final
 
+from . import bad_node
 from .execute import Observed, execute, reference
 from .invariants import check
 from .schedule import KINDS, Schedule, draw, parse
@@ -53,6 +55,8 @@ REGRESSIONS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.bad_node:
+        return _bad_node_campaign(args)
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [k for k in KINDS if k != "enospc" or _can_mount()]
@@ -95,11 +99,23 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     mode.add_argument("--smoke", action="store_true", help="regression schedules + 1 drawn")
     mode.add_argument("--replay", metavar="SCHEDULE", help="run one schedule line")
     p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument(
+        "--bad-node",
+        action="store_true",
+        help="the bad-node campaign on the Slurm testbed (tests/chaos/bad_node.py), --runs runs",
+    )
     p.add_argument("--json", action="store_true", help="the summary as JSON")
     args = p.parse_args(argv)
     if not 0 <= args.start < max(args.runs, 1):
         p.error(f"--start must be in 0..{args.runs - 1}, got {args.start}")
     return args
+
+
+def _bad_node_campaign(args: argparse.Namespace) -> int:
+    """Exit 1 when an attempt started on a bad node after its exclusion."""
+    summary = bad_node.campaign(args.runs, args.seed, keep=args.keep)
+    print(json.dumps(summary, indent=1), flush=True)
+    return 1 if summary["on"]["attempts_on_bad_node_after_exclusion"] else 0
 
 
 def _can_mount() -> bool:

@@ -283,6 +283,9 @@ class FakeLaunches:
         self.lost.update(nodes)
         return None
 
+    def usable_nodes(self) -> tuple[str, ...] | None:
+        return None
+
 
 class FakeNotifier:
     def __init__(self) -> None:

@@ -17,12 +17,14 @@ LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d t
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
 whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
 bitflip flips a bit of the rank's first weight before that step (its replica diverges).
+BAD_NODE="host:step": the ranks on that host raise at that step in every attempt (a bad node).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -37,6 +39,9 @@ import worker_sdk
 
 def faults_now(rank: int, step: int, attempt: int) -> list[str]:
     out = []
+    bad_node, _, bad_step = os.environ.get("BAD_NODE", "").partition(":")
+    if bad_node and bad_node == socket.gethostname() and int(bad_step or 0) == step:
+        out.append("raise")  # a bad node: its ranks fail there at this step, every attempt
     for spec in filter(None, os.environ.get("FAULT", "").split(",")):
         kind, r, s, *a = spec.split(":")
         if r in ("*", str(rank)) and int(s) == step and (not a or a[0] in ("*", str(attempt))):

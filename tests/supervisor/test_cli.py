@@ -111,6 +111,17 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
         "restart",
         "slurm",
         "anomaly",
+        "health",
+    }
+    assert resolved["health"] == {
+        "enabled": True,
+        "command": [],
+        "timeout": "1m",
+        "checkpoint_free": "auto",
+        "shm_free": "auto",
+        "memory_free": 1 << 30,
+        "gpus": "auto",
+        "exclude_after": 2,
     }
     assert resolved["job"]["name"] == "toy"
     assert resolved["job"]["command"] == [sys.executable, "train.py"]

@@ -15,6 +15,7 @@ from supervisor.config.load import (
     CheckpointSection,
     ConfigError,
     FrozenEnv,
+    HealthSection,
     HeartbeatSection,
     JobConfig,
     JobSection,
@@ -385,13 +386,18 @@ ROUND_TRIP = [
     + "[slurm]\nrequeue = false\nstop_before_end = 0\n",
     with_section("launch", 'torchrun = "../bin/torchrun"'),
     with_section("anomaly", "spike_factor = 6.5\nwindow = 20\npatience = 2\nmax_rollbacks = 0"),
+    with_section(
+        "health",
+        'command = "nhc -t 30"\ntimeout = "2m"\ncheckpoint_free = "20G"\nshm_free = 0\n'
+        'memory_free = "1.5GiB"\ngpus = 8\nexclude_after = 0\nenabled = false',
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "text",
     ROUND_TRIP,
-    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly"],
+    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly", "health"],
 )
 def test_render_config_round_trips(text: str) -> None:
     """Rendered TOML parses back to an equal JobConfig."""
@@ -415,6 +421,26 @@ def test_render_config_shows_auto_and_durations() -> None:
         "keep_last = 3",
     ]:
         assert line in rendered.splitlines()
+
+
+def test_health_section_defaults_and_sizes() -> None:
+    """[health] defaults to checks on, 60 s, "auto" thresholds, 1 GiB memory, exclusion after
+    2 failures; sizes take K/M/G/T suffixes in powers of 1024."""
+    assert parse(MINIMAL).health == HealthSection(
+        enabled=True,
+        command=(),
+        timeout_s=60.0,
+        checkpoint_free=None,
+        shm_free=None,
+        memory_free=1 << 30,
+        gpus=None,
+        exclude_after=2,
+    )
+    cfg = parse(
+        with_section("health", 'checkpoint_free = "1.5K"\nmemory_free = "2M"\nshm_free = "3GiB"')
+    )
+    assert (cfg.health.checkpoint_free, cfg.health.memory_free) == (1536, 2 << 20)
+    assert cfg.health.shm_free == 3 << 30
 
 
 # -------------------------------------------------------------------------------- loading

@@ -55,8 +55,8 @@ INVALID: list[Any] = [
             (
                 "trainer",
                 (
-                    "unknown section; valid sections: anomaly, checkpoint, heartbeat, job, "
-                    "launch, restart, slurm"
+                    "unknown section; valid sections: anomaly, checkpoint, health, heartbeat, "
+                    "job, launch, restart, slurm"
                 ),
             )
         ],
@@ -90,6 +90,33 @@ INVALID: list[Any] = [
         with_section("checkpoint", "every_steps = 1.5"),
         [("checkpoint.every_steps", "expected an integer, got float 1.5")],
         id="int-float",
+    ),
+    # the health section
+    pytest.param(
+        with_section(
+            "health",
+            'timeout = 0\nmemory_free = "lots"\nshm_free = -1\ncheckpoint_free = "5X"\n'
+            'gpus = -1\nexclude_after = true\nenabled = "yes"\ncommand = ["", "-x"]',
+        ),
+        [
+            ("health.timeout", "must be greater than 0"),
+            ("health.memory_free", 'expected a size: bytes, or a string like "512M"'),
+            ("health.shm_free", "must be at least 0, got -1"),
+            ("health.checkpoint_free", 'expected "auto" or a size'),
+            ("health.gpus", "must be at least 0, got -1"),
+            ("health.exclude_after", "expected an integer, got boolean true"),
+            ("health.enabled", "expected true or false"),
+            ("health.command[0]", "must not be empty"),
+        ],
+        id="health-values",
+    ),
+    pytest.param(
+        with_section("health", "command = 3\nexclude = 2"),
+        [
+            ("health.command", "expected an array of strings, got integer 3"),
+            ("health.exclude", "did you mean 'exclude_after'?"),
+        ],
+        id="health-command-and-key",
     ),
     # the anomaly section
     pytest.param(

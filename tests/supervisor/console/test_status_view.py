@@ -61,6 +61,17 @@ def test_render_names_the_job_restarts_left_and_every_rank() -> None:
     assert sum(1 for ln in lines if ln.lstrip().startswith(("0  n1", "1  n1"))) == 2
 
 
+def test_render_lists_the_excluded_nodes_and_why() -> None:
+    """Each excluded node of the daemon's answer is a line with its reason; none, no line."""
+    excluded = {"n2": "2 failures attributed to it", "n3": "failed its health check: memory"}
+    lines = render({**answer(5), "excluded_nodes": excluded}, [], None)
+    assert [ln for ln in lines if ln.startswith("excluded node")] == [
+        "excluded node n2: 2 failures attributed to it",
+        "excluded node n3: failed its health check: memory",
+    ]
+    assert not [ln for ln in render(answer(5), [], None) if ln.startswith("excluded")]
+
+
 def test_progress_rate_is_over_one_attempt_and_a_window() -> None:
     """Steps per second come from refreshes of one attempt; a new attempt starts over, and
     samples older than the window are dropped."""

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from supervisor.rules.attribution import nodes_of
+from supervisor.rules.attribution import nodes_of, ranks_on
 from supervisor.rules.failures import classify
 from supervisor.rules.observation import (
     Failure,
@@ -98,3 +98,31 @@ def test_classify_attributes_every_failure() -> None:
     assert classify(oom).nodes == ("n1",)
     stop = Observation(exits=(killed(2, "n2"),), stop_reason=StopReason.PREEMPTED)
     assert classify(stop).nodes == ()
+
+
+RANKS_ON = {
+    "every-rank-of-the-node-from-hellos": (("n2",), Observation(rank_nodes=HOSTS), {"n2": (2, 3)}),
+    "an-exit-s-node-overrides-the-hello": (
+        ("n1", "n9"),
+        Observation(exits=(killed(1, "n9"),), rank_nodes=HOSTS),
+        {"n1": (0,), "n9": (1,)},
+    ),
+    "a-node-with-no-known-rank": (("n7",), Observation(rank_nodes=HOSTS), {"n7": ()}),
+    "no-node-no-map": ((), Observation(rank_nodes=HOSTS), {}),
+}
+
+
+@pytest.mark.parametrize(("nodes", "obs", "expected"), list(RANKS_ON.values()), ids=list(RANKS_ON))
+def test_ranks_on(
+    nodes: tuple[str, ...], obs: Observation, expected: dict[str, tuple[int, ...]]
+) -> None:
+    """ranks_on() maps each attributed node to every rank known to have run on it."""
+    assert ranks_on(nodes, obs) == expected
+
+
+def test_classify_names_the_ranks_on_the_attributed_nodes() -> None:
+    """A crash of rank 2 on n2 names n2 and both of n2's ranks; a lost n2 too."""
+    crash = Observation(exits=(killed(2, "n2"), killed(0, "n1")), rank_nodes=HOSTS)
+    assert classify(crash).node_ranks == {"n2": (2, 3)}
+    lost = Observation(lost_nodes=("n2",), rank_nodes=HOSTS)
+    assert classify(lost).node_ranks == {"n2": (2, 3)}

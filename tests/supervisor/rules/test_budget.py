@@ -18,6 +18,7 @@ from supervisor.record.schema import (
     JobGaveUp,
     JobStopped,
     JobSucceeded,
+    NodeExcluded,
     RestartScheduled,
     RolledBack,
     StopRequested,
@@ -33,6 +34,10 @@ K = FailureKind
 
 def failed(kind: str, ranks: tuple[int, ...] = (1,), step: int | None = 30) -> FailureDetected:
     return failure_event(Failure(K(kind), ranks, (), (), step, f"{kind} at {step}"))
+
+
+def on_nodes(kind: str, *nodes: str) -> FailureDetected:
+    return failure_event(Failure(K(kind), (1,), (), (), 30, kind, nodes))
 
 
 def restarted(charged: bool = True) -> RestartScheduled:
@@ -147,6 +152,30 @@ FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
     "success-changes-nothing": (
         [attempt_started(), JobSucceeded(last_step=9)],
         {"attempts": 1, "restarts_used": 0, "failure": None},
+    ),
+    "failures-count-per-attributed-node-once-each": (
+        [
+            on_nodes("crash", "n2"),
+            on_nodes("oom", "n1", "n2", "n2"),
+            on_nodes("hang"),
+            job_started(),
+            on_nodes("node_failure", "n3"),
+        ],
+        {"node_failures": {"n2": 2, "n1": 1, "n3": 1}},
+    ),
+    "exclusions-carry-over-starts-first-reason-kept": (
+        [
+            NodeExcluded(node="n2", reason="2 failures attributed to it", failures=2),
+            job_started(),
+            NodeExcluded(node="n2", reason="again", failures=3),
+            NodeExcluded(node="n1", reason="failed its health check: memory", failures=0),
+        ],
+        {
+            "excluded": {
+                "n2": "2 failures attributed to it",
+                "n1": "failed its health check: memory",
+            }
+        },
     ),
 }
 

@@ -17,7 +17,7 @@ from supervisor.rules.states import (
 
 # Written out independently of the module, by name, from the design.
 ALLOWED: dict[str, set[str]] = {
-    "STARTING": {"RUNNING", "STOPPING", "TEARING_DOWN", "SUCCEEDED"},
+    "STARTING": {"RUNNING", "STOPPING", "TEARING_DOWN", "SUCCEEDED", "STOPPED", "GAVE_UP"},
     "RUNNING": {"SAVING", "STOPPING", "TEARING_DOWN", "SUCCEEDED"},
     "SAVING": {"RUNNING", "STOPPING", "TEARING_DOWN", "SUCCEEDED"},
     "STOPPING": {"TEARING_DOWN", "STOPPED", "SUCCEEDED"},
