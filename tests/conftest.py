@@ -56,10 +56,25 @@ _OWN_GROUP = _cgroup.own_group_dir()
 
 
 def job_groups() -> list[Path]:
-    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them)."""
+    """The rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes them) that
+    belong to this run: another run of the suite, or rvsup started by hand, on the same machine
+    makes its groups beside ours, and its processes are none of this run's business."""
     if _OWN_GROUP is None:
         return []
-    return sorted(Path(_OWN_GROUP).glob("rvsup-*"))
+    return sorted(g for g in Path(_OWN_GROUP).glob("rvsup-*") if _this_runs(g))
+
+
+def _this_runs(group: Path) -> bool:
+    """Whether a job's group (``rvsup-PID``, PID its daemon's) is this run's: its daemon, while
+    alive, carries this run's mark; after it, no member carries another mark."""
+    pid = group.name.removeprefix("rvsup-")
+    with contextlib.suppress(psutil.Error, OSError, ValueError):
+        return psutil.Process(int(pid)).environ().get(MARK) == os.environ[MARK]
+    for member in Group(group).pids():
+        with contextlib.suppress(psutil.Error, OSError):
+            if psutil.Process(member).environ().get(MARK) not in (None, os.environ[MARK]):
+                return False
+    return True
 
 
 def job_group_members(group: Path) -> set[int]:
