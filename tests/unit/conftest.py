@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,17 @@ def pytest_pycollect_makemodule(
     if HAVE_TORCH or not needs_torch(module_path):
         return None
     return _NeedsTorch.from_parent(parent, path=module_path)
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A real 1-process gloo group (file store in tmp_path), destroyed afterwards."""
+    import torch.distributed as dist  # here: this module must load without torch
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
