@@ -28,6 +28,7 @@ from supervisor.config.model import (
     ConfigError,
     ConfigIssue,
     FrozenEnv,
+    HealthSection,
     HeartbeatSection,
     JobConfig,
     JobSection,
@@ -90,6 +91,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "restart": RestartSection,
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
+    "health": HealthSection,
 }
 # Fields whose TOML key is a Python keyword.
 _KEYWORD_KEYS: Final = {"async_save": "async"}
@@ -327,6 +329,10 @@ def _read_anomaly(t: _Table) -> AnomalySection:
     )
 
 
+def _read_health(t: _Table) -> HealthSection:
+    return HealthSection(exclude_stragglers=t.read("exclude_stragglers", False, boolean))
+
+
 def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     """Validate already-parsed job.toml ``data``; ``path`` is where it came from.
 
@@ -350,9 +356,10 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     restart = _read_restart(_Table(issues, "restart", tables["restart"]))
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
     anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
+    health = _read_health(_Table(issues, "health", tables["health"]))
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly)
+    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health)
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:

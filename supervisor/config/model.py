@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "FrozenEnv",
+    "HealthSection",
     "HeartbeatSection",
     "JobConfig",
     "JobSection",
@@ -249,6 +250,17 @@ class SlurmSection:
     stop_before_end_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class HealthSection:
+    """``[health]``: what is done about unhealthy nodes.
+
+    - ``exclude_stragglers`` (default ``false``): when a rank is named a straggler
+      (``straggler_detected``), its node is excluded at the next restart.
+    """
+
+    exclude_stragglers: bool = False
+
+
 AnomalySection: TypeAlias = AnomalyPolicy
 """``[anomaly]``: the loss rules and the rollbacks (keys documented on
 :class:`supervisor.rules.anomalies.AnomalyPolicy`)."""
@@ -266,3 +278,4 @@ class JobConfig:
     restart: RestartSection
     slurm: SlurmSection
     anomaly: AnomalySection = field(default_factory=AnomalyPolicy)
+    health: HealthSection = field(default_factory=HealthSection)

@@ -119,7 +119,9 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
         "restart",
         "slurm",
         "anomaly",
+        "health",
     }
+    assert resolved["health"] == {"exclude_stragglers": False}
     assert resolved["job"]["name"] == "toy"
     assert resolved["job"]["command"] == [sys.executable, "train.py"]
     assert resolved["job"]["run_dir"] == str(tmp_path / "run")

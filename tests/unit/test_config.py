@@ -225,6 +225,12 @@ def test_minimal_file_gets_every_default() -> None:
             },
             id="relative-paths",
         ),
+        pytest.param(MINIMAL, {"health.exclude_stragglers": False}, id="health-default"),
+        pytest.param(
+            with_section("health", "exclude_stragglers = true"),
+            {"health.exclude_stragglers": True},
+            id="exclude-stragglers",
+        ),
         pytest.param(
             with_section("checkpoint", 'every = "off"'),
             {"checkpoint.every_s": None},
@@ -385,13 +391,14 @@ ROUND_TRIP = [
     + "[slurm]\nrequeue = false\nstop_before_end = 0\n",
     with_section("launch", 'torchrun = "../bin/torchrun"'),
     with_section("anomaly", "spike_factor = 6.5\nwindow = 20\npatience = 2\nmax_rollbacks = 0"),
+    with_section("health", "exclude_stragglers = true"),
 ]
 
 
 @pytest.mark.parametrize(
     "text",
     ROUND_TRIP,
-    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly"],
+    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly", "health"],
 )
 def test_render_config_round_trips(text: str) -> None:
     """Rendered TOML parses back to an equal JobConfig."""

@@ -55,8 +55,8 @@ INVALID: list[Any] = [
             (
                 "trainer",
                 (
-                    "unknown section; valid sections: anomaly, checkpoint, heartbeat, job, "
-                    "launch, restart, slurm"
+                    "unknown section; valid sections: anomaly, checkpoint, health, heartbeat, "
+                    "job, launch, restart, slurm"
                 ),
             )
         ],
@@ -115,6 +115,14 @@ INVALID: list[Any] = [
             ("anomaly.spike", "unknown key; valid keys: max_rollbacks, patience, skip_steps"),
         ],
         id="anomaly-types",
+    ),
+    pytest.param(
+        with_section("health", 'exclude_stragglers = "yes"\nexclude_straggler = true'),
+        [
+            ("health.exclude_stragglers", "expected true or false, got string 'yes'"),
+            ("health.exclude_straggler", "unknown key; valid keys: exclude_stragglers"),
+        ],
+        id="health-types",
     ),
     pytest.param(
         with_section("restart", "max_restarts = true"),
