@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .profiles import Context
+from .straggler_cost import measure_straggler_cost
 from .table import Cell, Table, Target
 from .tools import REPO, FtLauncher
 
@@ -255,6 +256,26 @@ def sdk(ctx: Context) -> Table:
     t.row("step() with a heartbeat due (send + poll)", {cols[0]: due_us, cols[1]: "-"})
     due_tensor = Cell(m["due_tensor_us"], " µs")
     t.row("the same with a tensor loss (read + payload)", {cols[0]: due_tensor, cols[1]: "-"})
+    cost = measure_straggler_cost(
+        ctx.scratch / "stragglers", 3 if p.smoke else 10, 30 if p.smoke else 100
+    )
+    sampled, default = (
+        Cell(cost["sampled_every_us"], " µs"),
+        Cell(cost["sampled_default_us"], " µs"),
+    )
+    read_us = Cell(cost["read_us"], " µs")
+    t.row("DDP step, reducer sampled every step (stragglers)", {cols[0]: sampled, cols[1]: "-"})
+    t.row("the same, torch's default (every 100th step)", {cols[0]: default, cols[1]: "-"})
+    t.row("one read of DDP's newest sample (at a heartbeat)", {cols[0]: read_us, cols[1]: "-"})
+    extra_us = max(0.0, (sampled.median or 0.0) - (default.median or 0.0))
+    extra_us += STEP_BUDGET_MS / 1000.0 * (read_us.median or 0.0)  # one read per heartbeat
+    t.targets.append(
+        Target(
+            f"stragglers' sampling + reads < 1 % of a {STEP_BUDGET_MS:g} ms step",
+            f"{extra_us / 10 / STEP_BUDGET_MS:.4f} % ({extra_us:.1f} µs)",
+            extra_us / 1000.0 < STEP_BUDGET_MS / 100.0,
+        )
+    )
     hb_per_step = STEP_BUDGET_MS / 1000.0  # 1 Hz heartbeats: one per 50 steps of 20 ms
     med_step = step_ns.median or 0.0
     med_due = due_us.median or 0.0

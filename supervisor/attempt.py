@@ -30,6 +30,7 @@ from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_eve
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
+from supervisor.ranks.stragglers import StragglerReports
 from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
@@ -106,6 +107,7 @@ class Attempt:
             lead_s=max(native.LEAD_S if hb.native_stacks else 0.0, slow.LEAD_S),
         )
         self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
+        self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
         self._started_step = tracker.newest_step
         self._reports: list[RankReport] = []
         # (rank, step, reason) of each failed background save, for ``rvsup status``
@@ -212,6 +214,7 @@ class Attempt:
             if self.sync is not None:
                 self.sync.ask(self.channel, self.ranks, msg.rank, now)
         elif kind is p.Kind.HEARTBEAT:
+            self.stragglers.heard(msg, now)
             if self.state is JobState.STARTING and self._all_started():
                 self._set_state(JobState.RUNNING)
             if self.sync is not None:
@@ -372,6 +375,10 @@ class Attempt:
             self._check_hang(now)
             self._check_exit_stall(now)
             self._maybe_schedule_save(now)
+            if self.stragglers.due(now):
+                nodes = {st.rank: st.host for st in self.ranks if st.host != "?"}
+                if (straggler := self.stragglers.judge(now, nodes)) is not None:
+                    self.events.log(straggler)
             if now >= self._stop_deadline:
                 self._finish(Ending.STOPPED)
 

@@ -4,7 +4,8 @@
 (``when="start"``) and after each failure (``"failure"``): it runs a health round on the nodes
 the job may still use (:mod:`supervisor.process.health`), logs ``health_checked`` per node,
 decides which nodes to exclude (:func:`supervisor.rules.health.to_exclude`: an unhealthy node,
-a node with ``exclude_after`` failures attributed to it), logs ``node_excluded`` for each, and
+a node with ``exclude_after`` failures attributed to it; a straggler's node the attempt asked
+to leave out, with ``[health] exclude_stragglers``), logs ``node_excluded`` for each, and
 tells the launcher to leave them out (a spare node takes their place). When too few nodes are
 left for ``launch.min_nnodes``, the answer is to requeue the Slurm job away from every
 excluded node, or to give up where it cannot be requeued. Excluded nodes come back from the
@@ -16,7 +17,7 @@ nothing is excluded (the restart budget decides, as before).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -70,8 +71,11 @@ class Exclusion:
         self.health = health
         self._budget = budget
 
-    async def round(self, when: str, newest: Path | None) -> RequeueAway | None:
-        """Check, exclude, and say whether the job can go on here (None: it can)."""
+    async def round(
+        self, when: str, newest: Path | None, requested: Mapping[str, str] | None = None
+    ) -> RequeueAway | None:
+        """Check, exclude, and say whether the job can go on here (None: it can).
+        ``requested``: nodes to exclude and why (stragglers' nodes), on top of the rules'."""
         in_allocation = self.nodes.usable_nodes() is not None
         left = self.nodes.lose(self._budget().excluded)  # the history's exclusions first
         if left is not None and left[0] < left[1]:
@@ -84,6 +88,10 @@ class Exclusion:
         failures = budget.node_failures
         for node, reason, count in to_exclude(unhealthy, failures, budget.excluded, exclude_after):
             self.events.log(NodeExcluded(node=node, reason=reason, failures=count))
+        for node, reason in (requested or {}).items():
+            if node not in self._budget().excluded:
+                count = failures.get(node, 0)
+                self.events.log(NodeExcluded(node=node, reason=reason, failures=count))
         left = self.nodes.lose(self._budget().excluded)
         if left is not None and left[0] < left[1]:
             return self._too_few(left)

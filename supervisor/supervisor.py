@@ -132,6 +132,8 @@ class Supervisor:
         self.ranks = RankTable()
         self.losses = LossWatch(cfg.anomaly)  # across attempts: a baseline outlives a rollback
         self.current: Attempt | None = None
+        # node -> why: stragglers' nodes ([health] exclude_stragglers) for the next restart
+        self.straggler_nodes: dict[str, str] = {}
         self.stop_reason: StopReason | None = None
         self._stop_wakeup = asyncio.Event()
         self.exclusion = Exclusion(
@@ -219,7 +221,8 @@ class Supervisor:
         up), else None."""
         newest = self.tracker.newest_step
         path = None if newest is None else self.tracker.path_of(newest)
-        answer = await self.exclusion.round(when, path)
+        answer = await self.exclusion.round(when, path, self.straggler_nodes)
+        self.straggler_nodes.clear()  # excluded now (node_excluded), or nowhere to exclude them
         if answer is None:
             return None
         requeued, problem = False, "the job does not run in a Slurm allocation"
@@ -324,6 +327,7 @@ class Supervisor:
         try:
             return await self.current.run()
         finally:
+            self.straggler_nodes.update(self.current.stragglers.to_exclude)
             self.current = None
             self._log_cold_starts()
             if dict(self.channel.dropped) != dropped_before:
@@ -391,6 +395,11 @@ class Supervisor:
             "hang_timeout_s": None if cur is None else cur.hang_timeout_s,
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "ranks": [st.to_status(now) for st in sorted(self.ranks, key=lambda s: s.rank)],
+            "straggler": None if cur is None else cur.stragglers.status(now),
+            "exclude_at_restart": {
+                **self.straggler_nodes,
+                **({} if cur is None else cur.stragglers.to_exclude),
+            },
             "checkpoint_failures": [
                 {"rank": rank, "step": step, "reason": reason}
                 for rank, step, reason in ([] if cur is None else cur.checkpoint_failures[-5:])

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._async_save import AsyncSaver, Outcome
     from ._loader_rng import LoaderWindow
     from ._replicas import ReplicaCheck
+    from ._stragglers import CommWait
 
 _NEVER = sys.maxsize
 FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
@@ -48,6 +49,7 @@ class Runtime:
         "_slot_map",
         "channel",
         "checkpointer",
+        "comm_wait",
         "extra_default",
         "hb_due",
         "hb_step",
@@ -113,6 +115,7 @@ class Runtime:
         self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
         self.replicas: ReplicaCheck | None = None  # plain DDP compared (worker_sdk._replicas)
         self.verify_next = _NEVER
+        self.comm_wait: CommWait | None = None  # DDP's all-reduce wait, for stragglers
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -143,6 +146,10 @@ class Runtime:
             if modules:
                 self.replicas = ReplicaCheck(every, modules, start - 1)
                 self.verify_next = self.replicas.next_step
+        if self.channel is not None and self.world_size > 1:
+            from ._stragglers import CommWait
+
+            self.comm_wait = CommWait.of(self.objects)
         self._set_periodic(start - 1)
         if self.channel is not None:
             s = self.settings
@@ -252,6 +259,10 @@ class Runtime:
                 payload = {"loss": value}
             elif loss.__class__ is not float:  # a float was reported by step() already
                 self.loss_not_finite(step, value, self.hb_step + 1)
+        if self.comm_wait is not None:
+            wait = self.comm_wait.read(step - self.hb_step)
+            if wait is not None:
+                payload = {**(payload or {}), "comm_wait_s": wait}
         ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, payload=payload)
         self.hb_step = step
         self.max_dt = 0.0

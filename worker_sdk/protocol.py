@@ -120,7 +120,9 @@ class Kind(enum.IntEnum):
 
     HELLO = 1  # payload: host, local_rank, world_size, total_steps, stdout, stderr (file paths)
     # step: last finished step; value: longest step (s) since the last heartbeat;
-    # payload: loss (float, finite), when the script passes one to step()
+    # payload: loss (float, finite), when the script passes one to step(); comm_wait_s (float,
+    # under DDP: what the newest sampled step waited in the gradient all-reduce after its own
+    # backward, for stragglers; absent when no step was sampled since the last heartbeat)
     HEARTBEAT = 2
     SYNC = 3  # step: last finished step; the rank waits for CONTINUE or SAVE_AT
     CKPT_COMMITTED = 4  # step; value: seconds; payload: path, bytes, mode, blocked_s (rank 0)

@@ -344,6 +344,7 @@ def _read_health(t: _Table) -> HealthSection:
         memory_free=t.read("memory_free", "1G", size),
         gpus=t.read("gpus", "auto", count_or_auto),
         exclude_after=t.read("exclude_after", 2, integer(0)),
+        exclude_stragglers=t.read("exclude_stragglers", False, boolean),
     )
 
 

@@ -267,6 +267,8 @@ class HealthSection:
     - ``exclude_after`` (default 2, >= 0): failures attributed to a node before it is
       excluded; a node failing a health check is excluded at once; 0 turns exclusion off
       (checks are still run and logged).
+    - ``exclude_stragglers`` (default false): when a rank is named a straggler
+      (``straggler_detected``), its node is excluded at the next restart (docs/stragglers.md).
     """
 
     enabled: bool = True
@@ -277,6 +279,7 @@ class HealthSection:
     memory_free: int = 1 << 30
     gpus: int | None = None
     exclude_after: int = 2
+    exclude_stragglers: bool = False
 
 
 AnomalySection: TypeAlias = AnomalyPolicy

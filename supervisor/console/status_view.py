@@ -73,6 +73,7 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
         f"{r['heartbeat_age_s']:>12.1f}s  {r['phase'] or ''}"
         for r in answer["ranks"]
     ]
+    lines += _straggler_lines(answer)
     lines += [
         f"checkpoint of step {failed['step']} failed on rank {failed['rank']} "
         f"(not committed, the previous one is kept): {failed['reason']}"
@@ -88,6 +89,28 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
 def excluded_lines(excluded: Mapping[str, str]) -> list[str]:
     """One line per excluded node and why (``rvsup status`` and ``rvsup history``)."""
     return [f"excluded node {node}: {why}" for node, why in excluded.items()]
+
+
+def _straggler_lines(answer: dict[str, Any]) -> list[str]:
+    """The straggler named now, and the nodes the next restart leaves out for stragglers."""
+    lines = []
+    s = answer.get("straggler")
+    if s:
+        where = f" on {s['node']}" if s.get("node") else ""
+        lines.append(
+            f"straggler: rank {s['rank']}{where}, {s['slower']:.1f}x slower than the others: "
+            f"they wait {_ms(s['lost_s'])} for it every {_ms(s['step_s'])} step "
+            f"(named {s['since_s']:.0f}s ago)"
+        )
+    lines += [
+        f"excluded at the next restart: {node} ({why})"
+        for node, why in sorted((answer.get("exclude_at_restart") or {}).items())
+    ]
+    return lines
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.0095 else f"{seconds * 1000:.1f} ms"
 
 
 def _progress_line(answer: dict[str, Any], rate: float | None) -> str:

@@ -55,6 +55,7 @@ __all__ = [
     "RolledBack",
     "SlowPhase",
     "StopRequested",
+    "StragglerDetected",
     "SupervisorError",
     "TimeLeftUnknown",
     "describe",
@@ -430,6 +431,38 @@ class SlowPhase(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerDetected(Event):
+    """One rank makes the others wait: in DDP's gradient all-reduce, the other ranks wait for it
+    a share of every step (at least 20 %) over a recent window. Logged when it is first named
+    (again after another rank was, or after none was for a window); the job goes on."""
+
+    NAME = "straggler_detected"
+    LEVEL = "warning"
+    DIGITS: ClassVar[Mapping[str, int]] = {
+        "slower": 2,
+        "lost_s": 4,
+        "step_s": 4,
+        "window_s": 1,
+    }
+    rank: int
+    """The rank the others wait for."""
+    node: str | None
+    """The node (host name) it runs on; None when its hello was not heard."""
+    slower: float
+    """Its time per step outside the wait over the other ranks' (2.0: twice as long)."""
+    lost_s: float
+    """Seconds per step the other ranks wait for it (the median of theirs less its own)."""
+    step_s: float
+    """Seconds per step over the window."""
+    window_s: float
+    """The span of the samples judged, in seconds."""
+    samples: int
+    """The fewest samples a judged rank had in the window."""
+    exclude_node: bool
+    """``[health] exclude_stragglers``: its node is to be excluded at the next restart."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExitStalled(Event):
     """Every rank's script had ended without a failure, but some interpreters had not exited
     after a grace period: they were ended by the teardown and the attempt counts as succeeded."""
@@ -578,6 +611,7 @@ _CLASSES: Final = (
     ExitStalled,
     ExitAborted,
     SlowPhase,
+    StragglerDetected,
     ProcessesEnded,
     ProcessesLeft,
     MessagesDropped,

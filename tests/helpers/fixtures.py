@@ -1,8 +1,9 @@
 """Fixtures shared by the whole suite (registered by tests/conftest.py): an uninterrupted
-reference run of the trainer."""
+reference run of the trainer; a real 1-process gloo group."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,18 @@ def reference_final(tmp_path_factory: pytest.TempPathFactory) -> Path:
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stderr
     return final
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A real 1-process gloo group (file store in tmp_path), destroyed afterwards (torch is
+    imported here, not at the top: the suite also runs where torch is not installed)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

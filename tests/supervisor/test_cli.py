@@ -122,6 +122,7 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
         "memory_free": 1 << 30,
         "gpus": "auto",
         "exclude_after": 2,
+        "exclude_stragglers": False,
     }
     assert resolved["job"]["name"] == "toy"
     assert resolved["job"]["command"] == [sys.executable, "train.py"]

@@ -86,8 +86,10 @@ class Setup:
     def _fold(self, event: Event) -> None:
         self.budget = budgets.fold(self.budget, event)
 
-    def round(self, when: str = "failure") -> RequeueAway | None:
-        return asyncio.run(self.exclusion.round(when, None))
+    def round(
+        self, when: str = "failure", requested: dict[str, str] | None = None
+    ) -> RequeueAway | None:
+        return asyncio.run(self.exclusion.round(when, None, requested))
 
     def logged(self, kind: type[Event]) -> list[Event]:
         self.events.close()
@@ -209,3 +211,14 @@ def test_disabled_checks_run_no_round(make: Make) -> None:
     assert setup.round("start") is None
     assert health.asked == []
     assert setup.logged(HealthChecked) == []
+
+
+def test_a_stragglers_node_asked_for_is_excluded_once(make: Make) -> None:
+    """A straggler's node the attempt asked to leave out ([health] exclude_stragglers) is
+    excluded at the next round with the straggler's reason, once; a spare takes its place."""
+    setup = make(FakeNodes(("n1", "n2", "n3")), FakeHealth())
+    assert setup.round(requested={"n2": "rank 1 was a straggler"}) is None
+    assert setup.round(requested={"n2": "rank 1 was a straggler again"}) is None
+    excluded = setup.logged(NodeExcluded)
+    assert excluded == [NodeExcluded(node="n2", reason="rank 1 was a straggler", failures=0)]
+    assert setup.nodes.usable_nodes() == ("n1", "n3")

@@ -226,6 +226,12 @@ def test_minimal_file_gets_every_default() -> None:
             },
             id="relative-paths",
         ),
+        pytest.param(MINIMAL, {"health.exclude_stragglers": False}, id="health-default"),
+        pytest.param(
+            with_section("health", "exclude_stragglers = true"),
+            {"health.exclude_stragglers": True},
+            id="exclude-stragglers",
+        ),
         pytest.param(
             with_section("checkpoint", 'every = "off"'),
             {"checkpoint.every_s": None},
@@ -391,13 +397,23 @@ ROUND_TRIP = [
         'command = "nhc -t 30"\ntimeout = "2m"\ncheckpoint_free = "20G"\nshm_free = 0\n'
         'memory_free = "1.5GiB"\ngpus = 8\nexclude_after = 0\nenabled = false',
     ),
+    with_section("health", "exclude_stragglers = true"),
 ]
 
 
 @pytest.mark.parametrize(
     "text",
     ROUND_TRIP,
-    ids=["minimal", "design", "strings", "non-default", "torchrun-path", "anomaly", "health"],
+    ids=[
+        "minimal",
+        "design",
+        "strings",
+        "non-default",
+        "torchrun-path",
+        "anomaly",
+        "health",
+        "health-stragglers",
+    ],
 )
 def test_render_config_round_trips(text: str) -> None:
     """Rendered TOML parses back to an equal JobConfig."""

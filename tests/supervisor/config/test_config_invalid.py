@@ -144,6 +144,14 @@ INVALID: list[Any] = [
         id="anomaly-types",
     ),
     pytest.param(
+        with_section("health", 'exclude_stragglers = "yes"\nexclude_straggler = true'),
+        [
+            ("health.exclude_stragglers", "expected true or false, got string 'yes'"),
+            ("health.exclude_straggler", "did you mean 'exclude_stragglers'?"),
+        ],
+        id="health-stragglers-types",
+    ),
+    pytest.param(
         with_section("restart", "max_restarts = true"),
         [("restart.max_restarts", "expected an integer, got boolean true")],
         id="int-bool",

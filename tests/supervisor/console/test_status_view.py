@@ -85,3 +85,56 @@ def test_progress_rate_is_over_one_attempt_and_a_window() -> None:
     p.add(4.0, 2, 9)
     p.add(100.0, 2, 500)
     assert p.rate() is None  # the older samples left the window
+
+
+STRAGGLER = {
+    "rank": 1,
+    "node": "n2",
+    "slower": 25.31,
+    "lost_s": 0.0502,
+    "step_s": 0.0523,
+    "since_s": 12.4,
+    "exclude_node": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({}, []),
+        ({"straggler": None, "exclude_at_restart": {}}, []),
+        (
+            {"straggler": STRAGGLER},
+            [
+                (
+                    "straggler: rank 1 on n2, 25.3x slower than the others: they wait 50 ms"
+                    " for it every 52 ms step (named 12s ago)"
+                )
+            ],
+        ),
+        (
+            {"straggler": {**STRAGGLER, "node": None, "lost_s": 0.0031, "step_s": 0.0042}},
+            [
+                (
+                    "straggler: rank 1, 25.3x slower than the others: they wait 3.1 ms for it"
+                    " every 4.2 ms step (named 12s ago)"
+                )
+            ],
+        ),
+        (
+            {"exclude_at_restart": {"n2": "rank 1 was a straggler", "a1": "rank 4 was one"}},
+            [
+                "excluded at the next restart: a1 (rank 4 was one)",
+                "excluded at the next restart: n2 (rank 1 was a straggler)",
+            ],
+        ),
+    ],
+    ids=["old-daemon", "none", "named", "no-node-short-steps", "exclusions"],
+)
+def test_straggler_lines(extra: dict[str, Any], expected: list[str]) -> None:
+    """The straggler named now (rank, node, how much slower, what it costs a step, since when)
+    and the nodes the next restart leaves out follow the ranks' table; an answer without them
+    (an older daemon, or none named) adds no line."""
+    lines = render({**answer(50, 48), **extra}, [], None)
+    found = [ln for ln in lines if ln.startswith(("straggler:", "excluded at"))]
+    assert found == expected

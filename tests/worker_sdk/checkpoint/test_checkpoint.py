@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.helpers.states import assert_same_state, make_checkpointer, write_format1
@@ -151,18 +149,6 @@ def test_save_layout_on_disk(tmp_path: Path) -> None:
     assert manifest["checksums"] == {}
     shared = torch.load(path / SHARED, weights_only=True)
     assert [e["class"] for e in shared["objects"].values()] == ["Sequential", "Adam", "StepLR"]
-
-
-@pytest.fixture
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    """A real 1-process gloo group (file store in tmp_path), destroyed afterwards."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_process_group")

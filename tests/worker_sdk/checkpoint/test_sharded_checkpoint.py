@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -24,17 +22,7 @@ from worker_sdk import _dcp, _parallel, checkpoint, layout
 from worker_sdk.checkpoint import Checkpointer, Stateful
 from worker_sdk.layout import MANIFEST, committed_name
 
-
-@pytest.fixture(autouse=True)
-def one_process_group(tmp_path: Path) -> Iterator[None]:
-    """A real 1-process gloo group (file store in tmp_path), destroyed afterwards."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_process_group")
 
 
 def build(kind: str, seed: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:

@@ -1,0 +1,83 @@
+"""Stragglers named, with real torchrun (2 gloo DDP ranks): a rank slowed on purpose is named
+within 60 s of the onset, on its node, and shown by ``rvsup status``; a job whose ranks are all
+equally slow, and a normal one, name none."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.harness import TRAINER, events, named, running, rvsup, wait_for, write_job
+
+pytestmark = pytest.mark.process
+
+WORKER = Path(__file__).parents[1] / "helpers" / "straggler_worker.py"
+HEARTBEAT = 'interval = "0.2s"\nstartup_timeout = "60s"'
+
+
+def _job(tmp_path: Path, env: dict[str, str], health: str = "") -> Path:
+    job = write_job(tmp_path, env=env, heartbeat=HEARTBEAT, checkpoint="every_steps = 0")
+    text = job.read_text().replace(json.dumps(str(TRAINER)), json.dumps(str(WORKER)))
+    job.write_text(text + (f"\n[health]\n{health}\n" if health else ""))
+    return job
+
+
+def _wall(timestamp: str) -> float:
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_slowed_rank_is_named_within_60s(tmp_path: Path) -> None:
+    """From 4 s into the training rank 1 sleeps 60 ms more than rank 0 in each step (every
+    rank sleeps 20 ms): straggler_detected names rank 1 and this host, within 60 s of the onset
+    (the latency is printed), never before it; with exclude_stragglers the event says the node
+    is to be excluded and ``rvsup status`` shows both; the job goes on and succeeds."""
+    onset_file = tmp_path / "onset"
+    env = {
+        "DURATION_S": "18",
+        "STEP_SLEEP": "0.02",
+        "SLOW_RANK": "1",
+        "SLOW_FROM_S": "4",
+        "SLOW_S": "0.06",
+        "ONSET_FILE": str(onset_file),
+    }
+    job = _job(tmp_path, env, "exclude_stragglers = true")
+    with running(job) as proc:
+        found = wait_for(
+            lambda: named(events(tmp_path / "run"), "straggler_detected"),
+            timeout=70,
+            what="straggler_detected",
+            interval=0.2,
+        )
+        shown = rvsup("status", str(job), timeout=20)
+        assert proc.wait(timeout=60) == 0
+    assert len(found) == 1, found
+    event = found[0]
+    onset = float(onset_file.read_text())
+    latency = _wall(event["timestamp"]) - onset
+    print(f"straggler detection latency: {latency:.1f} s", file=sys.stderr)
+    assert 0 < latency <= 60, (latency, event)
+    assert event["rank"] == 1 and event["node"], event
+    # named as soon as the window's medians turn: the figures mix steps from before the onset
+    assert event["exclude_node"] is True and event["slower"] > 1.2, event
+    assert 0.01 <= event["lost_s"] <= 0.08 and event["step_s"] >= 0.02, event
+    assert shown.returncode == 0, shown.stderr
+    assert f"straggler: rank 1 on {event['node']}" in shown.stdout, shown.stdout
+    assert f"excluded at the next restart: {event['node']}" in shown.stdout, shown.stdout
+    evs = events(tmp_path / "run")
+    assert len(named(evs, "straggler_detected")) == 1 and named(evs, "job_succeeded")
+
+
+@pytest.mark.parametrize("step_sleep", ["0.05", "0"], ids=["uniformly-slow", "normal"])
+def test_no_straggler_is_named(tmp_path: Path, step_sleep: str) -> None:
+    """Every rank sleeps 50 ms in each step (a uniformly slow job), or none sleeps: over 15 s,
+    no rank is named a straggler, and the job succeeds."""
+    job = _job(tmp_path, {"DURATION_S": "15", "STEP_SLEEP": step_sleep})
+    res = rvsup("start", str(job), timeout=90)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert named(evs, "job_succeeded")
+    assert not named(evs, "straggler_detected"), named(evs, "straggler_detected")
