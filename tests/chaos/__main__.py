@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.process.harness import assert_same_state, load_final
+from tests.process_guard import guard
 
 from .execute import Observed, execute, reference
 from .invariants import check
@@ -53,6 +54,7 @@ REGRESSIONS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    guard()  # the subreaper of every run's processes: what a run leaves is found (execute.py)
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [k for k in KINDS if k != "enospc" or _can_mount()]
