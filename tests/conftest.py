@@ -12,7 +12,10 @@ of rvsup daemons killed by a test are removed. Long-lived cluster daemons of a s
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,8 +70,17 @@ def _stale_groups() -> list[Group]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After every fixture is torn down, nothing of ours may be alive."""
-    left = GUARD.processes(exempt=False)
+    """After every fixture is torn down, nothing of ours may be alive. The daemonic children
+    of ``multiprocessing`` (a DataLoader's workers, forked from this process by an in-process
+    test whose objects live on) are ended first, as ``multiprocessing`` ends them at exit
+    anyway, with the session's SIGCHLD watch of the DataLoaders put back to its default."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.terminate()
+            child.join(5)
+    gc.collect()
+    left = GUARD.leftovers((), exempt=False, grace_s=5.0)
     if left:
         GUARD.end(left)
         print(f"\nrvsup test suite: killed {len(left)} leftover process(es): {left}")

@@ -61,6 +61,7 @@ class ProcessGuard:
         self._paused = 0
         self._lock = threading.Lock()
         self._last_scan = 0.0
+        self._pid = 0  # the guarded process, once started
 
     # ------------------------------------------------------------------ finding
     def processes(self, *, exempt: bool) -> dict[int, str]:
@@ -142,8 +143,9 @@ class ProcessGuard:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+        self._pid = os.getpid()
         sys.addaudithook(self._on_audit)
-        os.register_at_fork(after_in_parent=self._after_fork)
+        os.register_at_fork(after_in_parent=self._after_fork, after_in_child=self._in_child)
         threading.Thread(
             target=self._reap_forever, name="process-guard-reaper", daemon=True
         ).start()
@@ -159,7 +161,14 @@ class ProcessGuard:
             with self._lock:
                 self._paused -= 1
 
+    def _in_child(self) -> None:
+        """A forked child is not the subreaper: its copy of the guard stays idle (and gets a
+        lock of its own: the parent's may have been held by the reaper at the fork)."""
+        self._lock = threading.Lock()
+
     def _on_audit(self, event: str, _args: tuple[Any, ...]) -> None:
+        if os.getpid() != self._pid:
+            return
         if event == "subprocess.Popen":  # raised by the Popen being started, in its frame
             started = sys._getframe(1).f_locals.get("self")
             if isinstance(started, subprocess.Popen):
