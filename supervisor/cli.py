@@ -27,7 +27,7 @@ from supervisor.record import history, rundir, summary
 from supervisor.record.schema import JobStopped
 from supervisor.rules.budget import budget_of
 from supervisor.rules.states import ExitCode
-from supervisor.service import control
+from supervisor.service import control, stop_signals
 
 __all__ = [
     "build_parser",
@@ -70,19 +70,25 @@ def _torchrun_note(cfg: JobConfig) -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    cfg = _load(args.job)
-    issues = preflight(cfg)
-    if issues:
-        for issue in issues:
-            print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
-        return ExitCode.USAGE
-    from supervisor.daemon import AlreadyRunningError, run_daemon
-
+    # already installed by the entry point (supervisor.entry); here when main() is called directly
+    stops = stop_signals.installed()
     try:
-        return asyncio.run(run_daemon(cfg, console=None if args.quiet else sys.stderr))
-    except AlreadyRunningError as exc:
-        print(f"rvsup: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        cfg = _load(args.job)
+        issues = preflight(cfg)
+        if issues:
+            for issue in issues:
+                print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
+            return ExitCode.USAGE
+        from supervisor.daemon import AlreadyRunningError, run_daemon
+
+        try:
+            console = None if args.quiet else sys.stderr
+            return asyncio.run(run_daemon(cfg, console=console, stops=stops))
+        except AlreadyRunningError as exc:
+            print(f"rvsup: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+    finally:
+        stops.ignore()  # the exit status is final: a late stop cannot change it
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@
 run directory (one daemon per job), become the subreaper of the job's processes, write the per-job
 secret, bind the rank channel and the control socket, open the history (closing the attempts of a
 daemon that died, ``attempt_closed``) and fold it into the restart budget, install the stop
-signals (handlers only enqueue), then run the supervisor with its
+signals (kept since the process began, see :mod:`supervisor.service.stop_signals`; handlers
+only enqueue), then run the supervisor with its
 loops beside it (systemd watchdog, Slurm time limit). A loop or the supervisor raising is a bug:
 it is recorded as ``supervisor_error`` with its traceback, the attempt's process tree is torn down
 (shielded from cancellation, on the way out of the attempt), and the daemon exits 1. Everything it
@@ -49,6 +50,8 @@ from supervisor.rules.states import ExitCode
 from supervisor.service import sdnotify
 from supervisor.service.control import ControlServer, remove_daemon_file, write_daemon_file
 from supervisor.service.sdnotify import Notifier
+from supervisor.service.stop_signals import StopSignals
+from supervisor.service.stop_signals import installed as installed_stop_signals
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
 from supervisor.supervisor import SlurmIds, Supervisor
@@ -89,9 +92,14 @@ class AlreadyRunningError(RuntimeError):
     """Another daemon holds this job's run directory."""
 
 
-async def run_daemon(cfg: JobConfig, *, console: IO[str] | None = sys.stderr) -> ExitCode:
-    """Supervise the job of ``cfg`` until it ends; the exit status of ``rvsup start``."""
-    async with _house(cfg, console) as (events, sup, loops):
+async def run_daemon(
+    cfg: JobConfig, *, console: IO[str] | None = sys.stderr, stops: StopSignals | None = None
+) -> ExitCode:
+    """Supervise the job of ``cfg`` until it ends; the exit status of ``rvsup start``. The stop
+    signals come through ``stops`` (this process's :func:`~supervisor.service.stop_signals.
+    installed` when None), which may already hold those received before."""
+    stops = stops if stops is not None else installed_stop_signals()
+    async with _house(cfg, console, stops) as (events, sup, loops):
         try:
             return await run_beside(sup.run(), loops)
         except Exception as exc:  # noqa: BLE001 -- a bug: record it; the tree is already torn down
@@ -102,7 +110,7 @@ async def run_daemon(cfg: JobConfig, *, console: IO[str] | None = sys.stderr) ->
 
 @contextlib.asynccontextmanager
 async def _house(
-    cfg: JobConfig, console: IO[str] | None
+    cfg: JobConfig, console: IO[str] | None, stops: StopSignals
 ) -> AsyncIterator[tuple[EventLog, Supervisor, dict[str, Coroutine[Any, Any, None]]]]:
     run_dir = cfg.job.run_dir
     loop = asyncio.get_running_loop()
@@ -186,9 +194,6 @@ async def _house(
         stack.push_async_callback(control.close)
         write_daemon_file(run_dir, pid=os.getpid(), control=control.path, endpoint=channel.endpoint)
         stack.callback(remove_daemon_file, run_dir)
-        for sig, reason in STOP_SIGNALS.items():
-            loop.add_signal_handler(sig, sup.request_stop, reason, f"signal {sig.name}")
-            stack.callback(loop.remove_signal_handler, sig)
         events.on_log = sup.fold  # every event logged from now on moves the budget
         events.log(
             JobStarted(
@@ -201,6 +206,12 @@ async def _house(
                 containment=containment,
             )
         )
+        # a stop that came while the daemon was starting is recorded now, the later ones as
+        # they come; on the way out they are kept again, never left to their default action
+        stops.deliver_to(
+            loop, lambda sig: sup.request_stop(STOP_SIGNALS[sig], f"signal {sig.name}")
+        )
+        stack.callback(stops.hold)
         if isinstance(groups, JobGroups):
             _end_stale_groups(groups, events)
         notifier.ready("supervising")

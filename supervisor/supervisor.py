@@ -368,6 +368,8 @@ class Supervisor:
             self.current.request_stop(reason)
 
     async def _stopped(self, reason: StopReason, step: int | None, note: str) -> ExitCode:
+        if self.state is JobState.STARTING:  # stopped before the first attempt's launch
+            self.transition(JobState.STOPPING)
         if self.state is not JobState.STOPPED:
             self.transition(JobState.STOPPED)
         requeued = False

@@ -1,100 +1,42 @@
 """Suite-wide guard: no test may leave a process behind.
 
-Every process the suite starts inherits ``RVTEST_MARK`` (set here, before any test runs), so a
-leftover is found even after it was orphaned and re-parented, or started by Slurm on our behalf.
-The name is not ``RVSUP_*`` on purpose: the zygote is started without rvsup's variables, and a
-rank forked from it shows the zygote's environment in ``/proc/PID/environ``, mark included.
-Processes are also found by cgroup: every member of an rvsup job's cgroup v2 group
-(``rvsup-PID``, made under the daemon's own group, which is this process's) is the suite's,
-whatever its environment. After each process-level test, such processes that did not exist
-before it are killed and the test fails; so does a job's group left populated.
-Long-lived cluster daemons of a session fixture are exempt until the session ends, when a last
-check exempts nothing.
+The test process is the subreaper of everything it starts, so every process a test started is
+found as one of its descendants, forked, double-forked or ``setsid()``-ed ones included; the
+processes started for it outside its tree are found by the ``RVTEST_MARK`` variable (set here,
+before any test runs): ``tests/process_guard.py`` says why and how. After each process-level
+test, such processes that did not exist before it are killed and the test fails (a job's cgroup
+left populated holds such processes: they are ours, whatever group they are in); the empty groups
+of rvsup daemons killed by a test are removed. Long-lived cluster daemons of a session fixture
+(and what they run) are exempt until the session ends, when a last check exempts nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
+import multiprocessing
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from supervisor.process.cgroup import Group
+from tests.helpers.process_guard import ProcessGuard, guard
 from worker_sdk import _cgroup
+from worker_sdk._cgroup import Group
 
 pytest_plugins = ("tests.helpers.fixtures", "tests.helpers.torchless")  # see each module
 
 MARK = "RVTEST_MARK"
 _DAEMONS = frozenset({"slurmctld", "slurmd", "slurmstepd", "munged", "slurmdbd", "mariadbd"})
 os.environ[MARK] = uuid.uuid4().hex
+GUARD: ProcessGuard = guard(mark=(MARK, os.environ[MARK]), exempt=_DAEMONS)
 
 
 def marked_processes(*, exempt_daemons: bool) -> dict[int, str]:
-    """pid -> command line of every live process carrying this run's mark, or in a job's group."""
-    me = os.getpid()
-    grouped = set().union(*(job_group_members(g) for g in job_groups()))
-    found: dict[int, str] = {}
-    for proc in psutil.process_iter(["pid", "name", "status"]):
-        try:
-            if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if exempt_daemons and proc.info["name"] in _DAEMONS:
-                continue
-            if proc.pid not in grouped and proc.environ().get(MARK) != os.environ[MARK]:
-                continue
-            found[proc.pid] = " ".join(proc.cmdline())[:200]
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-_OWN_GROUP = _cgroup.own_group_dir()
-
-
-_SEEN_OURS: set[Path] = set()
-
-
-def job_groups() -> list[Path]:
-    """This run's rvsup jobs' cgroup v2 groups under this process's own (where rvsup makes
-    them). Other test runs on the machine may share that group (the root one, in a container):
-    a group is this run's when its daemon (``rvsup-PID``) or one of its members carries this
-    run's mark, or did when it was seen before."""
-    if _OWN_GROUP is None:
-        return []
-    found = []
-    for group in sorted(Path(_OWN_GROUP).glob("rvsup-*")):
-        if group in _SEEN_OURS or _carries_mark(group):
-            _SEEN_OURS.add(group)
-            found.append(group)
-    return found
-
-
-def _carries_mark(group: Path) -> bool:
-    """Whether the daemon that made ``group``, or a process in it, carries this run's mark."""
-    daemon = group.name.removeprefix("rvsup-")
-    pids = {int(daemon)} if daemon.isdigit() else set()
-    for pid in pids | job_group_members(group):
-        with contextlib.suppress(psutil.Error, OSError):
-            if psutil.Process(pid).environ().get(MARK) == os.environ[MARK]:
-                return True
-    return False
-
-
-def job_group_members(group: Path) -> set[int]:
-    """Every process in ``group`` or below it."""
-    return Group(group).pids()
-
-
-def _kill(pids: Iterator[int] | list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    """pid -> command line of every live process the suite started (see the module)."""
+    return GUARD.processes(exempt=exempt_daemons)
 
 
 @pytest.fixture(autouse=True)
@@ -105,43 +47,40 @@ def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     if not any(request.node.get_closest_marker(name) for name in ("process", "slurm")):
         yield
         return
-    before = set(marked_processes(exempt_daemons=True))
-    groups_before = set(job_groups())
+    before = set(GUARD.processes(exempt=True))
+    stale_before = {group.path for group in _stale_groups()}
     yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        left = {
-            pid: cmd
-            for pid, cmd in marked_processes(exempt_daemons=True).items()
-            if pid not in before
-        }
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    groups = _leaked_groups(set(job_groups()) - groups_before)
+    left = GUARD.check(before, grace_s=5.0)
+    for group in _stale_groups():
+        if group.path not in stale_before and not group.populated():
+            group.remove()
     if left:
-        _kill(list(left))
         pytest.fail(f"test left {len(left)} process(es) behind: {left}")
-    if groups:
-        pytest.fail(f"test left rvsup cgroup(s) populated: {groups}")
 
 
-def _leaked_groups(new: set[Path]) -> list[str]:
-    """The new jobs' groups still populated (their processes are killed); the empty ones, left
-    by a daemon that was killed itself, are removed."""
-    populated = []
-    for path in sorted(new):
-        group = Group(path)
-        if group.populated():
-            populated.append(str(path))
-        group.end()
-    return populated
+_OWN_GROUP = _cgroup.own_group_dir()
+
+
+def _stale_groups() -> list[Group]:
+    """The job groups beside ours (where rvsup makes them) whose daemon is gone."""
+    if _OWN_GROUP is None:
+        return []
+    return _cgroup.stale_groups(Path(_OWN_GROUP), "rvsup-")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After every fixture is torn down, nothing marked may be alive."""
-    left = marked_processes(exempt_daemons=False)
+    """After every fixture is torn down, nothing of ours may be alive. The daemonic children
+    of ``multiprocessing`` (a DataLoader's workers, forked from this process by an in-process
+    test whose objects live on) are ended first, as ``multiprocessing`` ends them at exit
+    anyway, with the session's SIGCHLD watch of the DataLoaders put back to its default."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.terminate()
+            child.join(5)
+    gc.collect()
+    left = GUARD.leftovers((), exempt=False, grace_s=5.0)
     if left:
-        _kill(list(left))
+        GUARD.end(left)
         print(f"\nrvsup test suite: killed {len(left)} leftover process(es): {left}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.process_guard import guard
 from tests.helpers.states import assert_same_state, load_final
 
 from . import bad_node
@@ -57,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.bad_node:
         return _bad_node_campaign(args)
+    guard()  # the subreaper of every run's processes: what a run leaves is found (execute.py)
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [k for k in KINDS if k != "enospc" or _can_mount()]

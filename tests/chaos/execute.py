@@ -1,9 +1,10 @@
 """Run one schedule for real: ``rvsup start`` (again after every stop or kill of rvsup), the faults
 from outside aimed at their step, checkpoints damaged between starts; what happened, recorded.
 
-Every process of a run carries ``RVCHAOS_MARK`` (a fresh value per run) in its environment,
-so whatever outlives the run is found, reported and killed (not ``RVSUP_*``: the zygote, started
-without rvsup's variables, keeps it, and the ranks it forks show its environment).
+Whatever of a run outlives it is found, reported and killed by the test suite's own guard
+(``tests/process_guard.py``): the runner is the subreaper of everything it starts, so a run's
+processes stay its descendants however they were started (forked from the zygote, double-forked,
+``setsid()``-ed, with their environment cleared).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,13 @@ from typing import Any
 import psutil
 
 from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
+from tests.helpers.process_guard import guard
 from worker_sdk import layout
 
 from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
 
-__all__ = ["MARK", "Observed", "execute", "reference"]
+__all__ = ["Observed", "execute", "guarded_run", "reference"]
 
-MARK = "RVCHAOS_MARK"
 STEP_SLEEP = "0.04"
 # the last steps a fault may aim at, slower: a signal sent to rvsup after the runner saw that
 # step (through `rvsup status`, tenths of a second under load) lands before the training ends
@@ -37,6 +38,7 @@ HANG_TIMEOUT = "4s"
 TMPFS_SIZE = "4m"  # a few dozen of the trainer's checkpoints
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
+LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
 
 
 @dataclass
@@ -75,15 +77,12 @@ def execute(schedule: Schedule, workdir: Path) -> Observed:
     final = workdir / "final.pt"
     seen = Observed(final=final)
     started = time.monotonic()
-    mark = uuid.uuid4().hex
-    with _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt:
+    with _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt, guarded_run(seen):
         job = _job(workdir, schedule, ckpt=str(ckpt), final=final)
         try:
-            _invocations(schedule, job, ckpt, mark, seen, deadline=started + RUN_TIMEOUT_S)
+            _invocations(schedule, job, ckpt, seen, deadline=started + RUN_TIMEOUT_S)
         except (TimeoutError, subprocess.TimeoutExpired) as e:
             seen.errors.append(f"timed out: {e}")
-        finally:
-            seen.leftovers = _reap_marked(mark)
     seen.events = events(workdir / "run")
     seen.history = rvsup("history", str(job), timeout=60).stdout
     seen.seconds = time.monotonic() - started
@@ -114,11 +113,23 @@ def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
     )
 
 
+@contextlib.contextmanager
+def guarded_run(seen: Observed) -> Iterator[None]:
+    """Whatever of ours the block (a run) leaves alive is killed and listed in
+    ``seen.leftovers`` ("PID COMMAND LINE"), however it was started."""
+    before = set(guard().processes(exempt=False))
+    try:
+        yield
+    finally:
+        left = guard().check(before, grace_s=LEFTOVER_GRACE_S)
+        seen.leftovers = [f"{pid} {cmd}" for pid, cmd in sorted(left.items())]
+
+
 def _invocations(
-    schedule: Schedule, job: Path, ckpt: Path, mark: str, seen: Observed, *, deadline: float
+    schedule: Schedule, job: Path, ckpt: Path, seen: Observed, *, deadline: float
 ) -> None:
     outside = [f for f in schedule.faults if f.kind in ("term", "usr1", "daemonkill", "savekill")]
-    env = {**rvsup_env(), MARK: mark}
+    env = rvsup_env()
     while True:
         proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor", "start", str(job)],
@@ -247,19 +258,3 @@ def _checkpoint_dir(workdir: Path, *, tmpfs: bool) -> Any:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _reap_marked(mark: str) -> list[str]:
-    """Command lines of the processes still carrying ``mark`` (killed, then waited for)."""
-    found = []
-    for p in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get(MARK) == mark:
-                found.append(p)
-    lines = []
-    for p in found:
-        with contextlib.suppress(psutil.Error):
-            lines.append(" ".join(p.cmdline())[:200])
-            p.kill()
-    psutil.wait_procs(found, timeout=10)
-    return lines

@@ -317,6 +317,22 @@ def test_stop_racing_a_crash_stops(tmp_path: Path) -> None:
     assert (stopped["reason"], stopped["requeued"]) == ("stopped", False)
 
 
+def test_stop_requested_before_the_first_attempt(tmp_path: Path) -> None:
+    """A stop that came while the daemon was starting (kept by its signal handler, handed over
+    before the supervisor runs) stops the job before any launch: exit 75, requeued."""
+    rig = Rig(tmp_path, [])
+
+    async def stopped_first(sup: Supervisor) -> ExitCode:
+        sup.request_stop(StopReason.PREEMPTED, "signal SIGTERM")
+        return await sup.run()
+
+    assert rig.run(stopped_first) == ExitCode.TEMPFAIL
+    assert not rig.launches.trees
+    (stopped,) = rig.named("job_stopped")
+    assert (stopped["reason"], stopped["step"]) == ("preempted", None)
+    assert rig.requeued == [StopReason.PREEMPTED]
+
+
 def test_rank_dying_during_a_preemption_stop(tmp_path: Path) -> None:
     """A rank that dies while the preemption's save round runs ends the stop without a
     checkpoint: exit 75, requeued, and the history says the previous checkpoint stays."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -26,10 +25,9 @@ from supervisor.process.proctree import (
     teardown,
     zombie_wait_status,
 )
+from tests.helpers.process_guard import guard
 
 pytestmark = pytest.mark.process
-
-_PR_SET_CHILD_SUBREAPER = 36
 
 # The tree: P (our child) -> A (ignores SIGTERM, does not reap) -> G (grandchild),
 #                         -> B (stopped with SIGSTOP)
@@ -60,19 +58,13 @@ _PARENT = textwrap.dedent(
 )
 
 
-def _set_subreaper(on: bool) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-
-
 @contextlib.contextmanager
 def _as_subreaper() -> Iterator[None]:
-    """Make this test process a child subreaper (as the daemon is) only for the block."""
+    """This test process as a child subreaper (as the daemon is; the suite's guard made it one
+    already), its guard's reaping paused for the block: what is reaped there, teardown reaped."""
     assert become_subreaper()
-    try:
+    with guard().reaping_paused():
         yield
-    finally:
-        _set_subreaper(False)
 
 
 def _our_children() -> set[int]:
