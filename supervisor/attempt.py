@@ -44,7 +44,7 @@ from supervisor.rules.observation import (
     signal_name,
 )
 from supervisor.rules.states import JobState
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
 

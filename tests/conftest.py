@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from supervisor.process.cgroup import Group
-from worker_sdk import _cgroup
+from worker_sdk.spawn import cgroup as _cgroup
 
 MARK = "RVTEST_MARK"
 _DAEMONS = frozenset({"slurmctld", "slurmd", "slurmstepd", "munged", "slurmdbd", "mariadbd"})

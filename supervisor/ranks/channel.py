@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from supervisor.rules.hangs import Silence, StepTimes
 from supervisor.rules.observation import RankExit, RankReport
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "Channel",

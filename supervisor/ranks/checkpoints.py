@@ -4,7 +4,7 @@ Two sources say that a checkpoint was committed: rank 0's CKPT_COMMITTED message
 the save's duration, works on a shared file system whose changes this node's inotify never sees),
 and a watchdog observer of the directory (sees the atomic rename even when the rank dies before its
 message leaves). Both feed :class:`CommitTracker`, which validates the directory the same way a
-resuming rank will (``worker_sdk.layout``) and reports each step once.
+resuming rank will (``worker_sdk.contract.layout``) and reports each step once.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from supervisor.record.schema import (
     CheckpointLoaded,
     CheckpointSkipped,
 )
-from worker_sdk import layout
-from worker_sdk import protocol as p
+from worker_sdk.contract import layout
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "Commit",
@@ -96,7 +96,7 @@ class CommitTracker:
         self._seen: set[int] = set()
 
     def path_of(self, step: int) -> Path:
-        """Where the committed checkpoint of ``step`` lives (``worker_sdk.layout`` names it)."""
+        """Where the committed checkpoint of ``step`` lives (``worker_sdk.contract.layout`` names it)."""
         return self.directory / layout.committed_name(step)
 
     def steps(self) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Final
 from supervisor.record.schema import AnomalyDetected
 from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import Anomaly
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["TRAINING_REPORTS", "anomaly_event", "anomaly_in"]
 

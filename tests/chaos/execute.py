@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
-from worker_sdk import layout
+from worker_sdk.contract import layout
 
 from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
 

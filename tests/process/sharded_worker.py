@@ -37,7 +37,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import worker_sdk
-from worker_sdk import _arena, _collectives, _dcp
+from worker_sdk.checkpoint import collectives as _collectives
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint.background import arena as _arena
 
 
 def fault() -> tuple[str, int, int] | None:
@@ -126,7 +128,7 @@ def dump(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, ex
     info = {"seen": float(extra["seen"]), "draw": torch.rand(1).item()}
     Path(f"{out}.rank{rank}.json").write_text(json.dumps(info))
     # The last collective before exit: one that returns only once gloo has let go of its tensors
-    # (worker_sdk/_collectives.py), then a moment for the other gloo thread to drop the gather's
+    # (worker_sdk/checkpoint/collectives.py), then a moment for the other gloo thread to drop the gather's
     # works; a gloo thread dropping a tensor during interpreter finalization aborts the rank.
     _collectives.all_gather_ints([rank])
     time.sleep(0.02)

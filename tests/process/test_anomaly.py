@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_sdk.layout import committed_name
+from worker_sdk.contract.layout import committed_name
 
 from .harness import events, named, rvsup, write_job
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker_sdk import layout
-from worker_sdk.layout import committed_name
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import committed_name
 
 from .harness import assert_same_state, events, load_final, named, running, rvsup, wait_progress
 from .harness import write_job as write_rvsup_job

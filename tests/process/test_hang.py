@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.ranks import native
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 from .harness import events, named, rvsup, write_job
 

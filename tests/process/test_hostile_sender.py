@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import zmq
 
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 from .harness import (
     REPO,

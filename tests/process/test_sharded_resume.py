@@ -21,8 +21,9 @@ import psutil
 import pytest
 import torch
 
-from worker_sdk import _rng, layout
-from worker_sdk.layout import committed_name
+from worker_sdk.checkpoint import rng as _rng
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import committed_name
 
 from .harness import assert_same_state
 

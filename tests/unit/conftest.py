@@ -1,6 +1,6 @@
 """The unit tests also run where torch is not installed (the daemon's own environment, Python 3.10
 in CI: see tests/run.sh): a test module that imports torch, itself or through the repository's
-modules (worker_sdk.checkpoint, ...), is then reported as skipped instead of failing to import.
+modules (worker_sdk.checkpoint.checkpointer, ...), is then reported as skipped instead of failing to import.
 
 Only imports at the top of a module count (not those under ``if TYPE_CHECKING:``, in a ``try:`` or
 in a function); a test that needs torch only inside its body calls ``pytest.importorskip("torch")``.

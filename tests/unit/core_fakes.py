@@ -19,7 +19,7 @@ from supervisor.config import JobConfig, load_config
 from supervisor.process.launcher import LaunchPlan
 from supervisor.record.schema import ColdStart
 from supervisor.rules.observation import RankExit
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 WORLD = 2
 

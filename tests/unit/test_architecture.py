@@ -32,7 +32,7 @@ _PURE_IMPORTS = frozenset(
         "sortedcontainers",
         "supervisor.record.schema",  # the history's event dataclasses (pure: test_schema.py)
         "supervisor.record.typed_json",  # the schema's readers of JSON values (pure)
-        "worker_sdk.protocol",  # exit codes and names shared with the SDK
+        "worker_sdk.contract.protocol",  # exit codes and names shared with the SDK
     }
 )
 _IO_MODULES = (

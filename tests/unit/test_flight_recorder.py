@@ -13,8 +13,8 @@ import pytest
 from supervisor.config.load import load_config
 from supervisor.process.launcher import build_plan
 from supervisor.ranks import diagnostics
-from worker_sdk import _flight
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime import flight as _flight
 
 
 def plan_env(tmp_path: Path, env: dict[str, str], base: dict[str, str]) -> dict[str, str]:

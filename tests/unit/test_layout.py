@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_sdk import layout
-from worker_sdk.layout import (
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import (
     DCP_METADATA,
     MANIFEST,
     MARKER,
@@ -373,7 +373,7 @@ def test_half_removed_checkpoint_never_looks_committed(
 
 
 def test_layout_does_not_import_torch() -> None:
-    """The supervisor imports worker_sdk.layout, so it must not pull in torch."""
-    code = "import sys, worker_sdk.layout; sys.exit('torch' in sys.modules)"
+    """The supervisor imports worker_sdk.contract.layout, so it must not pull in torch."""
+    code = "import sys, worker_sdk.contract.layout; sys.exit('torch' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0

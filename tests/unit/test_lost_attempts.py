@@ -12,7 +12,7 @@ from supervisor.record.schema import (
     CheckpointCommitted,
     JobSucceeded,
 )
-from worker_sdk.layout import MANIFEST
+from worker_sdk.contract.layout import MANIFEST
 
 from .test_history import attempt_started, job_started
 from .test_layout import make_checkpoint

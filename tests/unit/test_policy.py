@@ -24,7 +24,7 @@ from supervisor.rules.policy import (
 )
 from tests.unit.test_budget import attempt as attempt_started
 from tests.unit.test_budget import commit, failure_event
-from worker_sdk.protocol import EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_USAGE
 
 K = FailureKind
 POLICY = RestartPolicy(max_restarts=5, backoff_s=5.0, backoff_max_s=300.0, max_no_progress=2)

@@ -27,11 +27,11 @@ else:  # pragma: no cover
     [
         ("tests/unit/test_checkpoint.py", True),
         ("tests/unit/test_sharded_checkpoint.py", True),
-        ("worker_sdk/checkpoint.py", True),
+        ("worker_sdk/checkpoint/checkpointer.py", True),
         ("tests/unit/test_config.py", False),
         ("tests/unit/test_torchrun_resolution.py", False),
-        ("worker_sdk/protocol.py", False),
-        ("worker_sdk/layout.py", False),
+        ("worker_sdk/contract/protocol.py", False),
+        ("worker_sdk/contract/layout.py", False),
         ("supervisor/cli.py", False),
         ("supervisor/daemon.py", False),
     ],
@@ -47,8 +47,8 @@ def test_needs_torch_of_repository_modules(path: str, expected: bool) -> None:
     [
         ("import torch.nn as nn\n", True),
         ("from torch import nn\n", True),
-        ("from worker_sdk import checkpoint\n", True),
-        ("import worker_sdk.checkpoint\n", True),
+        ("from worker_sdk.checkpoint import checkpointer\n", True),
+        ("import worker_sdk.checkpoint.checkpointer\n", True),
         ("from worker_sdk import protocol\n", False),
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n", False),
         ("try:\n    import torch\nexcept ImportError:\n    torch = None\n", False),
@@ -95,8 +95,8 @@ def test_the_daemon_imports_where_torch_cannot_be_imported() -> None:
         "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
         "import supervisor\n"
         "names = [m.name for m in pkgutil.walk_packages(supervisor.__path__, 'supervisor.')]\n"
-        "names += ['worker_sdk._bootstrap', 'worker_sdk._standby', 'worker_sdk.protocol',\n"
-        "          'worker_sdk.layout']\n"
+        "names += ['worker_sdk.spawn.bootstrap', 'worker_sdk.spawn.standby',\n"
+        "          'worker_sdk.contract.protocol', 'worker_sdk.contract.layout']\n"
         "for name in names:\n"
         "    if name != 'supervisor.__main__':  # runs the CLI\n"
         "        importlib.import_module(name)\n"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_sdk import protocol as p
-from worker_sdk._runtime import FINAL_SAVE_PHASE, Runtime
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime.runtime import FINAL_SAVE_PHASE, Runtime
 
 from .sdk_fakes import Sent, settings
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import worker_sdk
-from worker_sdk import protocol as p
-from worker_sdk._runtime import Runtime
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime.runtime import Runtime
 
 from .sdk_fakes import Sent, settings
 

@@ -19,9 +19,12 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.utils._pytree import tree_map
 
 import worker_sdk
-from worker_sdk import _dcp, _parallel, checkpoint, layout
-from worker_sdk.checkpoint import Checkpointer, Stateful
-from worker_sdk.layout import MANIFEST, committed_name
+from worker_sdk.checkpoint import checkpointer as checkpoint
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint import parallel as _parallel
+from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import MANIFEST, committed_name
 
 from .test_checkpoint import assert_same, write_format1
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NoReturn
 
-from . import protocol as p
+from worker_sdk.contract import protocol as p
 
 if TYPE_CHECKING:
-    from .heartbeat import Channel
+    from worker_sdk.runtime.channel import Channel
 
 #: Passed on to the rank. SIGCHLD is waited for as well; SIGKILL and SIGSTOP cannot be caught
 #: (a SIGKILLed waiter takes the rank with it through the parent-death signal).
@@ -140,7 +140,7 @@ def connect(to: ReportTo) -> Channel | None:
     """A channel to the supervisor, or None (then the rank just runs, unreported). Opened
     while the rank runs, so that its end is reported at once (not after importing ZeroMQ)."""
     try:
-        from .heartbeat import Channel  # only the waiter needs ZeroMQ
+        from worker_sdk.runtime.channel import Channel  # only the waiter needs ZeroMQ
 
         secret = p.read_secret(to.secret_file)
         return Channel(to.endpoint, secret, rank=to.rank, attempt=to.attempt)

@@ -2,10 +2,10 @@
 
 A cold rank spends seconds before its first step: the interpreter, ``import torch``, and
 ``torch._dynamo``, which DDP imports on construction. The supervisor starts this process once
-per job on the job's interpreter and environment (``python -c ... _zygote.py --socket NAME ...``).
+per job on the job's interpreter and environment (``python -c ... zygote.py --socket NAME ...``).
 It listens on an abstract Unix socket at once, imports, checks that nothing fork-unsafe
 happened (:func:`_fork_unsafe`), freezes the heap for the garbage collector and then serves:
-the rank's bootstrap (``worker_sdk._zygote_client``) hands it the rank's command line,
+the rank's bootstrap (``worker_sdk.spawn.zygote_client``) hands it the rank's command line,
 environment, working directory, limits and standard streams, and gets back a forked child that
 becomes the rank exactly as a cold ``exec`` would have made it (:func:`_become`), then runs the
 script or module in a fresh ``__main__``. Before it becomes the rank, the child moves itself into
@@ -45,22 +45,22 @@ from typing import Any
 
 
 def _sibling(name: str) -> Any:
-    """``worker_sdk/<name>.py`` loaded by path: the job's environment need not have rvsup's
+    """``worker_sdk/spawn/<name>.py`` loaded by path: the job's environment need not have rvsup's
     worker_sdk (nor the same version of it)."""
     spec = importlib.util.spec_from_file_location(
         f"_rvsup{name}", Path(__file__).with_name(f"{name}.py")
     )
     if spec is None or spec.loader is None:  # pragma: no cover - the files are side by side
-        raise ImportError(f"worker_sdk/{name}.py is missing")
+        raise ImportError(f"worker_sdk/spawn/{name}.py is missing")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-wire = _sibling("_zygote_wire")
-child = _sibling("_zygote_child")
-cgroups = _sibling("_cgroup")
+wire = _sibling("zygote_wire")
+child = _sibling("zygote_child")
+cgroups = _sibling("cgroup")
 
 _PR_SET_PDEATHSIG = 1
 _REQUEST_TIMEOUT_S = 5.0
@@ -81,7 +81,7 @@ def main(argv: Sequence[str]) -> int:
     name, preload, path = _parse(argv)
     for sig in child.SHIELDED:  # its end is its input's; its ranks must outlive a job's SIGTERM
         signal.signal(sig, signal.SIG_IGN)
-    child.set_cmdline([sys.executable, "-m", "worker_sdk._zygote", "--socket", name])
+    child.set_cmdline([sys.executable, "-m", "worker_sdk.spawn.zygote", "--socket", name])
     base_path = list(sys.path)
     startup_env = dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -118,9 +118,9 @@ def _parse(argv: Sequence[str]) -> tuple[str, list[tuple[str, bool]], str | None
         elif flag == "--room":  # blank: room for the ranks' command lines (see set_cmdline)
             args.pop(0)
         else:
-            raise SystemExit(f"_zygote: unknown argument {flag}")
+            raise SystemExit(f"zygote: unknown argument {flag}")
     if not name:
-        raise SystemExit("_zygote: --socket NAME is required")
+        raise SystemExit("zygote: --socket NAME is required")
     return name, preload, path
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import protocol as p
+from worker_sdk.contract import protocol as p
 
 
 @dataclass(frozen=True, slots=True)

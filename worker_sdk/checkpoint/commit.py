@@ -1,7 +1,7 @@
 """The last step of every save, synchronous or not: the manifest, one rename, the parent fsynced.
 
-Shared by :class:`worker_sdk.checkpoint.Checkpointer` (the rank commits) and the writer process
-of an asynchronous save (:mod:`worker_sdk._writer`, which commits for rank 0).
+Shared by :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (the rank commits) and the writer process
+of an asynchronous save (:mod:`worker_sdk.checkpoint.background.writer`, which commits for rank 0).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from . import layout
-from .layout import MANIFEST, SHARED, CheckpointInfo, rank_file
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import MANIFEST, SHARED, CheckpointInfo, rank_file
 
 __all__ = ["commit", "write_bytes_durable", "write_durable"]
 

@@ -1,7 +1,7 @@
 """What a rank's client and the zygote say to each other, and the rules both sides apply.
 
 Standard library only: the client side runs on rvsup's interpreter inside the bootstrap, the
-zygote on the job's (which loads this file by path, see ``worker_sdk._zygote``).
+zygote on the job's (which loads this file by path, see ``worker_sdk.spawn.zygote``).
 
 The conversation, over one connection to the zygote's abstract Unix socket:
 

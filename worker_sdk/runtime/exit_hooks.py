@@ -1,6 +1,6 @@
 """What a rank does as it dies of an exception: the supervisor is told why (an out-of-memory
-error ends the rank with :data:`~worker_sdk.protocol.EXIT_OOM`), and a
-:class:`worker_sdk.UsageError` ends it with :data:`~worker_sdk.protocol.EXIT_USAGE`."""
+error ends the rank with :data:`~worker_sdk.contract.protocol.EXIT_OOM`), and a
+:class:`worker_sdk.UsageError` ends it with :data:`~worker_sdk.contract.protocol.EXIT_USAGE`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from . import protocol as p
+from worker_sdk.contract import protocol as p
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from .runtime import Runtime
 
 __all__ = ["exit_on_usage_error", "install_excepthook", "is_oom"]
 
@@ -48,9 +48,9 @@ def install_excepthook(rt: Runtime) -> None:
 
 def exit_on_usage_error() -> None:
     """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
-    :data:`~worker_sdk.protocol.EXIT_USAGE` once its traceback is printed, so that the
+    :data:`~worker_sdk.contract.protocol.EXIT_USAGE` once its traceback is printed, so that the
     supervisor gives up at once instead of restarting a script that fails the same way."""
-    from . import UsageError
+    from worker_sdk import UsageError
 
     previous = sys.excepthook
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from . import protocol as p
+from worker_sdk.contract import protocol as p
 
 _SEND_HWM = 64
 

@@ -1,11 +1,11 @@
 """The rank's side of the zygote: what the bootstrap runs when ``RVSUP_ZYGOTE`` names one.
 
-torchrun starts ``python -m worker_sdk._bootstrap CMD...`` for every rank. With a zygote, that
+torchrun starts ``python -m worker_sdk.spawn.bootstrap CMD...`` for every rank. With a zygote, that
 process becomes a small client instead of exec'ing ``CMD``: it hands the zygote its command line,
 environment, working directory, umask, resource limits, CPU affinity, signal mask, ignored
 signals, standard streams and cgroup (v2), and the zygote forks the rank from an interpreter that imported
 torch already. Then the client stands in for the rank toward torchrun, as the multi-node waiter does
-(``worker_sdk._exit_report``):
+(``worker_sdk.spawn.exit_report``):
 
 - every signal torchrun, srun or a user sends it is passed on to the rank;
 - when the rank ends, the client reports ``RANK_EXIT`` to the supervisor and ends the same way
@@ -28,10 +28,10 @@ import socket
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import _zygote_wire as wire
-from ._cgroup import own_group_dir
-from ._exit_report import FORWARDED, ReportTo, connect, end_like, send_report
-from ._zygote_child import SHIELDED
+from . import zygote_wire as wire
+from .cgroup import own_group_dir
+from .exit_report import FORWARDED, ReportTo, connect, end_like, send_report
+from .zygote_child import SHIELDED
 
 __all__ = ["request_of", "run"]
 

@@ -8,7 +8,7 @@ What goes where (``_parallel`` decides, from the objects given to ``resume()``):
   parameters) is written by every rank, each its own shards, through torch.distributed.checkpoint
   (``get_state_dict``/``set_state_dict``) into ``dcp/``;
 - per-rank values (RNG states, ``extra``, and objects whose state differs between ranks, found
-  by comparing digests at every save: :mod:`worker_sdk._per_rank`) go into each rank's own
+  by comparing digests at every save: :mod:`worker_sdk.checkpoint.per_rank`) go into each rank's own
   ``rank-<rank>.pt``: no key is ever saved once for ranks holding different values.
 
 Save (correct under ``kill -9`` of any rank at any instant), in steps that an asynchronous save
@@ -18,8 +18,8 @@ can split between the training thread and a writer:
 2. stage: a copy the training loop can no longer change. A synchronous save needs none (training
    waits until the commit); an asynchronous one (:meth:`Checkpointer.stage_async`) copies every
    tensor into shared memory and hands steps 3 and 4 to the rank's writer process
-   (:mod:`worker_sdk._writer`), which agrees with the other ranks' writers through marker files
-   instead of collectives;
+   (:mod:`worker_sdk.checkpoint.background.writer`), which agrees with the other ranks' writers
+   through marker files instead of collectives;
 3. write, into ``.tmp-step-<step>-<attempt>/``: rank 0 ``shared.pt``, every rank its rank file,
    each fsynced and renamed into place. When some state is sharded, the ranks agree that this
    much worked, then DCP writes ``dcp/`` (each rank its own files, fsynced), and each rank takes
@@ -37,7 +37,7 @@ that turns out to be unreadable.
 Another world size: a checkpoint of N ranks loads on M. Sharded state is resharded by DCP,
 replicated state loads anywhere. Per-rank values follow one rule: rank r < N gets rank r's RNG
 states and ``extra`` back; a rank r >= N (a new one) gets the ``extra`` given to ``resume()``
-and RNGs seeded from (step, r) (:func:`worker_sdk._rng.derived_seed`), and keeps its objects with
+and RNGs seeded from (step, r) (:func:`worker_sdk.checkpoint.rng.derived_seed`), and keeps its objects with
 per-rank state as constructed; ranks >= M are dropped. ``resume()`` warns about the last two.
 """
 
@@ -53,14 +53,8 @@ from typing import Any, Final
 
 import torch
 
-from . import _arena, _dcp, _parallel, _per_rank, _rng, layout
-from ._arena import Arena
-from ._collectives import all_gather_ints, broadcast_ints
-from ._commit import commit, write_durable
-from ._parallel import Stateful, StatePlan, unwrap
-from ._restore import LoadResult, Restorer, dcp_groups
-from ._writer import SaveJob, failed_marker, pending_marker, written_marker
-from .layout import (
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import (
     DCP_DIR,
     MARKER,
     SHARED,
@@ -72,6 +66,18 @@ from .layout import (
     rank_file,
     temp_name,
 )
+
+from . import dcp as _dcp
+from . import parallel as _parallel
+from . import per_rank as _per_rank
+from . import rng as _rng
+from .background import arena as _arena
+from .background.arena import Arena
+from .background.writer import SaveJob, failed_marker, pending_marker, written_marker
+from .collectives import all_gather_ints, broadcast_ints
+from .commit import commit, write_durable
+from .parallel import Stateful, StatePlan, unwrap
+from .restore import LoadResult, Restorer, dcp_groups
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
@@ -233,7 +239,7 @@ class Checkpointer(Restorer):
         if sharded:
             failed = self._agree_ready(error is None)  # DCP's planning is a collective
             if not failed:
-                from . import _dcp_async
+                from .background import dcp_async as _dcp_async
 
                 assert snap is not None
                 assert snap.sharded is not None

@@ -1,6 +1,6 @@
 """The zygote's forked child: become the rank a cold exec would have started, then run it.
 
-Loaded by path by ``worker_sdk/_zygote.py`` (standard library only; torch and NumPy are only
+Loaded by path by ``worker_sdk/spawn/zygote.py`` (standard library only; torch and NumPy are only
 touched when the zygote imported them). :func:`become` applies what the client sent (session,
 parent-death signal, standard streams, working directory, umask, resource limits, CPU affinity,
 environment, the dispositions of the signals the zygote ignores, signal mask); :func:`run`

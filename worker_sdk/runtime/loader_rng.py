@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from torch.utils.data import DataLoader, RandomSampler
 
-from . import _rng
+from worker_sdk.checkpoint import rng as _rng
 
 __all__ = ["LoaderWindow"]
 

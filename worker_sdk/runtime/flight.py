@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from . import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["arm", "recording"]
 

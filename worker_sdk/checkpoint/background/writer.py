@@ -1,14 +1,14 @@
 """The writer process of asynchronous saves: one per rank, started by the rank, dies with it.
 
-``python -m worker_sdk._writer FD PARENT_PID``: ``FD`` is this end of a socket pair with the
-rank (:mod:`worker_sdk._async_save`). The rank sends the staging arenas (their file descriptors)
-and, per save, a :class:`SaveJob`: the skeletons of the files to write, whose tensors live in the
-arenas. The writer writes this rank's files into the step's temporary directory, each fsynced,
-and then:
+``python -m worker_sdk.checkpoint.background.writer FD PARENT_PID``: ``FD`` is this end of a
+socket pair with the rank (:mod:`worker_sdk.checkpoint.background.async_save`). The rank sends
+the staging arenas (their file descriptors) and, per save, a :class:`SaveJob`: the skeletons of
+the files to write, whose tensors live in the arenas. The writer writes this rank's files into
+the step's temporary directory, each fsynced, and then:
 
 - rank r > 0 writes ``.written-<r>`` (where its DCP items are, the CRC of its file), durably;
 - rank 0 waits for every other rank's ``.written-<r>`` (or its ``.failed-<r>``), writes DCP's
-  ``.metadata`` and commits (:func:`worker_sdk._commit.commit`).
+  ``.metadata`` and commits (:func:`worker_sdk.checkpoint.commit.commit`).
 
 It answers each job with ``("done", step, committed, nbytes, monotonic_end)`` or ``("failed",
 step, reason)``. Any failure writes ``.failed-<rank>`` into the temporary directory so rank 0
@@ -32,13 +32,15 @@ from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _dcp, layout
-from ._arena import Arena, rebuild
-from ._commit import commit, write_bytes_durable, write_durable
-from .layout import DCP_DIR, SHARED, rank_file
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_durable
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
+
+from .arena import Arena, rebuild
 
 if TYPE_CHECKING:  # the rank imports this module for SaveJob: keep DCP out until it is needed
-    from ._dcp_async import Item
+    from .dcp_async import Item
 
 __all__ = [
     "SaveJob",
@@ -126,7 +128,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena]) -> int:
     where: list[Any] = []
     crc = -1
     if job.dcp_items is not None:
-        from . import _dcp_async
+        from . import dcp_async as _dcp_async
 
         where, crc = _dcp_async.write_items(
             job.dcp_items, arenas["dcp"], job.tmp / DCP_DIR, job.rank
@@ -142,7 +144,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena]) -> int:
     parts = {0: (where, crc), **_wait_for_parts(job)}
     checksums: dict[str, int] = {}
     if job.dcp_items is not None:
-        from . import _dcp_async
+        from . import dcp_async as _dcp_async
 
         assert job.dcp_metadata is not None
         everywhere = [entry for r in sorted(parts) for entry in parts[r][0]]

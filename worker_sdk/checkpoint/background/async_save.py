@@ -3,7 +3,8 @@
 ``step()`` blocks only while :meth:`AsyncSaver.submit` runs: capture, copy into the staging arenas
 (shared memory, reused by every save) and, with sharded state, DCP's planning (a collective, as in
 a synchronous save). Writing, fsync and commit run in this rank's writer process
-(:mod:`worker_sdk._writer`), so the interpreter's lock never slows training down while they run.
+(:mod:`worker_sdk.checkpoint.background.writer`), so the interpreter's lock never slows training
+down while they run.
 
 At most one save is in flight: a save that finds the previous one still running first waits for
 it (the staging arenas are the previous save's until it ends). While one is in flight the rank
@@ -26,10 +27,11 @@ from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import Any, Final
 
-from ._arena import Arena
-from ._writer import SaveJob, mark_failed
-from .checkpoint import Checkpointer, Stateful
-from .layout import committed_name
+from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.contract.layout import committed_name
+
+from .arena import Arena
+from .writer import SaveJob, mark_failed
 
 __all__ = ["AsyncSaver", "Outcome"]
 
@@ -192,7 +194,7 @@ class AsyncSaver:
         if self._proc is not None or self._conn is not None:
             self._writer_gone()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        package_root = str(Path(__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
@@ -203,7 +205,7 @@ class AsyncSaver:
                 [
                     sys.executable,
                     "-m",
-                    "worker_sdk._writer",
+                    "worker_sdk.checkpoint.background.writer",
                     str(theirs.fileno()),
                     str(os.getpid()),
                 ],

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ._parallel import unwrap
+from .parallel import unwrap
 
 __all__ = ["digest", "split"]
 

@@ -49,7 +49,7 @@ FLIGHT_RECORDER_ENTRIES: Final = 2000
 
 def flight_fifo_file(rank: int) -> str:
     """``rank-00001.flight.fifo``: a FIFO in the diagnostics folder; a byte written to it makes
-    rank ``rank`` dump torch's flight recorder (see worker_sdk._flight)."""
+    rank ``rank`` dump torch's flight recorder (see worker_sdk.runtime.flight)."""
     return f"rank-{rank:05d}.flight.fifo"
 
 

@@ -1,6 +1,6 @@
 """A node's zygote on a multi-node job, and the word of its end: the task of the zygote step.
 
-``python -m worker_sdk._zygote_watch ZYGOTE_ARGV...`` is what srun runs once on every node of
+``python -m worker_sdk.spawn.zygote_watch ZYGOTE_ARGV...`` is what srun runs once on every node of
 a multi-node job (``supervisor/process/zygote.py``). It starts the zygote as its child, tied to
 it by the parent-death signal, waits for it, and when it ends says so on standard output as
 the zygote's own facts are said (one JSON line, with the node): ``{"gone": "killed by signal 9",
@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ._zygote_child import SHIELDED
+from .zygote_child import SHIELDED
 
 __all__ = ["describe", "main"]
 
@@ -38,7 +38,7 @@ def describe(status: int) -> str:
 def main(argv: Sequence[str]) -> int:
     """Run ``argv`` (the zygote) as a child until it ends; say how it ended."""
     if not argv:
-        print("usage: python -m worker_sdk._zygote_watch ZYGOTE_ARGV...", file=sys.stderr)
+        print("usage: python -m worker_sdk.spawn.zygote_watch ZYGOTE_ARGV...", file=sys.stderr)
         return 2
     for sig in SHIELDED:
         signal.signal(sig, signal.SIG_IGN)

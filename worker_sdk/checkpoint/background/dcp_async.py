@@ -31,8 +31,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _arena, _dcp, layout
-from ._arena import Arena, StagedTensor
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.contract import layout
+
+from . import arena as _arena
+from .arena import Arena, StagedTensor
 
 __all__ = ["Item", "StagingWriter", "finish_metadata", "stage", "write_items"]
 

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from . import layout
+from worker_sdk.contract import layout
 
 if TYPE_CHECKING:
-    from ._parallel import Group
+    from .parallel import Group
 
 __all__ = ["THREADS", "capture", "crc32_file", "load", "names", "seal", "verify", "write"]
 

@@ -2,9 +2,9 @@
 
 Importing ``torch.distributed.run`` takes seconds; a restart that starts a fresh torchrun pays
 for it again before the first rank even starts. So while an attempt runs, the supervisor keeps
-one of these ready (started as ``python -m worker_sdk._bootstrap python -c ... _standby.py``,
+one of these ready (started as ``python -m worker_sdk.spawn.bootstrap python -c ... standby.py``,
 so the parent-death signal is armed first; or forked from the node's zygote, which imported
-torchrun already: ``python -m worker_sdk._bootstrap --zygote NAME python .../_standby.py``).
+torchrun already: ``python -m worker_sdk.spawn.bootstrap --zygote NAME python .../spawn/standby.py``).
 At the next single-node attempt it writes one JSON line to its standard input::
 
     {"args": [torchrun's arguments], "env": {the attempt's environment}, "cwd": "..."}

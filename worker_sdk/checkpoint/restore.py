@@ -1,6 +1,6 @@
 """Loading a checkpoint: the newest one every rank can read, checked before anything changes.
 
-Part of :class:`worker_sdk.checkpoint.Checkpointer` (its base class); see that module for the
+Part of :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (its base class); see that module for the
 layout and the save protocol. Load takes the newest valid checkpoint that every rank can read
 (sizes checked by every rank, the CRCs of ``dcp/`` split between the ranks), checks that all ranks
 chose the same one, and skips (reporting why) any that turns out to be unreadable; only then does
@@ -21,10 +21,8 @@ from typing import IO, Any, Final
 import torch
 import torch.distributed as dist
 
-from . import _dcp, _parallel, _rng, layout
-from ._collectives import all_gather_ints
-from ._parallel import Stateful, StatePlan, unwrap
-from .layout import (
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import (
     DCP_DIR,
     SHARED,
     STATE_DCP,
@@ -34,7 +32,13 @@ from .layout import (
     committed_name,
     rank_file,
 )
-from .protocol import ENV_RESUME_BEFORE
+from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
+
+from . import dcp as _dcp
+from . import parallel as _parallel
+from . import rng as _rng
+from .collectives import all_gather_ints
+from .parallel import Stateful, StatePlan, unwrap
 
 __all__ = ["LoadResult", "Restorer", "dcp_groups"]
 

@@ -24,17 +24,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from . import _flight
-from . import protocol as p
-from ._exit_hooks import is_oom
-from ._settings import Settings
-from .checkpoint import Checkpointer, LoadResult, SaveError, Stateful
-from .heartbeat import Channel
+from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, SaveError, Stateful
+from worker_sdk.contract import protocol as p
+
+from . import flight as _flight
+from .channel import Channel
+from .exit_hooks import is_oom
+from .settings import Settings
 
 if TYPE_CHECKING:
-    from ._async_save import AsyncSaver, Outcome
-    from ._loader_rng import LoaderWindow
-    from ._replicas import ReplicaCheck
+    from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
+
+    from .loader_rng import LoaderWindow
+    from .replicas import ReplicaCheck
 
 _NEVER = sys.maxsize
 FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
@@ -96,7 +98,7 @@ class Runtime:
         self.window: LoaderWindow | None = None  # until the first step() after a resume
         self.saver: AsyncSaver | None = None
         if checkpointer is not None and settings.async_save:
-            from ._async_save import AsyncSaver
+            from worker_sdk.checkpoint.background.async_save import AsyncSaver
 
             self.saver = AsyncSaver(checkpointer)
         now = time.monotonic()
@@ -111,7 +113,9 @@ class Runtime:
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
         self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
-        self.replicas: ReplicaCheck | None = None  # plain DDP compared (worker_sdk._replicas)
+        self.replicas: ReplicaCheck | None = (
+            None  # plain DDP compared (worker_sdk.runtime.replicas)
+        )
         self.verify_next = _NEVER
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
@@ -137,7 +141,7 @@ class Runtime:
         self._map_step_slot(start - 1)
         every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
         if every > 0 and self.world_size > 1:
-            from ._replicas import ReplicaCheck, ddp_modules
+            from .replicas import ReplicaCheck, ddp_modules
 
             modules = ddp_modules(self.objects)
             if modules:

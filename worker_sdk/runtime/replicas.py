@@ -24,8 +24,8 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from . import _parallel
-from ._collectives import all_gather_ints
+from worker_sdk.checkpoint import parallel as _parallel
+from worker_sdk.checkpoint.collectives import all_gather_ints
 
 __all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
 

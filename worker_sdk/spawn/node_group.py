@@ -1,6 +1,6 @@
 """One node's part of a multi-node attempt, in a cgroup of its own, ended with the attempt.
 
-``python -m worker_sdk._node_group TERM_TIMEOUT_S CMD [ARGS...]`` is what srun runs on every node
+``python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]`` is what srun runs on every node
 of an attempt's step, in front of torchrun. It makes a group ``rvsup-node-PID`` under its own
 cgroup v2 group (Slurm's step group where Slurm uses cgroup v2, slurmd's otherwise) and starts
 ``CMD`` there: the child joins the group and arms the parent-death signal before it execs, so
@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ._cgroup import Group, join, own_group_dir, stale_groups
-from ._exit_report import FORWARDED, end_like
+from .cgroup import Group, join, own_group_dir, stale_groups
+from .exit_report import FORWARDED, end_like
 
 __all__ = ["main"]
 
@@ -51,7 +51,7 @@ def make_group() -> Path | None:
 def main(argv: list[str]) -> NoReturn:
     """Run ``CMD`` in the node's group of the attempt (see the module docstring)."""
     if len(argv) < 2:
-        usage = "usage: python -m worker_sdk._node_group TERM_TIMEOUT_S CMD [ARGS...]"
+        usage = "usage: python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]"
         print(usage, file=sys.stderr)
         sys.exit(2)
     term_timeout_s, command = float(argv[0]), argv[1:]
