@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from .contract import protocol
 
-if (
-    TYPE_CHECKING
-):  # the supervisor imports worker_sdk.contract.protocol: keep torch out of this module
+# the supervisor imports worker_sdk.contract: keep torch out of this module
+if TYPE_CHECKING:
     from .checkpoint.checkpointer import Stateful
     from .runtime.runtime import Runtime
 
@@ -42,8 +41,9 @@ _NEG_INF = -_INF
 class UsageError(RuntimeError):
     """The script called the SDK in a way it refuses; the message says what to change.
 
-    Under rvsup a rank that dies of it exits with :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and
-    the job gives up at once instead of restarting a script that would fail the same way.
+    Under rvsup a rank that dies of it exits with
+    :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and the job gives up at once instead of
+    restarting a script that would fail the same way.
     """
 
 
@@ -77,8 +77,8 @@ def resume(
     A checkpoint written by N ranks resumes on M ranks: sharded state is resharded, replicated
     state loads as it is. Per rank: rank r < N gets rank r's RNG states and ``extra`` back; a
     new rank r >= N gets the ``extra`` given here and its RNGs (Python, NumPy, torch CPU and
-    CUDA) seeded from the step and its rank (``worker_sdk.checkpoint.rng.derived_seed(step, r)``); the
-    parts of ranks >= M are not used. Objects whose state differs between ranks (a stateful
+    CUDA) seeded from the step and its rank (``worker_sdk.checkpoint.rng.derived_seed(step,
+    r)``); the parts of ranks >= M are not used. Objects whose state differs between ranks (a stateful
     data loader, a per-rank sampler) are saved by every rank: rank r < N gets its own back, a new
     rank keeps the object as constructed, and ``resume()`` warns about both on another world size.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import signal
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import worker_sdk.spawn.standby
 from supervisor.config.load import JobConfig
 from supervisor.config.torchrun import Torchrun, resolve_torchrun
 from supervisor.process.cgroup import Group
@@ -262,6 +262,14 @@ def _bootstrapped(
     )
 
 
+def spawn_module_file(name: str) -> str:
+    """The file of ``worker_sdk.spawn.<name>``, found without importing (executing) it."""
+    spec = importlib.util.find_spec(f"worker_sdk.spawn.{name}")
+    if spec is None or spec.origin is None:  # pragma: no cover - installed with the daemon
+        raise ImportError(f"worker_sdk.spawn.{name} is missing from rvsup's installation")
+    return str(Path(spec.origin).resolve())
+
+
 # Runs rvsup's own copy of worker_sdk/spawn/standby.py on the job's interpreter, by path: the job's
 # environment need not have worker_sdk, nor the same version of it. sys.path loses "" (the cwd),
 # as when the torchrun script runs. The first line names the module for people and tools (ps).
@@ -275,7 +283,7 @@ _STANDBY_CODE = (
 
 
 def _standby_script() -> str:
-    return str(Path(worker_sdk.spawn.standby.__file__).resolve())
+    return spawn_module_file("standby")
 
 
 def standby_argv(python: str) -> tuple[str, ...]:

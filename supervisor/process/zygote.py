@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import worker_sdk.spawn.zygote
+from supervisor.process.launcher import spawn_module_file
 from supervisor.record.schema import ColdStart
 from supervisor.slurm.commands import Allocation, srun_argv
 from worker_sdk.contract import protocol as p
@@ -72,7 +72,7 @@ def zygote_argv(
     python: str, name: str, preload: Sequence[str], *, path: str | None = None
 ) -> tuple[str, ...]:
     """The zygote's command line on the job's interpreter ``python``."""
-    argv = [python, "-c", _ZYGOTE_CODE, str(Path(worker_sdk.spawn.zygote.__file__).resolve())]
+    argv = [python, "-c", _ZYGOTE_CODE, spawn_module_file("zygote")]
     argv += ["--socket", name, "--preload", ",".join(preload)]
     argv += ["--optional", ",".join(OPTIONAL_PRELOAD)]
     if path:

@@ -40,6 +40,7 @@ import worker_sdk
 from worker_sdk.checkpoint import collectives as _collectives
 from worker_sdk.checkpoint import dcp as _dcp
 from worker_sdk.checkpoint.background import arena as _arena
+from worker_sdk.checkpoint.background.async_save import AsyncSaver
 
 
 def fault() -> tuple[str, int, int] | None:
@@ -82,7 +83,7 @@ def arm_kill_in_staging(step: int, current: list[int]) -> None:
 
 
 def kill_once_writer_paused() -> None:
-    """Wait until this rank's writer process froze itself (RVSUP_TEST_WRITER_PAUSE), then
+    """Wait until this rank's writer process froze itself (tests.process.paused_writer), then
     SIGKILL this rank: the writer dies with it."""
     import psutil
 
@@ -152,6 +153,7 @@ def main() -> None:
     if f is not None and f[0] in ("killwriting", "killrename") and f[1] == rank:
         phase = {"killwriting": "written", "killrename": "rename"}[f[0]]
         os.environ["RVSUP_TEST_WRITER_PAUSE"] = f"{phase}:{f[2]}"
+        AsyncSaver.writer_module = "tests.process.paused_writer"
         paused_kill_step = f[2]
     torch.manual_seed(1000 + rank)
     extra: dict[str, Any] = {"seen": torch.zeros(1)}

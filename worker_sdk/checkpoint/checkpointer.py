@@ -1,6 +1,6 @@
 """Atomic, multi-rank checkpoints of any parallelism: save, find the newest complete one, load.
 
-What goes where (``_parallel`` decides, from the objects given to ``resume()``):
+What goes where (:mod:`.parallel` decides, from the objects given to ``resume()``):
 
 - replicated state (plain modules, DDP, LR schedulers, user objects) is written once, by rank 0,
   with torch.save into ``shared.pt``;
@@ -77,7 +77,7 @@ from .background.writer import SaveJob, failed_marker, pending_marker, written_m
 from .collectives import all_gather_ints, broadcast_ints
 from .commit import commit, write_durable
 from .parallel import Stateful, StatePlan, unwrap
-from .restore import LoadResult, Restorer, dcp_groups
+from .restore import LoadResult, Restorer, dcp_groups, group_active
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
@@ -115,7 +115,7 @@ class _Snapshot:
     began: float  # monotonic time the save began
 
 
-class Checkpointer(Restorer):
+class Checkpointer:
     """Saves and loads this rank's view of a job's checkpoints in ``directory``."""
 
     def __init__(
@@ -129,8 +129,17 @@ class Checkpointer(Restorer):
         self.world_size = world_size
         self.attempt_tag = attempt_tag
         self.keep_last = keep_last
-        self._unloadable: set[Path] = set()  # committed but failed to load: replace on re-save
         self._plans: tuple[tuple[int, ...], StatePlan] | None = None
+        self._restorer = Restorer(self.directory, rank=rank, world_size=world_size, plan=self.plan)
+        # committed but failed to load: replaced when saved again
+        self._unloadable = self._restorer.unloadable
+
+    def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
+        """Restore the newest checkpoint every rank can read; fresh start if there is none."""
+        return self._restorer.load_latest(objects, extra)
+
+    def _group_active(self) -> bool:
+        return group_active(self.rank, self.world_size)
 
     def plan(self, objects: Sequence[Stateful]) -> StatePlan:
         """How ``objects`` are saved (cached); raises TypeError/ValueError for what cannot be."""

@@ -1,7 +1,8 @@
 """The last step of every save, synchronous or not: the manifest, one rename, the parent fsynced.
 
-Shared by :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (the rank commits) and the writer process
-of an asynchronous save (:mod:`worker_sdk.checkpoint.background.writer`, which commits for rank 0).
+Shared by :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (the rank commits) and the
+writer process of an asynchronous save (:mod:`worker_sdk.checkpoint.background.writer`, which
+commits for rank 0).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loading a checkpoint: the newest one every rank can read, checked before anything changes.
 
-Part of :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (its base class); see that module for the
+Held by :class:`worker_sdk.checkpoint.checkpointer.Checkpointer`; see that module for the
 layout and the save protocol. Load takes the newest valid checkpoint that every rank can read
 (sizes checked by every rank, the CRCs of ``dcp/`` split between the ranks), checks that all ranks
 chose the same one, and skips (reporting why) any that turns out to be unreadable; only then does
@@ -13,7 +13,7 @@ import dataclasses
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -40,7 +40,7 @@ from . import rng as _rng
 from .collectives import all_gather_ints
 from .parallel import Stateful, StatePlan, unwrap
 
-__all__ = ["LoadResult", "Restorer", "dcp_groups"]
+__all__ = ["LoadResult", "Restorer", "dcp_groups", "group_active"]
 
 _READ_CHUNK: Final = 4 << 20
 
@@ -78,15 +78,25 @@ class _Read:
 
 
 class Restorer:
-    """Loading, and what saving shares with it: the rank's place in the process group."""
+    """Loads the newest checkpoint in ``directory`` that every rank can read.
 
-    directory: Path
-    rank: int
-    world_size: int
-    _unloadable: set[Path]  # committed but failed to load: replaced when saved again
+    Held by :class:`~worker_sdk.checkpoint.checkpointer.Checkpointer`, which hands it the rank's
+    place and how objects are saved (``plan``), and reads :attr:`unloadable` when it saves.
+    """
 
-    def plan(self, objects: Sequence[Stateful]) -> StatePlan:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        plan: Callable[[Sequence[Stateful]], StatePlan],
+    ) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.world_size = world_size
+        self.plan = plan
+        self.unloadable: set[Path] = set()  # committed but failed to load: replaced when saved
 
     # ------------------------------------------------------------------ load
     def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
@@ -120,7 +130,7 @@ class Restorer:
             if any(statuses):
                 failed = [r for r, s in enumerate(statuses) if s]
                 skipped.append((info.path, reason or f"unreadable on rank(s) {failed}"))
-                self._unloadable.add(info.path)
+                self.unloadable.add(info.path)
                 continue
             assert read is not None
             self._apply(info, plan, objects, read)
@@ -325,16 +335,21 @@ class Restorer:
             except Exception as e:
                 raise _UnloadableError(f"{name}: {type(e).__name__}: {e}") from None
 
-    # ------------------------------------------------------------------ process group
     def _group_active(self) -> bool:
-        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return False
-        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-            raise RuntimeError(
-                f"Checkpointer(rank={self.rank}, world_size={self.world_size}) does not match the "
-                f"process group (rank {dist.get_rank()} of {dist.get_world_size()})"
-            )
-        return True
+        return group_active(self.rank, self.world_size)
+
+
+def group_active(rank: int, world_size: int) -> bool:
+    """Whether this rank (``rank`` of ``world_size``) takes part in a process group: False for
+    a single rank or without torch.distributed; raises if the group does not match."""
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return False
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise RuntimeError(
+            f"Checkpointer(rank={rank}, world_size={world_size}) does not match the "
+            f"process group (rank {dist.get_rank()} of {dist.get_world_size()})"
+        )
+    return True
 
 
 def _is_empty_optimizer_state(state: Any) -> bool:

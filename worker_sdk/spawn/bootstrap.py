@@ -7,7 +7,7 @@ the same way): killing the supervisor with SIGKILL leaves no orphaned rank behin
 with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it costs a few milliseconds.
 
 On multi-node attempts (``RVSUP_REPORT_EXIT=1``) it forks instead of exec'ing and stays behind
-as the rank's parent, to tell the supervisor how the rank ended (see ``_exit_report``).
+as the rank's parent, to tell the supervisor how the rank ended (see :mod:`.exit_report`).
 
 ``python -m worker_sdk.spawn.bootstrap --cgroup DIR ...``: before anything else, this process moves
 itself into the cgroup v2 directory ``DIR`` (the attempt's, or the zygote's), so that everything
@@ -15,26 +15,16 @@ it starts, whatever it does later, is a member of that group; it exits 126 when 
 
 ``python -m worker_sdk.spawn.bootstrap --zygote NAME CMD [ARGS...]``: the rank is forked from the
 node's zygote ``NAME``, which imported torch already, and this process stands in for it (see
-``_zygote_client``); when the zygote cannot serve ``CMD`` as a cold start would run it, the rank
+:mod:`.zygote_client`); when the zygote cannot serve ``CMD`` as a cold start would run it, the rank
 starts cold as above, with a line on stderr saying why.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1
-
-
-def arm_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent thread exits (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+from .pdeathsig import die_with_parent
 
 
 def main(argv: list[str]) -> int:
@@ -56,7 +46,7 @@ def main(argv: list[str]) -> int:
         print(usage, file=sys.stderr)
         return 2
     parent = os.getppid()
-    arm_parent_death_signal()
+    die_with_parent()
     if os.getppid() != parent:  # the parent died before the signal was armed
         return 1
     from .exit_report import ReportTo, run_and_report  # multi-node or zygote only
@@ -68,7 +58,7 @@ def main(argv: list[str]) -> int:
         why = run_forked(argv, zygote, report_to)
         print(f"rvsup: rank starts cold: {why}", file=sys.stderr, flush=True)
     if report_to is not None:
-        run_and_report(argv, report_to, arm_parent_death_signal)
+        run_and_report(argv, report_to, die_with_parent)
     try:
         os.execvp(argv[0], argv)  # noqa: S606 - the command is the user's job
     except OSError as exc:

@@ -17,7 +17,6 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -26,11 +25,11 @@ from typing import NoReturn
 
 from .cgroup import Group, join, own_group_dir, stale_groups
 from .exit_report import FORWARDED, end_like
+from .pdeathsig import die_with_parent
 
 __all__ = ["main"]
 
 _PREFIX = "rvsup-node-"
-_PR_SET_PDEATHSIG = 1
 
 
 def make_group() -> Path | None:
@@ -62,7 +61,7 @@ def main(argv: list[str]) -> NoReturn:
     if pid == 0:
         try:
             join(str(path))
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            die_with_parent()
             os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
         except OSError as exc:
             print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)

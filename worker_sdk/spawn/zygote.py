@@ -43,26 +43,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+_PACKAGE = "_rvsup_spawn"
+
 
 def _sibling(name: str) -> Any:
-    """``worker_sdk/spawn/<name>.py`` loaded by path: the job's environment need not have rvsup's
-    worker_sdk (nor the same version of it)."""
-    spec = importlib.util.spec_from_file_location(
-        f"_rvsup{name}", Path(__file__).with_name(f"{name}.py")
-    )
-    if spec is None or spec.loader is None:  # pragma: no cover - the files are side by side
-        raise ImportError(f"worker_sdk/spawn/{name}.py is missing")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``worker_sdk/spawn/<name>.py`` loaded by path, as a module of this folder loaded as the
+    package ``_rvsup_spawn`` (so that its relative imports resolve here): the job's environment
+    need not have rvsup's worker_sdk (nor the same version of it)."""
+    if _PACKAGE not in sys.modules:
+        here = Path(__file__).parent
+        spec = importlib.util.spec_from_file_location(
+            _PACKAGE, here / "__init__.py", submodule_search_locations=[str(here)]
+        )
+        if spec is None or spec.loader is None:  # pragma: no cover - the files are side by side
+            raise ImportError(f"{here}/__init__.py is missing")
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[_PACKAGE] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{_PACKAGE}.{name}")
 
 
 wire = _sibling("zygote_wire")
 child = _sibling("zygote_child")
 cgroups = _sibling("cgroup")
 
-_PR_SET_PDEATHSIG = 1
 _REQUEST_TIMEOUT_S = 5.0
 
 

@@ -12,7 +12,6 @@ reporting an uncaught exception as the interpreter does.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import signal
@@ -20,9 +19,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .pdeathsig import die_with_parent
+
 __all__ = ["SHIELDED", "Job", "become", "run", "set_cmdline"]
 
-_PR_SET_PDEATHSIG = 1
 #: Signals the zygote ignores; a forked rank gets them back as its client had them.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -41,10 +41,7 @@ def become(request: dict[str, Any], fds: list[int], zygote: int, added_env: dict
     import resource
 
     os.setsid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != zygote:
-        os._exit(1)
+    die_with_parent(parent=zygote)
     for target, fd in enumerate(fds):
         os.dup2(fd, target, inheritable=True)
     os.chdir(request["cwd"])

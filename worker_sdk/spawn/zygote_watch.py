@@ -14,18 +14,16 @@ ends when its input closes, or with the step (SIGKILL). Standard library only.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
+from .pdeathsig import die_with_parent
 from .zygote_child import SHIELDED
 
 __all__ = ["describe", "main"]
-
-_PR_SET_PDEATHSIG = 1
 
 
 def describe(status: int) -> str:
@@ -45,10 +43,7 @@ def main(argv: Sequence[str]) -> int:
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - replaced by the zygote at once
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
+        die_with_parent(parent=parent)
         try:
             os.execvp(argv[0], list(argv))  # noqa: S606 -- the zygote's command line, ours
         except OSError as exc:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.contract.layout import committed_name
@@ -60,6 +60,9 @@ class _InFlight:
 
 class AsyncSaver:
     """This rank's asynchronous saves and their writer process."""
+
+    #: The module run as the writer process (``python -m``; its ``main`` serves the rank).
+    writer_module: ClassVar[str] = "worker_sdk.checkpoint.background.writer"
 
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.ck = checkpointer
@@ -205,7 +208,7 @@ class AsyncSaver:
                 [
                     sys.executable,
                     "-m",
-                    "worker_sdk.checkpoint.background.writer",
+                    self.writer_module,
                     str(theirs.fileno()),
                     str(os.getpid()),
                 ],

@@ -20,12 +20,12 @@ half-committed (the rename is the commit, and happens only once every part is du
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
@@ -36,6 +36,7 @@ from worker_sdk.checkpoint import dcp as _dcp
 from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_durable
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
+from worker_sdk.spawn.pdeathsig import die_with_parent
 
 from .arena import Arena, rebuild
 
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 _POLL_S: Final = 0.02
-_PR_SET_PDEATHSIG: Final = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +99,19 @@ def mark_failed(tmp: Path, rank: int, reason: str) -> None:
         failed_marker(tmp, rank).write_text(reason)
 
 
-def pause_for_tests(phase: str, step: int) -> None:
-    """Tests freeze the writer in a phase of one save (``RVSUP_TEST_WRITER_PAUSE=phase:step``,
-    phase ``written`` or ``rename``) to kill its rank there."""
-    if os.environ.get("RVSUP_TEST_WRITER_PAUSE") == f"{phase}:{step}":
-        os.kill(os.getpid(), signal.SIGSTOP)
+Reached = Callable[[str, int], None]
+"""Told each milestone of a save with its step: ``written`` (this rank's files are durable) and,
+on rank 0, ``rename`` (the commit's rename is next)."""
 
 
-def run_job(job: SaveJob, arenas: dict[str, Arena]) -> tuple[Any, ...]:
+def _no_one(milestone: str, step: int) -> None:
+    """Nobody is told of milestones (the writer rvsup runs)."""
+
+
+def run_job(job: SaveJob, arenas: dict[str, Arena], reached: Reached = _no_one) -> tuple[Any, ...]:
     """Write (and, on rank 0, commit) one save; the answer for the rank."""
     try:
-        nbytes = _write_and_commit(job, arenas)
+        nbytes = _write_and_commit(job, arenas, reached)
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
@@ -119,7 +121,7 @@ def run_job(job: SaveJob, arenas: dict[str, Arena]) -> tuple[Any, ...]:
     return ("done", job.step, job.rank == 0, nbytes, time.monotonic())
 
 
-def _write_and_commit(job: SaveJob, arenas: dict[str, Arena]) -> int:
+def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) -> int:
     local = arenas.get("local")
     if job.shared is not None:
         assert local is not None
@@ -134,7 +136,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena]) -> int:
             job.dcp_items, arenas["dcp"], job.tmp / DCP_DIR, job.rank
         )
     layout.fsync_dir(job.tmp)
-    pause_for_tests("written", job.step)
+    reached("written", job.step)
     if job.rank != 0:
         # into the pending marker, then renamed: rank 0 never sees a part written half
         write_bytes_durable(pending_marker(job.tmp, job.rank), pickle.dumps((where, crc)))
@@ -166,7 +168,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena]) -> int:
         replace=job.replace,
         mode="async",
         blocked_s=job.blocked_s,
-        before_rename=lambda: pause_for_tests("rename", job.step),
+        before_rename=lambda: reached("rename", job.step),
     )
     return info.nbytes
 
@@ -194,7 +196,7 @@ def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int]]:
     return parts
 
 
-def serve(conn: Connection) -> None:
+def serve(conn: Connection, reached: Reached = _no_one) -> None:
     """Answer the rank's jobs until it says quit or goes away."""
     arenas: dict[str, Arena] = {}
     while True:
@@ -210,26 +212,19 @@ def serve(conn: Connection) -> None:
                 old.close()
             arenas[key] = Arena(fd, size)
         elif message[0] == "save":
-            conn.send(run_job(message[1], arenas))
+            conn.send(run_job(message[1], arenas, reached))
         elif message[0] == "quit":
             return
 
 
-def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the rank died before the request took effect
-        os._exit(1)
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str], reached: Reached = _no_one) -> int:
+    """``FD PARENT_PID``: serve the rank at the other end of ``FD`` while it lives."""
     fd, parent = int(argv[0]), int(argv[1])
-    _die_with_parent(parent)
+    die_with_parent(parent=parent)  # a save of a dead rank is abandoned
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle
     conn = Connection(fd)
     try:
-        serve(conn)
+        serve(conn, reached)
     finally:
         conn.close()
     return 0
