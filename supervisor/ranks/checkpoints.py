@@ -23,6 +23,7 @@ from supervisor.record.schema import (
     CheckpointSkipped,
 )
 from worker_sdk.contract import layout
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 __all__ = [
@@ -65,23 +66,22 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
 
 def loaded_event(msg: p.Message) -> CheckpointLoaded:
     """The history's line for a ``LOADED`` message: what the ranks resumed from."""
-    path, saved_by = msg.payload.get("path"), msg.payload.get("world_size")
-    return CheckpointLoaded(
-        resume_step=msg.step,
-        checkpoint=None if path is None else str(path),
-        world_size=saved_by if isinstance(saved_by, int) else None,
-    )
+    body = m.read(msg)
+    if not isinstance(body, m.Loaded):
+        raise TypeError(f"not a LOADED message: {msg.kind.name}")
+    return CheckpointLoaded(resume_step=body.step, checkpoint=body.path, world_size=body.world_size)
 
 
 def trouble_event(msg: p.Message) -> CheckpointFailed | CheckpointSkipped:
     """The history's line for a ``CKPT_FAILED`` (a background save that failed) or
     ``CKPT_SKIPPED`` (a damaged checkpoint passed over at load) message."""
-    if msg.kind is p.Kind.CKPT_FAILED:
-        reason = str(msg.payload.get("reason"))[:2000]
-        return CheckpointFailed(step=msg.step, rank=msg.rank, reason=reason)
-    return CheckpointSkipped(
-        path=str(msg.payload.get("path")), reason=str(msg.payload.get("reason")), rank=msg.rank
-    )
+    match m.read(msg):
+        case m.CheckpointFailed(step, reason):
+            return CheckpointFailed(step=step, rank=msg.rank, reason=reason[:2000])
+        case m.CheckpointSkipped(path, reason):
+            return CheckpointSkipped(path=path, reason=reason, rank=msg.rank)
+        case _:
+            raise TypeError(f"not a CKPT_FAILED or CKPT_SKIPPED message: {msg.kind.name}")
 
 
 class CommitTracker:

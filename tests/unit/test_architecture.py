@@ -214,6 +214,7 @@ def test_the_contract_imports_nothing_outside_it() -> None:
     modules = [
         "worker_sdk.contract.protocol",
         "worker_sdk.contract.layout",
+        "worker_sdk.contract.messages",
         "worker_sdk.spawn.cgroup",
         "worker_sdk.spawn.zygote_wire",
     ]
