@@ -63,8 +63,8 @@ def main() -> None:
     root = Path(os.environ["DIR"])
     model = build(kind, size_mb)
 
-    from worker_sdk._async_save import AsyncSaver
-    from worker_sdk.checkpoint import Checkpointer
+    from worker_sdk.checkpoint.background.async_save import AsyncSaver
+    from worker_sdk.checkpoint.checkpointer import Checkpointer
 
     world = dist.get_world_size()
     sync_ck = Checkpointer(root / "sync", rank=rank, world_size=world, attempt_tag="b", keep_last=1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zmq
 
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 TICK_S = 0.01
 

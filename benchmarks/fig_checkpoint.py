@@ -57,7 +57,7 @@ def measure(directory: Path, size_mb: int, reps: int) -> dict[str, list[float]]:
     """MB/s of each writer over ``reps`` interleaved repetitions."""
     import torch
 
-    from worker_sdk.checkpoint import Checkpointer
+    from worker_sdk.checkpoint.checkpointer import Checkpointer
 
     directory.mkdir(parents=True, exist_ok=True)
     blob = _Blob(size_mb * MB)

@@ -81,12 +81,12 @@ def _agent_of(
     return None
 
 
-# rvsup's warm standby: started cold (-c ... worker_sdk._standby) or forked from the zygote (its
-# command line then reads "python .../worker_sdk/_standby.py"); the zygote itself
-# (-m worker_sdk._zygote), not the clients that stand in for its ranks (worker_sdk._bootstrap)
-_STANDBY_MARKS = ("worker_sdk._standby", "worker_sdk/_standby.py")
-_ZYGOTE_MARKS = ("worker_sdk._zygote",)
-_NOT_ZYGOTE = ("worker_sdk._bootstrap", "_standby")
+# rvsup's warm standby: started cold (-c ... worker_sdk.spawn.standby) or forked from the zygote (its
+# command line then reads "python .../worker_sdk/spawn/standby.py"); the zygote itself
+# (-m worker_sdk.spawn.zygote), not the clients that stand in for its ranks (worker_sdk.spawn.bootstrap)
+_STANDBY_MARKS = ("worker_sdk.spawn.standby", "worker_sdk/spawn/standby.py")
+_ZYGOTE_MARKS = ("worker_sdk.spawn.zygote",)
+_NOT_ZYGOTE = ("worker_sdk.spawn.bootstrap", "standby.py")
 
 
 def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
@@ -102,7 +102,7 @@ def _measure_job(tool: Tool, ctx: Context, name: str) -> dict[str, Usage]:
             procs["agent"] = agent
         if isinstance(tool, Rvsup):
             procs["daemon"] = psutil.Process(run.proc.pid)
-            standby = _agent_of(run, _STANDBY_MARKS, unless=("worker_sdk._bootstrap",))
+            standby = _agent_of(run, _STANDBY_MARKS, unless=("worker_sdk.spawn.bootstrap",))
             if standby is not None:
                 procs["standby"] = standby
             zygote = _agent_of(run, _ZYGOTE_MARKS, unless=_NOT_ZYGOTE)

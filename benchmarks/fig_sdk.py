@@ -77,7 +77,7 @@ print(n, flush=True)
 def _router(directory: Path) -> Iterator[tuple[str, list[int]]]:
     """A ROUTER bound and drained by a child process (no thread here competes for the GIL):
     (endpoint, [frames it received], filled in on exit)."""
-    from worker_sdk import protocol as p
+    from worker_sdk.contract import protocol as p
 
     p.write_secret(str(directory / "secret"), p.new_secret())
     endpoint = f"ipc://{directory / 'hb.sock'}"
@@ -106,7 +106,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
     import torch
 
     import worker_sdk
-    from worker_sdk import protocol as p
+    from worker_sdk.contract import protocol as p
 
     directory.mkdir(parents=True, exist_ok=True)
     with _router(directory) as (endpoint, received):

@@ -5,7 +5,7 @@ more often than torch's default (every step at most, instead of every 100th) and
 newest sample when a heartbeat is due. Measured here: a small DDP training step (forward,
 backward with its all-reduce, optimizer step) with the reducer sampling every step against
 torch's default, interleaved in batches so that drift of a shared machine hits both alike; and
-one read of the newest sample (``worker_sdk._stragglers.CommWait.read``).
+one read of the newest sample (``worker_sdk.runtime.stragglers.CommWait.read``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def measure_straggler_cost(directory: Path, batches: int, per_batch: int) -> dic
     import torch.distributed as dist
     from torch import nn
 
-    from worker_sdk._stragglers import CommWait
+    from worker_sdk.runtime.stragglers import CommWait
 
     directory.mkdir(parents=True, exist_ok=True)
     store = directory / "store"

@@ -46,7 +46,8 @@ from supervisor.rules.observation import (
     signal_name,
 )
 from supervisor.rules.states import JobState
-from worker_sdk import protocol as p
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
 
 __all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
 
@@ -200,41 +201,42 @@ class Attempt:
                 self._on_message(identity, msg, now)
 
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
-        kind = msg.kind
-        if kind is p.Kind.RANK_EXIT:  # from the rank's parent, not the rank: no sign of life
-            self._exact_step(msg.rank, msg.payload.get("last_step"))
-            ended = exit_from_report(msg)
-            if ended is not None and self.tree.record(ended):
-                self._on_rank_exit(ended)
+        body = m.read(msg)
+        if isinstance(body, m.RankExit):  # from the rank's parent, not the rank: no sign of life
+            self._on_exit_report(msg, body)
             return
         st = self.ranks.observe(identity, msg, now)
-        if kind is p.Kind.HELLO:
-            self.tree.watch_rank(msg.pid, msg.rank, st.host)
-            self._note_logs(msg)
-            if self.sync is not None:
-                self.sync.ask(self.channel, self.ranks, msg.rank, now)
-        elif kind is p.Kind.HEARTBEAT:
-            self.stragglers.heard(msg, now)
-            if self.state is JobState.STARTING and self._all_started():
-                self._set_state(JobState.RUNNING)
-            if self.sync is not None:
-                self.sync.ask(self.channel, self.ranks, msg.rank, now)
-        elif kind is p.Kind.EXITING:
-            self._on_exiting(msg, now)
-        elif kind is p.Kind.SYNC:
-            if self.sync is None:
-                answer_without_round(self.channel, identity, msg)
-            else:
-                self.sync.answer(self.channel, identity, msg)
-        elif kind in (p.Kind.CKPT_COMMITTED, p.Kind.CKPT_FAILED, p.Kind.CKPT_SKIPPED):
-            self._on_checkpoint_message(msg)
-        elif kind is p.Kind.LOADED and not self._loaded_logged:
-            self._loaded_logged = True  # every rank loads the one checkpoint they all agreed on
-            self.events.log(loaded_event(msg))
-        elif kind is p.Kind.FAILURE:
-            self._reports.append(report_from_message(msg))
-            self._sign_of_failure(now)
-        if self.losses is not None and kind in TRAINING_REPORTS:
+        match body:
+            case m.Hello():
+                self.tree.watch_rank(msg.pid, msg.rank, st.host)
+                self._note_logs(msg.rank, body)
+                self._ask_to_sync(msg.rank, now)
+            case m.Heartbeat():
+                self.stragglers.heard(msg.rank, body, now)
+                if self.state is JobState.STARTING and self._all_started():
+                    self._set_state(JobState.RUNNING)
+                self._ask_to_sync(msg.rank, now)
+            case m.Exiting(_, reason):
+                self._on_exiting(msg.rank, reason, now)
+            case m.Sync():
+                if self.sync is None:
+                    answer_without_round(self.channel, identity, msg)
+                else:
+                    self.sync.answer(self.channel, identity, msg)
+            case m.CheckpointCommitted():
+                self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
+            case m.CheckpointFailed(step, reason):
+                self.checkpoint_failures.append((msg.rank, step, reason))
+                self.events.log(trouble_event(msg))
+            case m.CheckpointSkipped():
+                self.events.log(trouble_event(msg))
+            case m.Loaded() if not self._loaded_logged:
+                self._loaded_logged = True  # every rank loads the checkpoint they agreed on
+                self.events.log(loaded_event(msg))
+            case m.Failure():
+                self._reports.append(report_from_message(msg))
+                self._sign_of_failure(now)
+        if self.losses is not None and msg.kind in TRAINING_REPORTS:
             self._on_anomaly(anomaly_in(self.losses, msg), now)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
@@ -249,31 +251,32 @@ class Attempt:
         self._noticed_at = self.clock.wall()
         self._finish(Ending.FAILED)
 
-    def _note_logs(self, msg: p.Message) -> None:
-        """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
-        out, err = msg.payload.get("stdout"), msg.payload.get("stderr")
-        if isinstance(out, str) and isinstance(err, str) and out[:1] == err[:1] == "/":
-            with contextlib.suppress(OSError):  # the logs are a convenience, never a failure
-                rank_logs.note(self.cfg.job.run_dir, self.number, msg.rank, out, err)
+    def _ask_to_sync(self, rank: int, now: float) -> None:
+        """In a coordinated save, ask ``rank`` to report its step (unless asked recently)."""
+        if self.sync is not None:
+            self.sync.ask(self.channel, self.ranks, rank, now)
 
-    def _on_exiting(self, msg: p.Message, now: float) -> None:
-        reason = msg.payload.get("reason")
+    def _on_exit_report(self, msg: p.Message, report: m.RankExit) -> None:
+        """A rank's waiting parent says how the rank ended (and its last step)."""
+        self._exact_step(msg.rank, report.last_step)
+        ended = exit_from_report(msg)
+        if ended is not None and self.tree.record(ended):
+            self._on_rank_exit(ended)
+
+    def _note_logs(self, rank: int, hello: m.Hello) -> None:
+        """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
+        out, err = hello.stdout, hello.stderr
+        if out is not None and err is not None and out[:1] == err[:1] == "/":
+            with contextlib.suppress(OSError):  # the logs are a convenience, never a failure
+                rank_logs.note(self.cfg.job.run_dir, self.number, rank, out, err)
+
+    def _on_exiting(self, rank: int, reason: str | None, now: float) -> None:
         if reason == p.ExitingReason.STOP.value:
-            self._left_for_stop.add(msg.rank)
+            self._left_for_stop.add(rank)
         elif reason == p.ExitingReason.END.value:
-            self._ended.add(msg.rank)
+            self._ended.add(rank)
             if len(self._ended) >= self.world_size and self._all_ended_t is None:
                 self._all_ended_t = now
-
-    def _on_checkpoint_message(self, msg: p.Message) -> None:
-        if msg.kind is p.Kind.CKPT_COMMITTED:
-            path = Path(str(msg.payload.get("path", "")))
-            self._on_commit(path, seconds=msg.value, source="sdk")
-        else:
-            if msg.kind is p.Kind.CKPT_FAILED:
-                reason = str(msg.payload.get("reason"))
-                self.checkpoint_failures.append((msg.rank, msg.step, reason))
-            self.events.log(trouble_event(msg))
 
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node

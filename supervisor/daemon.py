@@ -55,8 +55,8 @@ from supervisor.service.stop_signals import installed as installed_stop_signals
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
 from supervisor.supervisor import SlurmIds, Supervisor
-from worker_sdk import layout
-from worker_sdk import protocol as p
+from worker_sdk.contract import layout
+from worker_sdk.contract import protocol as p
 
 __all__ = ["STOP_SIGNALS", "AlreadyRunningError", "run_daemon"]
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.process_guard import ProcessGuard, guard
-from worker_sdk import _cgroup
-from worker_sdk._cgroup import Group
+from worker_sdk.spawn import cgroup as _cgroup
+from worker_sdk.spawn.cgroup import Group
 
 pytest_plugins = ("tests.helpers.fixtures", "tests.helpers.torchless")  # see each module
 

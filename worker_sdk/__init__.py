@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import protocol
+from .contract import protocol
 
-if TYPE_CHECKING:  # the supervisor imports worker_sdk.protocol: keep torch out of this module
-    from ._runtime import Runtime
-    from .checkpoint import Stateful
+# the supervisor imports worker_sdk.contract: keep torch out of this module
+if TYPE_CHECKING:
+    from .checkpoint.checkpointer import Stateful
+    from .runtime.runtime import Runtime
 
 __all__ = ["UsageError", "phase", "protocol", "resume", "step"]
 
@@ -40,8 +41,9 @@ _NEG_INF = -_INF
 class UsageError(RuntimeError):
     """The script called the SDK in a way it refuses; the message says what to change.
 
-    Under rvsup a rank that dies of it exits with :data:`worker_sdk.protocol.EXIT_USAGE`, and
-    the job gives up at once instead of restarting a script that would fail the same way.
+    Under rvsup a rank that dies of it exits with
+    :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and the job gives up at once instead of
+    restarting a script that would fail the same way.
     """
 
 
@@ -75,8 +77,8 @@ def resume(
     A checkpoint written by N ranks resumes on M ranks: sharded state is resharded, replicated
     state loads as it is. Per rank: rank r < N gets rank r's RNG states and ``extra`` back; a
     new rank r >= N gets the ``extra`` given here and its RNGs (Python, NumPy, torch CPU and
-    CUDA) seeded from the step and its rank (``worker_sdk._rng.derived_seed(step, r)``); the
-    parts of ranks >= M are not used. Objects whose state differs between ranks (a stateful
+    CUDA) seeded from the step and its rank (``worker_sdk.checkpoint.rng.derived_seed(step,
+    r)``); the parts of ranks >= M are not used. Objects whose state differs between ranks (a stateful
     data loader, a per-rank sampler) are saved by every rank: rank r < N gets its own back, a new
     rank keeps the object as constructed, and ``resume()`` warns about both on another world size.
 
@@ -94,10 +96,10 @@ def resume(
         raise ValueError(
             f"total_steps must be a whole number of steps above 0, not {total_steps!r}"
         )
-    from ._exit_hooks import install_excepthook
-    from ._runtime import Runtime
-    from ._settings import resolve
-    from .checkpoint import Checkpointer, LoadResult
+    from .checkpoint.checkpointer import Checkpointer, LoadResult
+    from .runtime.exit_hooks import install_excepthook
+    from .runtime.runtime import Runtime
+    from .runtime.settings import resolve
 
     settings = resolve(
         checkpoint_dir=checkpoint_dir,
@@ -110,12 +112,12 @@ def resume(
         rank, world_size = _rank_and_world()
     except UsageError:
         if settings.supervised:
-            from ._exit_hooks import exit_on_usage_error
+            from .runtime.exit_hooks import exit_on_usage_error
 
             exit_on_usage_error()
         raise
     if rank == 0:
-        from ._determinism import reordered_sums_warning
+        from .runtime.determinism import reordered_sums_warning
 
         warning = reordered_sums_warning(objects, world_size)
         if warning is not None:
@@ -134,7 +136,7 @@ def resume(
         loaded = LoadResult(step=None, path=None, extra=extra, skipped=())
     channel = None
     if settings.supervised:
-        from .heartbeat import Channel
+        from .runtime.channel import Channel
 
         assert settings.endpoint is not None
         assert settings.secret_file is not None
@@ -149,8 +151,8 @@ def resume(
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
     if loaded.step is not None:
-        from . import _rng
-        from ._loader_rng import LoaderWindow
+        from .checkpoint import rng as _rng
+        from .runtime.loader_rng import LoaderWindow
 
         # the DataLoader iterators the script makes until the first step() (an epoch loop)
         rt.window = LoaderWindow(_rng.capture(), objects)

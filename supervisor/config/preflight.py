@@ -16,7 +16,7 @@ from typing import Final
 
 from supervisor.config.model import ConfigIssue, JobConfig
 from supervisor.config.torchrun import torchrun_issue
-from worker_sdk import layout
+from worker_sdk.contract import layout
 
 __all__ = ["CHECKPOINT_MARKER", "preflight"]
 

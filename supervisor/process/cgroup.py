@@ -1,7 +1,7 @@
 """The job's cgroups: one per attempt, one for the zygote, so that nothing outlives its attempt.
 
 At start-up the daemon makes a group of its own under the cgroup v2 group it runs in
-(``rvsup-PID``; found through ``worker_sdk._cgroup``, wherever the hierarchy is mounted) and
+(``rvsup-PID``; found through ``worker_sdk.spawn.cgroup``, wherever the hierarchy is mounted) and
 proves it may move processes there (it moves itself in and back). Every launcher then joins a
 fresh child group before it runs anything (the bootstrap's ``--cgroup``): ``attempt-N`` for
 attempt N (the warm standby waits in ``standby-N``, and is moved into the attempt's group before
@@ -30,8 +30,8 @@ import psutil
 from supervisor.process import proctree
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
-from worker_sdk import _cgroup
-from worker_sdk._cgroup import Group
+from worker_sdk.spawn import cgroup as _cgroup
+from worker_sdk.spawn.cgroup import Group
 
 __all__ = ["TREE_WALK", "Group", "JobGroups", "end_group", "ended_events", "mechanism_here"]
 

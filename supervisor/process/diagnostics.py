@@ -5,7 +5,7 @@ The SDK arms faulthandler on ``protocol.DUMP_SIGNAL`` (SIGUSR2) in ``resume()``,
 thread's stack to ``<run_dir>/diagnostics/attempt-N/rank-NNNNN.stacks``. faulthandler's handler
 is C code, so it answers even while the rank blocks in a collective or holds the GIL in a loop.
 Where c10d records collectives, a byte written to ``rank-NNNNN.flight.fifo`` makes the rank dump
-torch's flight recorder to ``rank-NNNNN.flight.json`` (see worker_sdk._flight). Where py-spy
+torch's flight recorder to ``rank-NNNNN.flight.json`` (see worker_sdk.runtime.flight). Where py-spy
 is installed, ``rank-NNNNN.native`` holds the native stacks (see :mod:`supervisor.process.native`).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from supervisor.process import native, proctree
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "DUMP_WAIT_S",

@@ -1,7 +1,7 @@
 """Builds the torchrun (or srun + torchrun) command line and environment of one attempt, and starts it.
 
 torchrun is started in a session of its own with the parent-death signal armed (SIGKILL when the
-supervisor dies), and it runs every rank through ``worker_sdk._bootstrap``, which arms the same
+supervisor dies), and it runs every rank through ``worker_sdk.spawn.bootstrap``, which arms the same
 signal before exec'ing the user's command: killing the supervisor with SIGKILL takes the whole tree
 with it. torchrun never restarts anything itself (``--max-restarts=0``): the supervisor decides.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import signal
@@ -24,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import worker_sdk._standby
 from supervisor.config.load import JobConfig
 from supervisor.config.torchrun import Torchrun, resolve_torchrun
 from supervisor.process.cgroup import Group
 from supervisor.record import rundir
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 if TYPE_CHECKING:
     from supervisor.slurm.commands import Allocation
@@ -162,13 +162,25 @@ def build_plan(
     if forked:
         env[p.ENV_REPORT_EXIT] = "1"  # the zygote is the rank's parent: its client reports
     via = ["--zygote", zygote] if zygote is not None else []
-    tr += ["--no-python", sys.executable, "-m", "worker_sdk._bootstrap", *via, *cfg.job.command]
+    tr += [
+        "--no-python",
+        sys.executable,
+        "-m",
+        "worker_sdk.spawn.bootstrap",
+        *via,
+        *cfg.job.command,
+    ]
     argv = tr
     if nnodes > 1 and alloc is not None:
         from supervisor.slurm.commands import srun_argv
 
         # on every node, torchrun and all it starts in a group of their own, ended with it
-        node = [sys.executable, "-m", "worker_sdk._node_group", repr(cfg.launch.term_timeout_s)]
+        node = [
+            sys.executable,
+            "-m",
+            "worker_sdk.spawn.node_group",
+            repr(cfg.launch.term_timeout_s),
+        ]
         argv = srun_argv(alloc, [*node, *tr], job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None
     return LaunchPlan(
@@ -189,7 +201,7 @@ def rank_environment(
     resume_at: int | None = None,
     resume_before: int | None = None,
 ) -> dict[str, str]:
-    """The RVSUP_* variables every rank sees (the contract in worker_sdk.protocol); after a
+    """The RVSUP_* variables every rank sees (the contract in worker_sdk.contract.protocol); after a
     rollback, the step to start at the earliest and the first checkpoint step not to load."""
     ck = cfg.checkpoint
     env = {
@@ -243,7 +255,7 @@ def _bootstrapped(
     which it joins before anything else), with ``plan``'s cwd and env (or ``env``)."""
     into = ["--cgroup", cgroup] if cgroup is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "worker_sdk._bootstrap", *into, *argv],
+        [sys.executable, "-m", "worker_sdk.spawn.bootstrap", *into, *argv],
         env=dict(plan.env if env is None else env),
         cwd=plan.cwd,
         stdin=stdin,
@@ -252,11 +264,19 @@ def _bootstrapped(
     )
 
 
-# Runs rvsup's own copy of worker_sdk/_standby.py on the job's interpreter, by path: the job's
+def spawn_module_file(name: str) -> str:
+    """The file of ``worker_sdk.spawn.<name>``, found without importing (executing) it."""
+    spec = importlib.util.find_spec(f"worker_sdk.spawn.{name}")
+    if spec is None or spec.origin is None:  # pragma: no cover - installed with the daemon
+        raise ImportError(f"worker_sdk.spawn.{name} is missing from rvsup's installation")
+    return str(Path(spec.origin).resolve())
+
+
+# Runs rvsup's own copy of worker_sdk/spawn/standby.py on the job's interpreter, by path: the job's
 # environment need not have worker_sdk, nor the same version of it. sys.path loses "" (the cwd),
 # as when the torchrun script runs. The first line names the module for people and tools (ps).
 _STANDBY_CODE = (
-    "# worker_sdk._standby: rvsup's warm standby launcher\n"
+    "# worker_sdk.spawn.standby: rvsup's warm standby launcher\n"
     "import runpy, sys\n"
     "if sys.path and not sys.path[0]:\n"
     "    del sys.path[0]\n"
@@ -265,7 +285,7 @@ _STANDBY_CODE = (
 
 
 def _standby_script() -> str:
-    return str(Path(worker_sdk._standby.__file__).resolve())  # noqa: SLF001 -- our own module
+    return spawn_module_file("standby")
 
 
 def standby_argv(python: str) -> tuple[str, ...]:
@@ -274,7 +294,7 @@ def standby_argv(python: str) -> tuple[str, ...]:
 
 
 class Standby:
-    """A warm torchrun for the next single-node attempt (``worker_sdk._standby``).
+    """A warm torchrun for the next single-node attempt (``worker_sdk.spawn.standby``).
 
     :meth:`prepare` starts one in the background while an attempt runs, on the job's interpreter
     (``torchrun.python``; none when that is unknown); :meth:`spawn` hands the next attempt's

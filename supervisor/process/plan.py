@@ -28,7 +28,7 @@ from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation, srun_argv
-from worker_sdk._zygote_wire import same_interpreter
+from worker_sdk.spawn.zygote_wire import same_interpreter
 
 __all__ = ["Launches", "PortHold", "sweep_nodes"]
 
@@ -192,10 +192,10 @@ class Launches:
 
 def sweep_nodes(alloc: Allocation, job_name: str, *, timeout_s: float = 30.0) -> None:
     """At the end of a multi-node job, on every node: what the attempts' node wrappers
-    (``worker_sdk._node_group``) could not end, because srun's teardown SIGKILLed them with
+    (``worker_sdk.spawn.node_group``) could not end, because srun's teardown SIGKILLed them with
     their torchrun, is ended (one short step of a wrapper with nothing to run: it ends the
     groups of wrappers that are gone before it runs it)."""
-    inner = [sys.executable, "-m", "worker_sdk._node_group", "0", "true"]
+    inner = [sys.executable, "-m", "worker_sdk.spawn.node_group", "0", "true"]
     argv = srun_argv(alloc, inner, job_name=f"{job_name}-sweep")
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(

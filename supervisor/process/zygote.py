@@ -1,11 +1,11 @@
 """The node's zygote, seen from the supervisor: start it, hand its name to the ranks, hear it.
 
-The zygote (``worker_sdk/_zygote.py``) runs on the job's interpreter with the job's environment,
+The zygote (``worker_sdk/spawn/zygote.py``) runs on the job's interpreter with the job's environment,
 imports torch once, and forks every rank of every attempt on request (see that module). The
 supervisor starts it at the job's first attempt, so that its imports overlap torchrun's own
 start, and keeps it for the whole job: a restart then costs little more than the process
 group's set-up and the checkpoint's load. The ranks' command line names it
-(``worker_sdk._bootstrap --zygote NAME``); every rank is reported by its client when it ends
+(``worker_sdk.spawn.bootstrap --zygote NAME``); every rank is reported by its client when it ends
 (``RVSUP_REPORT_EXIT``), since the zygote, not torchrun, is the rank's parent.
 
 A multi-node job gets one on every node, as a Slurm step of its own (:class:`Zygote`): the
@@ -30,10 +30,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import worker_sdk._zygote
+from supervisor.process.launcher import spawn_module_file
 from supervisor.record.schema import ColdStart
 from supervisor.slurm.commands import Allocation, srun_argv
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["DEFAULT_PRELOAD", "Zygote", "zygote_argv", "zygote_step_argv"]
 
@@ -52,11 +52,11 @@ _LISTEN_WAIT_S = 5.0
 _STEP_WAIT_S = 15.0  # srun starts a step on every node first
 _CMDLINE_ROOM = 4096
 
-# Runs rvsup's own copy of worker_sdk/_zygote.py on the job's interpreter, by path, under a
+# Runs rvsup's own copy of worker_sdk/spawn/zygote.py on the job's interpreter, by path, under a
 # module name of its own: the job's environment need not have worker_sdk. sys.path loses ""
 # (the cwd) as a script's would; the first line names the process for people and ps.
 _ZYGOTE_CODE = (
-    "# worker_sdk._zygote: rvsup's zygote, forks the ranks\n"
+    "# worker_sdk.spawn.zygote: rvsup's zygote, forks the ranks\n"
     "import importlib.util, sys\n"
     "if sys.path and not sys.path[0]:\n"
     "    del sys.path[0]\n"
@@ -72,7 +72,7 @@ def zygote_argv(
     python: str, name: str, preload: Sequence[str], *, path: str | None = None
 ) -> tuple[str, ...]:
     """The zygote's command line on the job's interpreter ``python``."""
-    argv = [python, "-c", _ZYGOTE_CODE, str(Path(worker_sdk._zygote.__file__).resolve())]  # noqa: SLF001 -- our own module
+    argv = [python, "-c", _ZYGOTE_CODE, spawn_module_file("zygote")]
     argv += ["--socket", name, "--preload", ",".join(preload)]
     argv += ["--optional", ",".join(OPTIONAL_PRELOAD)]
     if path:
@@ -88,7 +88,7 @@ class Zygote:
     (``srun``, one task per node, :func:`zygote_step_argv`) beside the attempts' steps, for as
     long as the nodes stay the same: the ranks it forks live in that step, inside Slurm's
     cgroup, accounting and resource binding, and the attempts' steps hold only torchrun and
-    the ranks' clients. A node whose zygote ended says so (``worker_sdk._zygote_watch``), and
+    the ranks' clients. A node whose zygote ended says so (``worker_sdk.spawn.zygote_watch``), and
     the step is started again before the next attempt.
     """
 
@@ -142,7 +142,7 @@ class Zygote:
             argv = tuple(zygote_step_argv(alloc, argv, step_name=self.step_name))
         into = ["--cgroup", cgroup] if cgroup is not None else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "worker_sdk._bootstrap", *into, *argv],
+            [sys.executable, "-m", "worker_sdk.spawn.bootstrap", *into, *argv],
             env=zenv,
             cwd=cwd,
             stdin=subprocess.PIPE,
@@ -280,9 +280,9 @@ class Zygote:
 
 def zygote_step_argv(alloc: Allocation, zygote: Sequence[str], *, step_name: str) -> list[str]:
     """The srun command that runs ``zygote`` (:func:`zygote_argv`) on every node of ``alloc``,
-    each watched by ``worker_sdk._zygote_watch``, as a step of its own. Unlike an attempt's
+    each watched by ``worker_sdk.spawn.zygote_watch``, as a step of its own. Unlike an attempt's
     step, one node's zygote ending does not end the others."""
-    inner = [sys.executable, "-m", "worker_sdk._zygote_watch", *zygote]
+    inner = [sys.executable, "-m", "worker_sdk.spawn.zygote_watch", *zygote]
     return srun_argv(alloc, inner, job_name=step_name, kill_on_bad_exit=False)
 
 

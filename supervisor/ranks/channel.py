@@ -23,7 +23,8 @@ import zmq.asyncio
 
 from supervisor.rules.hangs import Silence, StepTimes
 from supervisor.rules.observation import RankExit, RankReport
-from worker_sdk import protocol as p
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "Channel",
@@ -102,39 +103,41 @@ class RankTable:
 
     def observe(self, identity: bytes, msg: p.Message, now: float) -> RankState:
         """Update the sender's state from one message; returns it."""
+        body = m.read(msg)
         st = self.ranks.get(msg.rank)
         if st is None or st.pid != msg.pid:
             if st is not None:  # a new process for this rank: forget the old one's samples
                 for seconds in st.step_times:
                     self.step_times.remove(seconds)
-            host = str(msg.payload.get("host", "?")) if msg.kind is p.Kind.HELLO else "?"
+            host = body.host if isinstance(body, m.Hello) and body.host is not None else "?"
             st = RankState(msg.rank, msg.pid, host, identity, now, last_progress_t=now)
             self.ranks[msg.rank] = st
         st.identity = identity
         st.last_seen_t = now
-        if msg.kind is p.Kind.HELLO:
-            st.host = str(msg.payload.get("host", st.host))
-            st.total_steps = _positive_int(msg.payload.get("total_steps"))
-            st.resume_step = msg.step
-            st.last_step = max(st.last_step, msg.step - 1)
-        elif msg.kind in (p.Kind.HEARTBEAT, p.Kind.SYNC, p.Kind.CKPT_COMMITTED, p.Kind.EXITING):
-            if msg.kind is p.Kind.HEARTBEAT and msg.value > 0:
-                self._add_step_time(st, msg.value)
-            if msg.step > st.last_step:
-                st.last_step = msg.step
-                st.last_progress_t = now
-                if st.first_step_t is None:
-                    st.first_step_t = now
-            if msg.kind is not p.Kind.SYNC:
-                st.saving_since = None
-            if msg.kind is p.Kind.EXITING:
-                st.phase = "exiting"  # leaving: its silence from now on is not a hang
-        elif msg.kind is p.Kind.CKPT_BEGIN:
-            st.saving_since = now
-            st.saving_step = msg.step
-        elif msg.kind is p.Kind.PHASE:
-            st.phase = str(msg.payload.get("name")) if msg.payload.get("begin") else None
-            st.last_progress_t = now  # entering or leaving a phase is a sign of life
+        match body:
+            case m.Hello():
+                st.host = st.host if body.host is None else body.host
+                st.total_steps = body.total_steps
+                st.resume_step = body.step
+                st.last_step = max(st.last_step, body.step - 1)
+            case m.Heartbeat() | m.Sync() | m.CheckpointCommitted() | m.Exiting():
+                if isinstance(body, m.Heartbeat) and body.longest_step_s > 0:
+                    self._add_step_time(st, body.longest_step_s)
+                if body.step > st.last_step:
+                    st.last_step = body.step
+                    st.last_progress_t = now
+                    if st.first_step_t is None:
+                        st.first_step_t = now
+                if not isinstance(body, m.Sync):
+                    st.saving_since = None
+                if isinstance(body, m.Exiting):
+                    st.phase = "exiting"  # leaving: its silence from now on is not a hang
+            case m.CheckpointBegin():
+                st.saving_since = now
+                st.saving_step = body.step
+            case m.Phase():
+                st.phase = str(body.name) if body.begin else None
+                st.last_progress_t = now  # entering or leaving a phase is a sign of life
         return st
 
     def commit_seen(self, step: int) -> None:
@@ -189,25 +192,21 @@ def exit_from_report(msg: p.Message) -> RankExit | None:
     Payload: ``pid`` (int), ``code`` (int, or None when a signal ended it), ``signal`` (int or
     None), ``host`` (str).
     """
-    payload = msg.payload
-    pid, code, sig, host = (payload.get(k) for k in ("pid", "code", "signal", "host"))
-    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(host, str):
+    body = m.read(msg)
+    if not isinstance(body, m.RankExit) or body.pid is None or body.host is None:
         return None
-    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (code, sig)):
+    if (body.code is None) == (body.signal is None):  # exactly one of them says how it ended
         return None
-    if (code is None) == (sig is None):  # exactly one of them says how it ended
-        return None
-    return RankExit(msg.rank, pid, exit_code=code, signal=sig, node=host)
+    return RankExit(msg.rank, body.pid, exit_code=body.code, signal=body.signal, node=body.host)
 
 
 def report_from_message(msg: p.Message) -> RankReport:
     """What a rank said of its own failure in a ``FAILURE`` message."""
+    body = m.read(msg)
+    if not isinstance(body, m.Failure):
+        raise TypeError(f"not a FAILURE message: {msg.kind.name}")
     return RankReport(
-        rank=msg.rank,
-        kind=str(msg.payload.get("kind", "exception")),
-        type=str(msg.payload.get("type", "")),
-        message=str(msg.payload.get("message", "")),
-        step=msg.step,
+        rank=msg.rank, kind=body.kind, type=body.type, message=body.message, step=body.step
     )
 
 
@@ -362,10 +361,3 @@ def _routable_host() -> str:
         return socket.gethostbyname(name)
     except OSError:
         return name
-
-
-def _positive_int(value: object) -> int | None:
-    """``value`` when it is an int above 0 (a field a rank may leave out), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None

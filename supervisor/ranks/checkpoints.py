@@ -4,7 +4,7 @@ Two sources say that a checkpoint was committed: rank 0's CKPT_COMMITTED message
 the save's duration, works on a shared file system whose changes this node's inotify never sees),
 and a watchdog observer of the directory (sees the atomic rename even when the rank dies before its
 message leaves). Both feed :class:`CommitTracker`, which validates the directory the same way a
-resuming rank will (``worker_sdk.layout``) and reports each step once.
+resuming rank will (``worker_sdk.contract.layout``) and reports each step once.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from supervisor.record.schema import (
     CheckpointLoaded,
     CheckpointSkipped,
 )
-from worker_sdk import layout
-from worker_sdk import protocol as p
+from worker_sdk.contract import layout
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "Commit",
@@ -65,23 +66,22 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
 
 def loaded_event(msg: p.Message) -> CheckpointLoaded:
     """The history's line for a ``LOADED`` message: what the ranks resumed from."""
-    path, saved_by = msg.payload.get("path"), msg.payload.get("world_size")
-    return CheckpointLoaded(
-        resume_step=msg.step,
-        checkpoint=None if path is None else str(path),
-        world_size=saved_by if isinstance(saved_by, int) else None,
-    )
+    body = m.read(msg)
+    if not isinstance(body, m.Loaded):
+        raise TypeError(f"not a LOADED message: {msg.kind.name}")
+    return CheckpointLoaded(resume_step=body.step, checkpoint=body.path, world_size=body.world_size)
 
 
 def trouble_event(msg: p.Message) -> CheckpointFailed | CheckpointSkipped:
     """The history's line for a ``CKPT_FAILED`` (a background save that failed) or
     ``CKPT_SKIPPED`` (a damaged checkpoint passed over at load) message."""
-    if msg.kind is p.Kind.CKPT_FAILED:
-        reason = str(msg.payload.get("reason"))[:2000]
-        return CheckpointFailed(step=msg.step, rank=msg.rank, reason=reason)
-    return CheckpointSkipped(
-        path=str(msg.payload.get("path")), reason=str(msg.payload.get("reason")), rank=msg.rank
-    )
+    match m.read(msg):
+        case m.CheckpointFailed(step, reason):
+            return CheckpointFailed(step=step, rank=msg.rank, reason=reason[:2000])
+        case m.CheckpointSkipped(path, reason):
+            return CheckpointSkipped(path=path, reason=reason, rank=msg.rank)
+        case _:
+            raise TypeError(f"not a CKPT_FAILED or CKPT_SKIPPED message: {msg.kind.name}")
 
 
 class CommitTracker:
@@ -96,7 +96,7 @@ class CommitTracker:
         self._seen: set[int] = set()
 
     def path_of(self, step: int) -> Path:
-        """Where the committed checkpoint of ``step`` lives (``worker_sdk.layout`` names it)."""
+        """Where the committed checkpoint of ``step`` lives (``worker_sdk.contract.layout`` names it)."""
         return self.directory / layout.committed_name(step)
 
     def steps(self) -> list[int]:

@@ -5,7 +5,7 @@ supervisor sends SYNC_REQUEST; from its next heartbeat on each rank reports ever
 SYNC and waits for the answer. Until all ranks have reported, the answer is CONTINUE; then every rank
 is told SAVE_AT ``max(reported) + 1``. A rank waits after each report, so none can be past that step.
 A SYNC that arrives when no round is open is answered SYNC_CANCEL (a duplicate request the rank saw
-late). The rank's half is in ``worker_sdk._runtime``.
+late). The rank's half is in ``worker_sdk.runtime.runtime``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from supervisor.ranks.channel import Channel, RankTable
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["SaveRound", "answer_without_round"]
 

@@ -23,7 +23,7 @@ from supervisor.process import activity
 from supervisor.record.schema import SlowPhase
 from supervisor.rules import culprits
 from supervisor.rules.stuck import Busy, RankEvidence, Stuck, judge_silence
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = ["LEAD_S", "MIN_WINDOW_S", "Phase", "SlowWatch"]
 

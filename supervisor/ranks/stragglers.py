@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from supervisor.record.schema import StragglerDetected
 from supervisor.rules.stragglers import StragglerWatch
-from worker_sdk import protocol as p
+from worker_sdk.contract import messages as m
 
 __all__ = ["JUDGE_EVERY_S", "StragglerReports"]
 
@@ -33,12 +33,9 @@ class StragglerReports:
         self.node: str | None = None
         """The node of the straggler named now."""
 
-    def heard(self, msg: p.Message, now: float) -> None:
-        """A heartbeat: its step, and its wait when it carries one."""
-        wait = msg.payload.get("comm_wait_s")
-        if not isinstance(wait, int | float) or isinstance(wait, bool):
-            wait = None
-        self.watch.observe(msg.rank, now, msg.step, None if wait is None else float(wait))
+    def heard(self, rank: int, beat: m.Heartbeat, now: float) -> None:
+        """A heartbeat of ``rank``: its step, and its wait when it carries one."""
+        self.watch.observe(rank, now, beat.step, beat.comm_wait_s)
 
     def due(self, now: float) -> bool:
         """Whether :meth:`judge` is due (once per :data:`JUDGE_EVERY_S`)."""

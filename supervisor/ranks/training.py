@@ -12,7 +12,8 @@ from typing import Final
 from supervisor.record.schema import AnomalyDetected
 from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import Anomaly
-from worker_sdk import protocol as p
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
 
 __all__ = ["TRAINING_REPORTS", "anomaly_event", "anomaly_in"]
 
@@ -24,18 +25,19 @@ TRAINING_REPORTS: Final = frozenset(
 
 def anomaly_in(losses: LossWatch, msg: p.Message) -> Anomaly | None:
     """The anomaly a message reports or completes (a heartbeat's loss), if any."""
-    since = msg.payload.get("since")
-    onset = since if isinstance(since, int) and since <= msg.step else msg.step
-    if msg.kind is p.Kind.LOSS_NONFINITE:
-        return losses.nonfinite(msg.rank, msg.step, onset, msg.value)
-    if msg.kind is p.Kind.REPLICAS_DIVERGED:
-        text = str(msg.payload.get("ranks", ""))
-        ranks = tuple(int(r) for r in text.split(",") if r.isdecimal()) or (msg.rank,)
-        return losses.diverged(ranks, msg.step, onset)
-    loss = msg.payload.get("loss")
-    if isinstance(loss, int | float) and not isinstance(loss, bool):
-        return losses.observe(msg.rank, msg.step, float(loss))
+    match m.read(msg):
+        case m.LossNonFinite(step, value, since):
+            return losses.nonfinite(msg.rank, step, _onset(step, since), value)
+        case m.ReplicasDiverged(step, ranks, since):
+            return losses.diverged(ranks or (msg.rank,), step, _onset(step, since))
+        case m.Heartbeat(step, _, loss) if loss is not None:
+            return losses.observe(msg.rank, step, loss)
     return None
+
+
+def _onset(step: int, since: int | None) -> int:
+    """The first step an anomaly seen at ``step`` may come from (``since``, when it makes sense)."""
+    return since if since is not None and since <= step else step
 
 
 def anomaly_event(anomaly: Anomaly) -> AnomalyDetected:

@@ -16,7 +16,7 @@ The rules:
   judged before the rank has reported :func:`min_values` values (the baseline is kept across
   attempts: a loss still high after a rollback is judged at once).
 - **replicas_diverged** — the DDP ranks compared a fingerprint of their parameters every
-  ``verify_every_steps`` steps and some differ from the majority (``worker_sdk._replicas``);
+  ``verify_every_steps`` steps and some differ from the majority (``worker_sdk.runtime.replicas``);
   the onset is the step after the last check that agreed.
 - **rollback** — the job goes back to the newest checkpoint of a step before the onset
   (checkpoints at the onset or later are discarded: they may hold the damage) and goes on at

@@ -12,7 +12,7 @@ Precedence, highest first (the first rule that matches wins):
 2. ``lost_nodes`` non-empty -> ``node_failure``: the ranks on a lost node die with it, and
    the rest of the group fails as a consequence.
 3. Out of memory -> ``oom``: a rank reported ``kind == "oom"``, a rank (or the launcher)
-   exited with :data:`worker_sdk.protocol.EXIT_OOM`, the cgroup counted new host OOM kills,
+   exited with :data:`worker_sdk.contract.protocol.EXIT_OOM`, the cgroup counted new host OOM kills,
    or the ranks' stderr mentions ``OutOfMemoryError`` / ``CUDA out of memory``.
 4. ``anomaly`` set -> ``nonfinite_loss`` / ``loss_spike`` / ``replicas_diverged``: the
    supervisor ended the attempt for what a rank reported (:mod:`.anomalies`), so the kills
@@ -45,7 +45,7 @@ from supervisor.rules.observation import (
     StopReason,
     signal_name,
 )
-from worker_sdk.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT, EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT, EXIT_USAGE
 
 __all__ = [
     "OOM_MARKERS",

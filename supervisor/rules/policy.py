@@ -7,7 +7,7 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
 
 - ``preempted`` / ``timelimit`` / ``stopped`` -> :class:`Requeue`, never charged to the
   budget, even when the budget is spent.
-- A ``crash`` in which a rank exited with :data:`worker_sdk.protocol.EXIT_USAGE` (the script
+- A ``crash`` in which a rank exited with :data:`worker_sdk.contract.protocol.EXIT_USAGE` (the script
   called the SDK in a way it refuses, e.g. ``resume()`` before ``init_process_group``) ->
   :class:`GiveUp` at once: the same script fails the same way on every restart.
 - ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
@@ -33,7 +33,7 @@ from typing import Final, Literal, TypeAlias, get_args
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import deterministic_signature
 from supervisor.rules.observation import Failure, FailureKind, StopReason
-from worker_sdk.protocol import EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_USAGE
 
 __all__ = [
     "Decision",

@@ -4,7 +4,7 @@ Under DDP every rank's step lasts as long as the slowest rank's: the gradient al
 end of the backward pass finishes only once the last rank has joined it. What differs between
 the ranks is how long each of them *waits* there after its own backward is done: the rank that
 makes the others wait waits (almost) not at all, the others wait for it. The SDK reads that wait
-from DDP's own runtime statistics (``worker_sdk._stragglers``) and sends it with its heartbeats
+from DDP's own runtime statistics (``worker_sdk.runtime.stragglers``) and sends it with its heartbeats
 (``comm_wait_s``, one sample per heartbeat at most); durations only, so nodes' clocks need not
 agree.
 

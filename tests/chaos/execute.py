@@ -24,7 +24,7 @@ import psutil
 
 from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
 from tests.helpers.process_guard import guard
-from worker_sdk import layout
+from worker_sdk.contract import layout
 
 from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
 

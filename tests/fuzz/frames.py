@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "FAKE_PID",

@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from supervisor.ranks.channel import HeartbeatEndpoint
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 from .frames import FAKE_PID, Hostile, hostile, signed, valid
 from .strategies import FUZZ

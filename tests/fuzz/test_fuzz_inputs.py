@@ -21,7 +21,7 @@ from supervisor.config.load import _SECTION_KEYS, parse_config
 from supervisor.config.model import ConfigError, JobConfig
 from supervisor.ranks.channel import RankTable, exit_from_report
 from supervisor.record import history, summary
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 # RVSUP_FUZZ_EXAMPLES=5000 for a longer search than the suite's
 FAST = settings(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worker_sdk.layout import DCP_METADATA, MANIFEST, SHARED, committed_name, rank_file
+from worker_sdk.contract.layout import DCP_METADATA, MANIFEST, SHARED, committed_name, rank_file
 
 __all__ = ["make_checkpoint", "make_checkpoint_v2"]
 

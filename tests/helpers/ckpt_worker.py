@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from worker_sdk import _collectives
-from worker_sdk.checkpoint import Checkpointer
+from worker_sdk.checkpoint import collectives as _collectives
+from worker_sdk.checkpoint.checkpointer import Checkpointer
 
 
 class FaultyCheckpointer(Checkpointer):

@@ -20,7 +20,7 @@ from supervisor.process.launcher import LaunchPlan
 from supervisor.record.schema import ColdStart
 from supervisor.rules.observation import RankExit
 from tests.helpers.jobs import write_job_file
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 WORLD = 2
 

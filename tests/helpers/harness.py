@@ -168,13 +168,15 @@ def wait_progress(job: Path, *, min_step: int, timeout: float = 90) -> dict[str,
 def launcher_of_ranks(daemon: int, rank_pid: int) -> psutil.Process:
     """The torchrun that started the current attempt's ranks: a rank's parent, or, for ranks
     forked from the zygote (then their parent), the parent of the clients that stand in for
-    them (``python -m worker_sdk._bootstrap --zygote ...``)."""
+    them (``python -m worker_sdk.spawn.bootstrap --zygote ...``)."""
     clients = []
     for proc in psutil.Process(daemon).children(recursive=True):
         with contextlib.suppress(psutil.Error):  # a process that just ended
             cmdline = proc.cmdline()
-            standby = cmdline[-1].endswith("_standby.py")  # the next attempt's launcher's client
-            if cmdline[1:4] == ["-m", "worker_sdk._bootstrap", "--zygote"] and not standby:
+            standby = cmdline[-1].endswith(
+                "spawn/standby.py"
+            )  # the next attempt's launcher's client
+            if cmdline[1:4] == ["-m", "worker_sdk.spawn.bootstrap", "--zygote"] and not standby:
                 clients.append(proc)
     launchers = {p.parent() for p in clients} if clients else {psutil.Process(rank_pid).parent()}
     assert len(launchers) == 1, launchers

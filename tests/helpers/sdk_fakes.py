@@ -7,8 +7,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from worker_sdk import protocol as p
-from worker_sdk._settings import Settings
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime.settings import Settings
 
 
 def settings(tmp: Path) -> Settings:

@@ -37,7 +37,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import worker_sdk
-from worker_sdk import _arena, _collectives, _dcp
+from worker_sdk.checkpoint import collectives as _collectives
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint.background import arena as _arena
+from worker_sdk.checkpoint.background.async_save import AsyncSaver
 
 
 def fault() -> tuple[str, int, int] | None:
@@ -80,7 +83,7 @@ def arm_kill_in_staging(step: int, current: list[int]) -> None:
 
 
 def kill_once_writer_paused() -> None:
-    """Wait until this rank's writer process froze itself (RVSUP_TEST_WRITER_PAUSE), then
+    """Wait until this rank's writer process froze itself (tests.helpers.paused_writer), then
     SIGKILL this rank: the writer dies with it."""
     import psutil
 
@@ -126,7 +129,7 @@ def dump(out: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, ex
     info = {"seen": float(extra["seen"]), "draw": torch.rand(1).item()}
     Path(f"{out}.rank{rank}.json").write_text(json.dumps(info))
     # The last collective before exit: one that returns only once gloo has let go of its tensors
-    # (worker_sdk/_collectives.py), then a moment for the other gloo thread to drop the gather's
+    # (worker_sdk/checkpoint/collectives.py), then a moment for the other gloo thread to drop the gather's
     # works; a gloo thread dropping a tensor during interpreter finalization aborts the rank.
     _collectives.all_gather_ints([rank])
     time.sleep(0.02)
@@ -150,6 +153,7 @@ def main() -> None:
     if f is not None and f[0] in ("killwriting", "killrename") and f[1] == rank:
         phase = {"killwriting": "written", "killrename": "rename"}[f[0]]
         os.environ["RVSUP_TEST_WRITER_PAUSE"] = f"{phase}:{f[2]}"
+        AsyncSaver.writer_module = "tests.helpers.paused_writer"
         paused_kill_step = f[2]
     torch.manual_seed(1000 + rank)
     extra: dict[str, Any] = {"seen": torch.zeros(1)}

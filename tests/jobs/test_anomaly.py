@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.harness import events, named, rvsup, write_job
-from worker_sdk.layout import committed_name
+from worker_sdk.contract.layout import committed_name
 
 pytestmark = pytest.mark.process
 

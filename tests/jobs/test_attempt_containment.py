@@ -82,7 +82,7 @@ def test_the_leftover_guard_sees_forked_ranks(tmp_path: Path) -> None:
         zygotes = {rank.parent() for rank in ranks}
         assert len(zygotes) == 1
         zygote = zygotes.pop()
-        assert zygote is not None and "worker_sdk._zygote" in " ".join(zygote.cmdline())
+        assert zygote is not None and "worker_sdk.spawn.zygote" in " ".join(zygote.cmdline())
         found = marked_processes(exempt_daemons=True)
         assert {zygote.pid, *(rank.pid for rank in ranks)} <= set(found)
 
@@ -119,12 +119,12 @@ def test_what_a_killed_rvsup_left_ends_at_the_next_start(tmp_path: Path) -> None
 
 
 def test_a_node_group_ends_what_its_command_left(tmp_path: Path) -> None:
-    """What srun runs on each node of a multi-node attempt (``worker_sdk._node_group``) runs
+    """What srun runs on each node of a multi-node attempt (``worker_sdk.spawn.node_group``) runs
     torchrun in a group of its own: once the command has ended, its child, setsid grandchild
     and double-forked daemon are gone and it ends like the command; what a wrapper killed with
     SIGKILL left is ended by the next one on the node."""
     mark = f"spawn-{uuid.uuid4().hex}"
-    wrapper = [sys.executable, "-m", "worker_sdk._node_group", "2"]
+    wrapper = [sys.executable, "-m", "worker_sdk.spawn.node_group", "2"]
 
     def command(then: str) -> list[str]:
         code = (

@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.process import native
 from tests.helpers.harness import events, named, rvsup, write_job
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 pytestmark = pytest.mark.process
 

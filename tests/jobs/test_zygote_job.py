@@ -47,7 +47,7 @@ def test_kill9_restart_from_the_zygote_is_quick_and_bit_identical(
         os.kill(victim["pid"], signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
-    assert all("worker_sdk._zygote" in p for p in parents), parents
+    assert all("worker_sdk.spawn.zygote" in p for p in parents), parents
     evs = events(tmp_path / "run")
     assert named(evs, "cold_start") == []
     assert [f["kind"] for f in named(evs, "failure_detected")] == ["crash"]
@@ -70,7 +70,7 @@ def test_zygote_false_starts_ranks_cold(tmp_path: Path) -> None:
     )
     with running(job) as proc:
         parents = _parents(wait_progress(job, min_step=5))
-        assert all("torch" in p and "worker_sdk._zygote" not in p for p in parents), parents
+        assert all("torch" in p and "worker_sdk.spawn.zygote" not in p for p in parents), parents
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     started = named(events(tmp_path / "run"), "attempt_started")

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slurm
 TOTAL = 60  # steps of every job here (the reference's too: the final states must compare)
 START_S = 90.0  # a 2-node job's start: scheduling, 6 Python processes importing torch on 2 cores
 END_S = 120.0  # from the last signal to the job leaving the queue (requeues included)
-ZYGOTE_CMDLINE = "worker_sdk._zygote --socket"  # what a zygote's command line shows
+ZYGOTE_CMDLINE = "worker_sdk.spawn.zygote --socket"  # what a zygote's command line shows
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,9 +1,12 @@
-"""The layout's promises, checked from the source: ``supervisor/rules/`` is pure."""
+"""The layout's promises, checked from the source: ``supervisor/rules/`` is pure, the daemon
+imports only the contract it shares with the ranks, and supervisor's subpackages form no cycle."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +35,7 @@ _PURE_IMPORTS = frozenset(
         "sortedcontainers",
         "supervisor.record.schema",  # the history's event dataclasses (pure: test_schema.py)
         "supervisor.record.typed_json",  # the schema's readers of JSON values (pure)
-        "worker_sdk.protocol",  # exit codes and names shared with the SDK
+        "worker_sdk.contract.protocol",  # exit codes and names shared with the SDK
     }
 )
 _IO_MODULES = (
@@ -45,6 +48,20 @@ _IO_MODULES = (
     "watchdog",
     "zmq",
 )
+
+
+def _fresh_interpreter(code: str) -> str:
+    """What ``code`` prints, run by a new interpreter that finds this repository first."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    return out.stdout
 
 
 def _imports(path: Path) -> set[str]:
@@ -80,16 +97,7 @@ def test_rules_pull_in_no_io_module() -> None:
         "import sys; import " + ", ".join([*names, "supervisor.record.history"]) + "; "
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_IO_MODULES!r})))"
     )
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-    assert out.stdout.strip() == "[]"
+    assert _fresh_interpreter(code).strip() == "[]"
 
 
 def test_the_checker_sees_an_impure_import(tmp_path: Path) -> None:
@@ -97,3 +105,185 @@ def test_the_checker_sees_an_impure_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom .states import JobState\n")
     assert _imports(bad) == {"os", "supervisor.rules.states"}
+
+
+# ---------------------------------------------------------------- the contract with the ranks
+SUPERVISOR = ROOT / "supervisor"
+SUPERVISOR_MODULES = sorted(SUPERVISOR.rglob("*.py"))
+
+# What the daemon may import from worker_sdk: the contract, and two torch-free spawn pieces whose
+# rules the daemon applies itself: the cgroup naming and joining the rank's bootstrap and the node
+# groups share with it (spawn.cgroup), and which interpreter a zygote may serve (spawn.zygote_wire).
+_DAEMON_MAY_IMPORT = (
+    "worker_sdk.contract",
+    "worker_sdk.spawn.cgroup",
+    "worker_sdk.spawn.zygote_wire",
+)
+# What the daemon starts by module name (python -m ...): spawn entry points only.
+_DAEMON_MAY_LAUNCH = frozenset(
+    {"worker_sdk.spawn.bootstrap", "worker_sdk.spawn.zygote_watch", "worker_sdk.spawn.node_group"}
+)
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports by absolute name; ``from a import b`` also yields ``a.b``
+    (``b`` may be a submodule)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _sdk_modules_imported(path: Path) -> set[str]:
+    """The worker_sdk modules ``path`` imports: ``from a import b`` imports ``a.b`` when that is
+    a module, else ``a``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if _is_module(sub) else node.module)
+    return {name for name in found if name.split(".")[0] == "worker_sdk"}
+
+
+def _sdk_imports_outside_the_contract(path: Path) -> set[str]:
+    """The worker_sdk modules ``path`` imports that the daemon may not."""
+    return {
+        name
+        for name in _sdk_modules_imported(path)
+        if not any(name == ok or name.startswith(f"{ok}.") for ok in _DAEMON_MAY_IMPORT)
+    }
+
+
+@pytest.mark.parametrize("path", SUPERVISOR_MODULES, ids=lambda p: str(p.relative_to(SUPERVISOR)))
+def test_the_daemon_imports_only_the_contract(path: Path) -> None:
+    """No module of supervisor/ imports any part of worker_sdk but the contract (and the two
+    torch-free spawn pieces named above): the rest of the SDK is the ranks' side."""
+    bad = _sdk_imports_outside_the_contract(path)
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}; use worker_sdk.contract"
+
+
+def test_the_daemon_launches_only_spawn_entry_points() -> None:
+    """Every worker_sdk module the daemon names in a string (to run it with ``python -m``) is
+    one of the spawn entry points, and each of those exists."""
+    named: set[str] = set()
+    for path in SUPERVISOR_MODULES:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            value = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(value, str) and re.fullmatch(r"worker_sdk(\.\w+)+", value):
+                named.add(value)
+    assert named <= _DAEMON_MAY_LAUNCH, sorted(named - _DAEMON_MAY_LAUNCH)
+    for module in _DAEMON_MAY_LAUNCH:
+        assert (ROOT / Path(*module.split("."))).with_suffix(".py").is_file(), module
+
+
+def test_the_contract_checker_sees_a_private_sdk_import(tmp_path: Path) -> None:
+    """The contract scan is not blind: runtime and private spawn modules are reported, the
+    contract and names imported from it are not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from worker_sdk.contract import protocol\n"
+        "from worker_sdk.contract.protocol import EXIT_OOM\n"
+        "from worker_sdk.spawn import zygote\n"
+        "import worker_sdk.runtime.channel\n"
+        "from worker_sdk import checkpoint\n"
+    )
+    assert _sdk_imports_outside_the_contract(bad) == {
+        "worker_sdk.spawn.zygote",
+        "worker_sdk.runtime.channel",
+        "worker_sdk.checkpoint",
+    }
+
+
+def test_the_contract_imports_nothing_outside_it() -> None:
+    """A fresh interpreter importing the contract (and the spawn pieces the daemon may import)
+    loads no torch, no third-party module, and no part of worker_sdk outside them."""
+    modules = [
+        "worker_sdk.contract.protocol",
+        "worker_sdk.contract.layout",
+        "worker_sdk.contract.messages",
+        "worker_sdk.spawn.cgroup",
+        "worker_sdk.spawn.zygote_wire",
+    ]
+    code = (
+        "import sys, json; before = set(sys.modules); import " + ", ".join(modules) + "; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    loaded: list[str] = json.loads(_fresh_interpreter(code))
+    sdk = {m for m in loaded if m == "worker_sdk" or m.startswith("worker_sdk.")}
+    allowed = {"worker_sdk", "worker_sdk.contract", "worker_sdk.spawn", *modules}
+    assert sdk <= allowed, sorted(sdk - allowed)
+    foreign = {m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"worker_sdk"}
+    assert not foreign, sorted(foreign)  # torch, zmq, numpy, ... (and "_..." C helpers are stdlib)
+
+
+# ---------------------------------------------------------------- supervisor's subpackages
+SUBPACKAGES = sorted(p.name for p in SUPERVISOR.iterdir() if (p / "__init__.py").is_file())
+
+
+def _subpackage_graph() -> dict[str, set[str]]:
+    """Which subpackage of supervisor/ imports which other one (from the source)."""
+    graph: dict[str, set[str]] = {name: set() for name in SUBPACKAGES}
+    for name in SUBPACKAGES:
+        for path in (SUPERVISOR / name).rglob("*.py"):
+            for module in _absolute_imports(path):
+                parts = module.split(".")
+                if parts[0] == "supervisor" and len(parts) > 1 and parts[1] in graph:
+                    graph[name].add(parts[1])
+        graph[name].discard(name)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found is not None:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found is not None:
+                return found
+    return None
+
+
+def test_supervisor_subpackages_import_each_other_without_cycles() -> None:
+    """The subpackages of supervisor/ form layers: no chain of imports leads from one back to
+    itself."""
+    graph = _subpackage_graph()
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle between supervisor's subpackages: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    """The cycle check is not blind: a -> b -> c -> b is found and named; a layered graph is
+    not a cycle."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

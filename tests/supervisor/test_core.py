@@ -32,8 +32,8 @@ from tests.helpers.core_fakes import (
     Scenario,
     job_config,
 )
-from worker_sdk import layout
-from worker_sdk import protocol as p
+from worker_sdk.contract import layout
+from worker_sdk.contract import protocol as p
 
 REAL_TIME_LIMIT_S = 5.0  # every test here runs in virtual time (a real 5 s hang would not fit)
 

@@ -162,12 +162,14 @@ def _wait_status(
 
 
 def _is_standby(cmdline: list[str]) -> bool:
-    """A warm standby's command line: started cold (``-c ... worker_sdk._standby``) or forked
-    from the zygote (``python .../worker_sdk/_standby.py``); not the client that stands in for
-    a forked one (``worker_sdk._bootstrap --zygote``)."""
+    """A warm standby's command line: started cold (``-c ... worker_sdk.spawn.standby``) or forked
+    from the zygote (``python .../worker_sdk/spawn/standby.py``); not the client that stands in for
+    a forked one (``worker_sdk.spawn.bootstrap --zygote``)."""
     line = " ".join(cmdline)
-    forked = line.endswith("worker_sdk/_standby.py")
-    return "worker_sdk._bootstrap" not in line and ("worker_sdk._standby" in line or forked)
+    forked = line.endswith("worker_sdk/spawn/standby.py")
+    return "worker_sdk.spawn.bootstrap" not in line and (
+        "worker_sdk.spawn.standby" in line or forked
+    )
 
 
 def _standbys(daemon: psutil.Process) -> list[psutil.Process]:

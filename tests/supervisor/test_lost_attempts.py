@@ -14,7 +14,7 @@ from supervisor.record.schema import (
 )
 from tests.helpers.checkpoint_dirs import make_checkpoint
 from tests.helpers.events import attempt_started, job_started
-from worker_sdk.layout import MANIFEST
+from worker_sdk.contract.layout import MANIFEST
 
 
 def _committed(log: EventLog, attempt: int, path: Path, step: int) -> None:

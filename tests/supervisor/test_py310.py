@@ -54,8 +54,8 @@ def test_torch_needing_test_modules_are_skipped_where_torch_is_missing(tmp_path:
     misses another module is still an error."""
     modules = {
         "test_direct.py": "import torch\n\ndef test_a():\n    pass\n",
-        "test_through_sdk.py": "from worker_sdk import checkpoint\n\ndef test_b():\n    pass\n",
-        "test_free.py": "from worker_sdk import protocol\n\ndef test_c():\n    pass\n",
+        "test_through_sdk.py": "from worker_sdk.checkpoint import checkpointer\n\ndef test_b():\n    pass\n",
+        "test_free.py": "from worker_sdk.contract import protocol\n\ndef test_c():\n    pass\n",
         "test_other.py": "import no_such_module_rvsup\n\ndef test_d():\n    pass\n",
     }
     for name, source in modules.items():
@@ -87,8 +87,8 @@ def test_the_daemon_imports_where_torch_cannot_be_imported() -> None:
         "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
         "import supervisor\n"
         "names = [m.name for m in pkgutil.walk_packages(supervisor.__path__, 'supervisor.')]\n"
-        "names += ['worker_sdk._bootstrap', 'worker_sdk._standby', 'worker_sdk.protocol',\n"
-        "          'worker_sdk.layout']\n"
+        "names += ['worker_sdk.spawn.bootstrap', 'worker_sdk.spawn.standby',\n"
+        "          'worker_sdk.contract.protocol', 'worker_sdk.contract.layout']\n"
         "for name in names:\n"
         "    if name != 'supervisor.__main__':  # runs the CLI\n"
         "        importlib.import_module(name)\n"

@@ -10,8 +10,8 @@ import pytest
 from supervisor.process.cgroup import TREE_WALK, JobGroups, ended_events, mechanism_here
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import ProcessesEnded, ProcessesLeft
-from worker_sdk import _cgroup
-from worker_sdk._cgroup import group_dir, mount_points, own_group, stale_groups, to_join
+from worker_sdk.spawn import cgroup as _cgroup
+from worker_sdk.spawn.cgroup import group_dir, mount_points, own_group, stale_groups, to_join
 
 HYBRID = """\
 24 31 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw

@@ -14,8 +14,8 @@ from supervisor.config.load import load_config
 from supervisor.process import diagnostics
 from supervisor.process.launcher import build_plan
 from tests.helpers.jobs import write_job_file
-from worker_sdk import _flight
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime import flight as _flight
 
 
 def plan_env(tmp_path: Path, env: dict[str, str], base: dict[str, str]) -> dict[str, str]:

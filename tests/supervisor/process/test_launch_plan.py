@@ -16,7 +16,7 @@ from supervisor.process.zygote import zygote_step_argv
 from supervisor.service.sdnotify import CHILD_ENV_VARS
 from supervisor.slurm.commands import Allocation
 from tests.helpers.core_fakes import job_config
-from worker_sdk.protocol import ENV_REPORT_EXIT
+from worker_sdk.contract.protocol import ENV_REPORT_EXIT
 
 TORCHRUN = Torchrun(("/venv/bin/torchrun",), None, "test")
 
@@ -101,9 +101,14 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
     )
     assert plan.argv[0] == "srun" and "--kill-on-bad-exit=1" in plan.argv
     inner = plan.argv[plan.argv.index("--") + 1 :]
-    assert inner[:4] == (sys.executable, "-m", "worker_sdk._node_group", "5.0")  # a group per node
+    assert inner[:4] == (
+        sys.executable,
+        "-m",
+        "worker_sdk.spawn.node_group",
+        "5.0",
+    )  # a group per node
     assert plan.forked and plan.env[ENV_REPORT_EXIT] == "1"
-    bootstrap = plan.argv.index("worker_sdk._bootstrap")
+    bootstrap = plan.argv.index("worker_sdk.spawn.bootstrap")
     assert plan.argv[bootstrap + 1 : bootstrap + 4] == ("--zygote", "rvsup-zygote-x", "python")
     zygote = ["/venv/bin/python", "-c", "..."]
     step = zygote_step_argv(alloc, zygote, step_name="core-zygote")
@@ -112,7 +117,7 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
     assert step[step.index("--") + 1 :] == [
         sys.executable,
         "-m",
-        "worker_sdk._zygote_watch",
+        "worker_sdk.spawn.zygote_watch",
         *zygote,
     ]
 

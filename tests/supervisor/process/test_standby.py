@@ -38,7 +38,7 @@ def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int]]
 @pytest.mark.parametrize("zygote", [True, False])
 def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None:
     """After a crash the next attempt's torchrun is the standby: a process started before the
-    crash (while attempt 1 ran), running worker_sdk's _standby, forked from the zygote (which
+    crash (while attempt 1 ran), running worker_sdk.spawn.standby, forked from the zygote (which
     imported torchrun) when there is one; the job completes, and the standby prepared during
     attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
     launch = f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {str(zygote).lower()}'
@@ -49,10 +49,12 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
         parent = launcher.parent()
         assert parent is not None
         if zygote:
-            assert launcher.cmdline()[-1].endswith("worker_sdk/_standby.py"), launcher.cmdline()
-            assert "worker_sdk._zygote" in " ".join(parent.cmdline()), parent.cmdline()
+            assert launcher.cmdline()[-1].endswith("worker_sdk/spawn/standby.py"), (
+                launcher.cmdline()
+            )
+            assert "worker_sdk.spawn.zygote" in " ".join(parent.cmdline()), parent.cmdline()
         else:
-            assert "worker_sdk._standby" in " ".join(launcher.cmdline())
+            assert "worker_sdk.spawn.standby" in " ".join(launcher.cmdline())
             assert parent.pid == proc.pid  # the bootstrap exec'd into it
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
@@ -71,6 +73,6 @@ def test_without_warm_standby_each_attempt_starts_its_launcher(tmp_path: Path) -
     with running(job) as proc:
         launcher, before = _restart_launcher(job, proc.pid)
         assert launcher.pid not in before
-        assert "worker_sdk._standby" not in " ".join(launcher.cmdline())
+        assert "worker_sdk.spawn.standby" not in " ".join(launcher.cmdline())
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out

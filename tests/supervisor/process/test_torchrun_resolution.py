@@ -372,7 +372,15 @@ def test_build_plan_starts_with_the_jobs_torchrun(root: Path) -> None:
     plan = build_plan(cfg, attempt=1, torchrun=torchrun, rank_env={}, base_env={})
     assert plan.argv[:3] == (str(root / "bare/bin/python3"), *M)
     assert plan.argv[3].startswith("--nproc-per-node=")
-    tail = ("--no-python", sys.executable, "-m", "worker_sdk._bootstrap", "./train.sh", "--lr", "1")
+    tail = (
+        "--no-python",
+        sys.executable,
+        "-m",
+        "worker_sdk.spawn.bootstrap",
+        "./train.sh",
+        "--lr",
+        "1",
+    )
     assert plan.argv[-len(tail) :] == tail
 
 
@@ -385,12 +393,12 @@ def test_build_plan_accepts_the_old_single_path(root: Path) -> None:
 
 def test_standby_runs_rvsups_standby_file_on_the_jobs_interpreter() -> None:
     """The warm standby's command line: the job's interpreter running rvsup's own
-    worker_sdk/_standby.py by path (the job's environment needs no worker_sdk of its own)."""
+    worker_sdk/spawn/standby.py by path (the job's environment needs no worker_sdk of its own)."""
     argv = standby_argv("/job/venv/bin/python")
     assert argv[0] == "/job/venv/bin/python" and argv[1] == "-c"
     repo = Path(launcher.__file__).resolve().parents[2]
-    assert Path(argv[3]) == repo / "worker_sdk" / "_standby.py"
-    assert "worker_sdk._standby" in " ".join(argv)  # what tools and people look for in ps
+    assert Path(argv[3]) == repo / "worker_sdk" / "spawn" / "standby.py"
+    assert "worker_sdk.spawn.standby" in " ".join(argv)  # what tools and people look for in ps
     assert "torchrun" not in " ".join(argv)  # ... and not mistaken for the attempt's torchrun
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from supervisor.ranks.channel import RankTable
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 
 class RecordingEndpoint:

@@ -14,7 +14,7 @@ import zmq
 
 from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
 from supervisor.rules.observation import RankExit
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 # ---------------------------------------------------------------- RankTable.observe
 

@@ -30,7 +30,7 @@ from tests.helpers.harness import (
     write_job,
 )
 from tests.helpers.states import assert_same_state, load_final
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 pytestmark = pytest.mark.process
 

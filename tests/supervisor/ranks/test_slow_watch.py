@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.ranks.slow import MIN_WINDOW_S, STACKS_CAP_BYTES, SlowWatch
 from supervisor.rules.stuck import Stuck
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 pytestmark = pytest.mark.process  # ranks stood in for by real processes
 

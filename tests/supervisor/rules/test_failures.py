@@ -16,7 +16,7 @@ from supervisor.rules.observation import (
     StopReason,
     signal_name,
 )
-from worker_sdk.protocol import EXIT_OOM
+from worker_sdk.contract.protocol import EXIT_OOM
 
 K = FailureKind
 OOM_REPORT = RankReport(

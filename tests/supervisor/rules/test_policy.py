@@ -23,7 +23,7 @@ from supervisor.rules.policy import (
     nodes_for_restart,
 )
 from tests.helpers.events import attempt_started, commit, failure_event
-from worker_sdk.protocol import EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_USAGE
 
 K = FailureKind
 POLICY = RestartPolicy(max_restarts=5, backoff_s=5.0, backoff_max_s=300.0, max_no_progress=2)

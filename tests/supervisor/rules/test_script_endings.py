@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.rules.failures import aborted_after_end, classify, scripts_finished
 from supervisor.rules.observation import FailureKind, Observation, RankExit, RankReport
-from worker_sdk.protocol import EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_USAGE
 
 ABRT = int(signal.SIGABRT)
 

@@ -15,7 +15,8 @@ from supervisor.rules.stragglers import (
     judge,
     step_time,
 )
-from worker_sdk import protocol as p
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
 
 FIVE = MIN_SAMPLES  # enough samples
 
@@ -188,8 +189,12 @@ def test_watch_keeps_enough_samples_of_slow_steps() -> None:
     assert watch.current is not None and watch.current.rank == 1
 
 
-def _heartbeat(rank: int, step: int, payload: dict[str, object]) -> p.Message:
-    return p.Message(p.Kind.HEARTBEAT, rank, 1, 100 + rank, step, step, payload=payload)
+def _heartbeat(rank: int, step: int, payload: dict[str, object]) -> tuple[int, m.Heartbeat]:
+    """A heartbeat frame's rank and what the daemon reads from it."""
+    msg = p.Message(p.Kind.HEARTBEAT, rank, 1, 100 + rank, step, step, payload=payload)
+    body = m.read(msg)
+    assert isinstance(body, m.Heartbeat)
+    return rank, body
 
 
 @pytest.mark.parametrize("exclude", [False, True])
@@ -202,9 +207,9 @@ def test_reports_log_the_straggler_with_its_node(exclude: bool) -> None:
     events = []
     for i in range(60):
         t = i * 0.5
-        reports.heard(_heartbeat(0, 10 * i, {"comm_wait_s": 0.45}), t)
-        reports.heard(_heartbeat(1, 10 * i, {"comm_wait_s": 0.0, "loss": 1.0}), t)
-        reports.heard(_heartbeat(1, 10 * i, {"comm_wait_s": True}), t)
+        reports.heard(*_heartbeat(0, 10 * i, {"comm_wait_s": 0.45}), t)
+        reports.heard(*_heartbeat(1, 10 * i, {"comm_wait_s": 0.0, "loss": 1.0}), t)
+        reports.heard(*_heartbeat(1, 10 * i, {"comm_wait_s": True}), t)
         if (event := reports.judge(t, nodes)) is not None:
             events.append(event)
     assert len(events) == 1, events
@@ -223,8 +228,8 @@ def test_reports_judge_at_most_once_a_second() -> None:
     reports = StragglerReports(exclude=False)
     t, events = 0.0, []
     while t < 30.0:
-        reports.heard(_heartbeat(0, int(t * 10), {"comm_wait_s": 0.08}), t)
-        reports.heard(_heartbeat(1, int(t * 10), {"comm_wait_s": 0.0}), t)
+        reports.heard(*_heartbeat(0, int(t * 10), {"comm_wait_s": 0.08}), t)
+        reports.heard(*_heartbeat(1, int(t * 10), {"comm_wait_s": 0.0}), t)
         if (event := reports.judge(t, {})) is not None:
             events.append((t, event))
         t = round(t + 0.1, 1)

@@ -16,11 +16,24 @@ import torch
 from torch import nn
 
 from tests.helpers.states import assert_same_state, make_checkpointer, write_format1
-from worker_sdk import _rng, checkpoint, layout
-from worker_sdk._determinism import reordered_sums_warning
-from worker_sdk.checkpoint import LoadResult, Stateful, unwrap
-from worker_sdk.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file, temp_name
-from worker_sdk.protocol import ENV_RESUME_BEFORE
+from worker_sdk.checkpoint import checkpointer as checkpoint
+from worker_sdk.checkpoint import rng as _rng
+from worker_sdk.checkpoint.checkpointer import (
+    LoadResult,
+    Stateful,
+    unwrap,
+)
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import (
+    MANIFEST,
+    MARKER,
+    SHARED,
+    committed_name,
+    rank_file,
+    temp_name,
+)
+from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
+from worker_sdk.runtime.determinism import reordered_sums_warning
 
 
 @dataclass

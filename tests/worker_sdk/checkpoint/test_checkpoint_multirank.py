@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from worker_sdk import layout
-from worker_sdk.layout import SHARED, committed_name, rank_file, temp_name
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import SHARED, committed_name, rank_file, temp_name
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 

@@ -18,9 +18,12 @@ from torch.utils._pytree import tree_map
 
 import worker_sdk
 from tests.helpers.states import assert_same_state, write_format1
-from worker_sdk import _dcp, _parallel, checkpoint, layout
-from worker_sdk.checkpoint import Checkpointer, Stateful
-from worker_sdk.layout import MANIFEST, committed_name
+from worker_sdk.checkpoint import checkpointer as checkpoint
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint import parallel as _parallel
+from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import MANIFEST, committed_name
 
 pytestmark = pytest.mark.usefixtures("one_process_group")
 

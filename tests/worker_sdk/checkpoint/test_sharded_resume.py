@@ -16,8 +16,9 @@ import torch
 
 from tests.helpers.sharded import Run, torchrun
 from tests.helpers.states import assert_same_state
-from worker_sdk import _rng, layout
-from worker_sdk.layout import committed_name
+from worker_sdk.checkpoint import rng as _rng
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import committed_name
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.checkpoint_dirs import make_checkpoint, make_checkpoint_v2
-from worker_sdk import layout
-from worker_sdk.layout import (
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import (
     DCP_METADATA,
     MANIFEST,
     MARKER,
@@ -337,7 +337,7 @@ def test_half_removed_checkpoint_never_looks_committed(
 
 
 def test_layout_does_not_import_torch() -> None:
-    """The supervisor imports worker_sdk.layout, so it must not pull in torch."""
-    code = "import sys, worker_sdk.layout; sys.exit('torch' in sys.modules)"
+    """The supervisor imports worker_sdk.contract.layout, so it must not pull in torch."""
+    code = "import sys, worker_sdk.contract.layout; sys.exit('torch' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 KEY = bytes(range(32))
 

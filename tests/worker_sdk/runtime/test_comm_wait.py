@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from worker_sdk._stragglers import CommWait
+from worker_sdk.runtime.stragglers import CommWait
 
 
 def _train(ddp: nn.Module, steps: int) -> None:

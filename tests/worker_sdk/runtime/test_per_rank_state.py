@@ -12,7 +12,7 @@ import torch
 
 import worker_sdk
 from tests.helpers.states import make_checkpointer
-from worker_sdk.layout import MANIFEST, committed_name
+from worker_sdk.contract.layout import MANIFEST, committed_name
 
 
 class Position:
@@ -78,7 +78,7 @@ def test_the_ranks_compare_digests_and_keep_equal_state_shared(
         digests.append(mine)
         return [mine, digests[0]]  # this rank's digests and the first saver's (rank 1's)
 
-    monkeypatch.setattr("worker_sdk.checkpoint.all_gather_ints", gather)
+    monkeypatch.setattr("worker_sdk.checkpoint.checkpointer.all_gather_ints", gather)
     save_two_ranks(tmp_path / "equal", (5, 5), grouped=True)
     assert where_saved(tmp_path / "equal") == ["shared", "shared"]
     digests.clear()
@@ -130,7 +130,7 @@ def test_split_raises_a_failed_state_dict_only_after_the_ranks_compared() -> Non
         calls.append(mine)
         return [mine, mine]
 
-    from worker_sdk import _per_rank
+    from worker_sdk.checkpoint import per_rank as _per_rank
 
     with pytest.raises(OSError, match="no state"):
         _per_rank.split(["other", "other"], [Position(1), Broken(2)], world_size=2, gather=gather)

@@ -1,4 +1,4 @@
-"""The replicas' fingerprint and who differs from the majority (worker_sdk/_replicas.py)."""
+"""The replicas' fingerprint and who differs from the majority (worker_sdk/runtime/replicas.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from worker_sdk._replicas import SAMPLE, ReplicaCheck, divergent, fingerprint
+from worker_sdk.runtime.replicas import SAMPLE, ReplicaCheck, divergent, fingerprint
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.sdk_fakes import Sent, settings
-from worker_sdk import protocol as p
-from worker_sdk._runtime import FINAL_SAVE_PHASE, Runtime
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime.runtime import FINAL_SAVE_PHASE, Runtime
 
 
 class SlowSave:

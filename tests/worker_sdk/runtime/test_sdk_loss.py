@@ -12,8 +12,8 @@ import torch
 
 import worker_sdk
 from tests.helpers.sdk_fakes import Sent, settings
-from worker_sdk import protocol as p
-from worker_sdk._runtime import Runtime
+from worker_sdk.contract import protocol as p
+from worker_sdk.runtime.runtime import Runtime
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import zmq
 
 from supervisor.ranks.channel import exit_from_report
 from tests.helpers.harness import reaped
-from worker_sdk import protocol as p
+from worker_sdk.contract import protocol as p
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
@@ -72,8 +72,8 @@ def router(tmp_path: Path) -> Iterator[Router]:
 
 @contextlib.contextmanager
 def bootstrapped(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker_sdk._bootstrap ARGV``; killed (with whatever it started) and reaped."""
-    proc = subprocess.Popen([sys.executable, "-m", "worker_sdk._bootstrap", *argv], env=env)
+    """``python -m worker_sdk.spawn.bootstrap ARGV``; killed (with whatever it started) and reaped."""
+    proc = subprocess.Popen([sys.executable, "-m", "worker_sdk.spawn.bootstrap", *argv], env=env)
     with reaped(proc):
         yield proc
 

@@ -22,8 +22,8 @@ import pytest
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from tests.helpers.harness import reaped
-from worker_sdk import _zygote_wire as wire
-from worker_sdk._zygote_client import request_of
+from worker_sdk.spawn import zygote_wire as wire
+from worker_sdk.spawn.zygote_client import request_of
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -72,7 +72,7 @@ def client(
     """A rank's bootstrap, as torchrun starts it (with ``--zygote`` when given a zygote)."""
     via = ["--zygote", zygote.name] if zygote is not None else []
     return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
-        [sys.executable, "-m", "worker_sdk._bootstrap", *via, *argv],
+        [sys.executable, "-m", "worker_sdk.spawn.bootstrap", *via, *argv],
         env=env,
         cwd=cwd,
         text=True,
@@ -422,7 +422,7 @@ def test_the_watch_of_a_nodes_zygote_says_how_it_ended(tmp_path: Path) -> None:
     says on its output, with the node's name, how the zygote ended (here: killed by SIGKILL)."""
     victim = "import os, signal, time; time.sleep(1); os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker_sdk._zygote_watch", sys.executable, "-c", victim],
+        [sys.executable, "-m", "worker_sdk.spawn.zygote_watch", sys.executable, "-c", victim],
         env=dict(os.environ, PYTHONPATH=str(REPO), SLURMD_NODENAME="node7"),
         cwd=tmp_path,
         text=True,

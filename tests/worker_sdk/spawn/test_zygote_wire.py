@@ -1,4 +1,4 @@
-"""The zygote's rules and framing (worker_sdk._zygote_wire), from tables."""
+"""The zygote's rules and framing (worker_sdk.spawn.zygote_wire), from tables."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_sdk import _zygote_wire as wire
+from worker_sdk.spawn import zygote_wire as wire
 
 PY = sys.executable
 

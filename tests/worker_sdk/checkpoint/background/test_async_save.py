@@ -20,8 +20,8 @@ from tests.helpers.harness import events, named, running, rvsup, wait_progress
 from tests.helpers.harness import write_job as write_rvsup_job
 from tests.helpers.sharded import Run, torchrun
 from tests.helpers.states import assert_same_state, load_final
-from worker_sdk import layout
-from worker_sdk.layout import committed_name
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import committed_name
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from tests.helpers.states import assert_same_state
-from worker_sdk import _arena, layout
-from worker_sdk._arena import Arena, StagedTensor
-from worker_sdk._settings import resolve
+from worker_sdk.checkpoint.background import arena as _arena
+from worker_sdk.checkpoint.background.arena import Arena, StagedTensor
+from worker_sdk.contract import layout
+from worker_sdk.runtime.settings import resolve
 
 
 class Pair(NamedTuple):
@@ -175,7 +176,7 @@ def test_async_setting_resolution(
 
 def test_manifest_mode_and_blocked_time_are_read_back(tmp_path: Path) -> None:
     """A manifest's mode and blocked_s reach CheckpointInfo; unknown or bad values read as None."""
-    from worker_sdk._commit import commit
+    from worker_sdk.checkpoint.commit import commit
 
     for step, mode in ((1, "async"), (2, "sync")):
         tmp = tmp_path / layout.temp_name(step, "a1")

@@ -1,0 +1,1 @@
+"""Asynchronous saves: the staging arena, the writer process and asynchronous DCP."""

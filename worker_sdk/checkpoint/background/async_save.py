@@ -1,0 +1,253 @@
+"""Asynchronous saves, the rank's side: stage, hand to the writer process, hear how it ended.
+
+``step()`` blocks only while :meth:`AsyncSaver.submit` runs: capture, copy into the staging arenas
+(shared memory, reused by every save) and, with sharded state, DCP's planning (a collective, as in
+a synchronous save). Writing, fsync and commit run in this rank's writer process
+(:mod:`worker_sdk.checkpoint.background.writer`), so the interpreter's lock never slows training
+down while they run.
+
+At most one save is in flight: a save that finds the previous one still running first waits for
+it (the staging arenas are the previous save's until it ends). While one is in flight the rank
+checks for its outcome after every step (one ``poll`` on a socket: the only syscall ``step()``
+makes between heartbeats), so a failure reaches the supervisor within one step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.contract.layout import committed_name
+
+from .arena import Arena
+from .writer import SaveJob, mark_failed
+
+__all__ = ["AsyncSaver", "Outcome"]
+
+_PART_WAIT_S: Final = 600.0  # rank 0's writer: how long to wait for the other ranks' parts
+_SLACK: Final = 1.0625  # an arena is allocated this much larger than needed (state may grow)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one asynchronous save ended (as this rank saw it)."""
+
+    step: int
+    committed: bool  # rank 0: the checkpoint is committed
+    failed: str | None  # why this rank's part (or, on rank 0, the commit) failed
+    path: Path
+    nbytes: int
+    seconds: float  # from the start of the save until durable (or failed)
+    blocked_s: float  # how long step() was blocked by it
+
+
+@dataclass(slots=True)
+class _InFlight:
+    job: SaveJob
+    began: float  # monotonic
+
+
+class AsyncSaver:
+    """This rank's asynchronous saves and their writer process."""
+
+    #: The module run as the writer process (``python -m``; its ``main`` serves the rank).
+    writer_module: ClassVar[str] = "worker_sdk.checkpoint.background.writer"
+
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.ck = checkpointer
+        self.in_flight: _InFlight | None = None
+        self._arenas: dict[str, Arena] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+
+    def start(self) -> None:
+        """Start the writer now, so that its start-up (importing torch) overlaps training."""
+        self._ensure_writer()
+
+    # ------------------------------------------------------------------ the save
+    def submit(self, step: int, objects: Sequence[Stateful], extra: Any) -> Outcome | None:
+        """Stage the checkpoint of ``step`` and hand it to the writer; returns the outcome of
+        the previous save if this call had to wait for it. Raises if staging failed (nothing is
+        in flight then)."""
+        began = time.monotonic()
+        previous = self.wait() if self.in_flight is not None else None
+        self._ensure_writer()
+        job = self.ck.stage_async(step, objects, extra, self._arena_for, _PART_WAIT_S)
+        job = _with_blocked(job, time.monotonic() - began)
+        assert self._conn is not None
+        try:
+            self._conn.send(("save", job))
+        except OSError:
+            self._writer_gone()
+            raise
+        self.in_flight = _InFlight(job, began)
+        return previous
+
+    def poll(self) -> Outcome | None:
+        """The in-flight save's outcome if it has ended; never blocks."""
+        if self.in_flight is None or self._conn is None:
+            return None
+        try:
+            if not self._conn.poll(0):
+                return None
+        except OSError:
+            return self._lost()
+        return self._receive()
+
+    def wait(self) -> Outcome | None:
+        """Block until the in-flight save (if any) has ended; its outcome."""
+        if self.in_flight is None or self._conn is None:
+            return None
+        return self._receive()
+
+    def close(self) -> None:
+        """Wait for the save in flight, stop the writer, free the arenas."""
+        self.wait()
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(("quit",))
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        for arena in self._arenas.values():
+            arena.close()
+        self._arenas.clear()
+
+    # ------------------------------------------------------------------ internals
+    def _receive(self) -> Outcome | None:
+        assert self.in_flight is not None
+        assert self._conn is not None
+        try:
+            answer = self._conn.recv()
+        except (EOFError, OSError):
+            return self._lost()
+        flight, self.in_flight = self.in_flight, None
+        job = flight.job
+        final = self.ck.directory / committed_name(job.step)
+        if answer[0] == "done":
+            _, _, committed, nbytes, ended = answer
+            return Outcome(
+                job.step, committed, None, final, nbytes, ended - flight.began, job.blocked_s
+            )
+        return Outcome(
+            job.step,
+            False,
+            str(answer[2]),
+            final,
+            0,
+            time.monotonic() - flight.began,
+            job.blocked_s,
+        )
+
+    def _lost(self) -> Outcome:
+        """The writer died with a save in flight: fail it, so rank 0 stops waiting for us."""
+        assert self.in_flight is not None
+        flight, self.in_flight = self.in_flight, None
+        code = self._writer_gone()
+        reason = f"the background writer process died ({_describe_exit(code)})"
+        mark_failed(flight.job.tmp, self.ck.rank, reason)
+        return Outcome(
+            flight.job.step,
+            False,
+            reason,
+            flight.job.tmp,
+            0,
+            time.monotonic() - flight.began,
+            flight.job.blocked_s,
+        )
+
+    def _writer_gone(self) -> int | None:
+        """Forget a dead (or unreachable) writer: the next save starts a new one."""
+        code = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self._proc.wait(timeout=5)
+            if code is None:
+                self._proc.kill()
+                code = self._proc.wait()
+            self._proc = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        for arena in self._arenas.values():  # a new writer must be sent them again
+            arena.close()
+        self._arenas.clear()
+        return code
+
+    def _ensure_writer(self) -> None:
+        if self._proc is not None and self._proc.poll() is None and self._conn is not None:
+            return
+        if self._proc is not None or self._conn is not None:
+            self._writer_gone()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        package_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with theirs:
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    self.writer_module,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        self._conn = Connection(mine.detach())
+
+    def _arena_for(self, key: str, nbytes: int) -> Arena:
+        """An arena of at least ``nbytes`` for ``key``, shared with the writer."""
+        arena = self._arenas.get(key)
+        if arena is not None and arena.size >= nbytes:
+            return arena
+        fresh = Arena.create(f"{key}-{self.ck.rank}", int(nbytes * _SLACK))
+        assert self._proc is not None
+        assert self._conn is not None
+        self._conn.send(("arena", key, fresh.size))
+        send_handle(self._conn, fresh.fd, self._proc.pid)
+        if arena is not None:
+            arena.close()
+        self._arenas[key] = fresh
+        return fresh
+
+
+def _with_blocked(job: SaveJob, blocked_s: float) -> SaveJob:
+    import dataclasses
+
+    return dataclasses.replace(job, blocked_s=blocked_s)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

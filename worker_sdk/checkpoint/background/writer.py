@@ -1,0 +1,234 @@
+"""The writer process of asynchronous saves: one per rank, started by the rank, dies with it.
+
+``python -m worker_sdk.checkpoint.background.writer FD PARENT_PID``: ``FD`` is this end of a
+socket pair with the rank (:mod:`worker_sdk.checkpoint.background.async_save`). The rank sends
+the staging arenas (their file descriptors) and, per save, a :class:`SaveJob`: the skeletons of
+the files to write, whose tensors live in the arenas. The writer writes this rank's files into
+the step's temporary directory, each fsynced, and then:
+
+- rank r > 0 writes ``.written-<r>`` (where its DCP items are, the CRC of its file), durably;
+- rank 0 waits for every other rank's ``.written-<r>`` (or its ``.failed-<r>``), writes DCP's
+  ``.metadata`` and commits (:func:`worker_sdk.checkpoint.commit.commit`).
+
+It answers each job with ``("done", step, committed, nbytes, monotonic_end)`` or ``("failed",
+step, reason)``. Any failure writes ``.failed-<rank>`` into the temporary directory so rank 0
+stops waiting; the temporary directory is never committed then. The process asks the kernel to
+kill it when the rank dies (``PR_SET_PDEATHSIG``): a save of a dead rank is abandoned, never
+half-committed (the rename is the commit, and happens only once every part is durable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_durable
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
+from worker_sdk.spawn.pdeathsig import die_with_parent
+
+from .arena import Arena, rebuild
+
+if TYPE_CHECKING:  # the rank imports this module for SaveJob: keep DCP out until it is needed
+    from .dcp_async import Item
+
+__all__ = [
+    "SaveJob",
+    "failed_marker",
+    "main",
+    "mark_failed",
+    "pending_marker",
+    "written_marker",
+]
+
+_POLL_S: Final = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class SaveJob:
+    """One asynchronous save of one rank, as handed to its writer."""
+
+    step: int
+    directory: Path
+    tmp: Path
+    rank: int
+    world_size: int
+    shared: Any  # shared.pt's skeleton (rank 0), else None
+    part: Any  # this rank's rank file's skeleton
+    dcp_items: list[Item] | None  # None: no sharded state
+    dcp_metadata: bytes | None  # rank 0, with sharded state: DCP's global metadata
+    objects: tuple[tuple[str, str], ...]
+    keep_last: int
+    attempt_tag: str
+    replace: bool  # an existing checkpoint of this step was unloadable: replace it
+    blocked_s: float  # how long the training loop was blocked by this save
+    wait_s: float  # rank 0: how long to wait for the other ranks' parts
+
+
+def written_marker(tmp: Path, rank: int) -> Path:
+    """Rank ``rank``'s part is durable (holds where its DCP items are)."""
+    return tmp / f".written-{rank}"
+
+
+def pending_marker(tmp: Path, rank: int) -> Path:
+    """Created empty when the save is staged: failing needs only a rename, even on a full disk."""
+    return tmp / f".pending-{rank}"
+
+
+def failed_marker(tmp: Path, rank: int) -> Path:
+    """Rank ``rank``'s part failed (holds the reason, when there was room to write it)."""
+    return tmp / f".failed-{rank}"
+
+
+def mark_failed(tmp: Path, rank: int, reason: str) -> None:
+    """Tell rank 0's writer that this rank's part failed (best effort)."""
+    with contextlib.suppress(OSError):
+        os.rename(pending_marker(tmp, rank), failed_marker(tmp, rank))
+    with contextlib.suppress(OSError):
+        failed_marker(tmp, rank).write_text(reason)
+
+
+Reached = Callable[[str, int], None]
+"""Told each milestone of a save with its step: ``written`` (this rank's files are durable) and,
+on rank 0, ``rename`` (the commit's rename is next)."""
+
+
+def _no_one(milestone: str, step: int) -> None:
+    """Nobody is told of milestones (the writer rvsup runs)."""
+
+
+def run_job(job: SaveJob, arenas: dict[str, Arena], reached: Reached = _no_one) -> tuple[Any, ...]:
+    """Write (and, on rank 0, commit) one save; the answer for the rank."""
+    try:
+        nbytes = _write_and_commit(job, arenas, reached)
+    except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        reason = f"{type(e).__name__}: {e}"
+        mark_failed(job.tmp, job.rank, reason)
+        return ("failed", job.step, reason)
+    return ("done", job.step, job.rank == 0, nbytes, time.monotonic())
+
+
+def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) -> int:
+    local = arenas.get("local")
+    if job.shared is not None:
+        assert local is not None
+        write_durable(job.tmp / SHARED, rebuild(job.shared, local))
+    write_durable(job.tmp / rank_file(job.rank), rebuild(job.part, local) if local else job.part)
+    where: list[Any] = []
+    crc = -1
+    if job.dcp_items is not None:
+        from . import dcp_async as _dcp_async
+
+        where, crc = _dcp_async.write_items(
+            job.dcp_items, arenas["dcp"], job.tmp / DCP_DIR, job.rank
+        )
+    layout.fsync_dir(job.tmp)
+    reached("written", job.step)
+    if job.rank != 0:
+        # into the pending marker, then renamed: rank 0 never sees a part written half
+        write_bytes_durable(pending_marker(job.tmp, job.rank), pickle.dumps((where, crc)))
+        os.rename(pending_marker(job.tmp, job.rank), written_marker(job.tmp, job.rank))
+        layout.fsync_dir(job.tmp)
+        return 0
+    parts = {0: (where, crc), **_wait_for_parts(job)}
+    checksums: dict[str, int] = {}
+    if job.dcp_items is not None:
+        from . import dcp_async as _dcp_async
+
+        assert job.dcp_metadata is not None
+        everywhere = [entry for r in sorted(parts) for entry in parts[r][0]]
+        md_crc = _dcp_async.finish_metadata(job.dcp_metadata, everywhere, job.tmp / DCP_DIR)
+        for r in sorted(parts):
+            checksums.update(_dcp.names(r, [md_crc if r == 0 else -1, parts[r][1]]))
+    for r in range(1, job.world_size):
+        written_marker(job.tmp, r).unlink()
+    pending_marker(job.tmp, 0).unlink()
+    info = commit(
+        directory=job.directory,
+        step=job.step,
+        tmp=job.tmp,
+        world_size=job.world_size,
+        objects=job.objects,
+        checksums=checksums,
+        keep_last=job.keep_last,
+        attempt_tag=job.attempt_tag,
+        replace=job.replace,
+        mode="async",
+        blocked_s=job.blocked_s,
+        before_rename=lambda: reached("rename", job.step),
+    )
+    return info.nbytes
+
+
+def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int]]:
+    """Rank 0: every other rank's ``.written-<r>``; raise if one failed or never came."""
+    deadline = time.monotonic() + job.wait_s
+    parts: dict[int, tuple[Any, int]] = {}
+    while len(parts) < job.world_size - 1:
+        for r in range(1, job.world_size):
+            if r in parts:
+                continue
+            failed = failed_marker(job.tmp, r)
+            if failed.exists():
+                reason = failed.read_text(errors="replace") or "see its report"
+                raise RuntimeError(f"rank {r} could not write its part ({reason})")
+            marker = written_marker(job.tmp, r)
+            if marker.exists():
+                parts[r] = pickle.loads(marker.read_bytes())
+        if len(parts) < job.world_size - 1:
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(1, job.world_size)) - set(parts))
+                raise RuntimeError(f"rank(s) {missing} did not write their part in time")
+            time.sleep(_POLL_S)
+    return parts
+
+
+def serve(conn: Connection, reached: Reached = _no_one) -> None:
+    """Answer the rank's jobs until it says quit or goes away."""
+    arenas: dict[str, Arena] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message[0] == "arena":
+            _, key, size = message
+            fd = recv_handle(conn)
+            old = arenas.pop(key, None)
+            if old is not None:
+                old.close()
+            arenas[key] = Arena(fd, size)
+        elif message[0] == "save":
+            conn.send(run_job(message[1], arenas, reached))
+        elif message[0] == "quit":
+            return
+
+
+def main(argv: list[str], reached: Reached = _no_one) -> int:
+    """``FD PARENT_PID``: serve the rank at the other end of ``FD`` while it lives."""
+    fd, parent = int(argv[0]), int(argv[1])
+    die_with_parent(parent=parent)  # a save of a dead rank is abandoned
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle
+    conn = Connection(fd)
+    try:
+        serve(conn, reached)
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""The last step of every save, synchronous or not: the manifest, one rename, the parent fsynced.
+
+Shared by :class:`worker_sdk.checkpoint.checkpointer.Checkpointer` (the rank commits) and the
+writer process of an asynchronous save (:mod:`worker_sdk.checkpoint.background.writer`, which
+commits for rank 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker_sdk.contract import layout
+from worker_sdk.contract.layout import MANIFEST, SHARED, CheckpointInfo, rank_file
+
+__all__ = ["commit", "write_bytes_durable", "write_durable"]
+
+
+def commit(
+    *,
+    directory: Path,
+    step: int,
+    tmp: Path,
+    world_size: int,
+    objects: Sequence[tuple[str, str]],
+    checksums: Mapping[str, int],
+    keep_last: int,
+    attempt_tag: str,
+    replace: bool,
+    mode: str,
+    blocked_s: float,
+    before_rename: Callable[[], None] | None = None,
+) -> CheckpointInfo:
+    """Commit the complete temporary directory ``tmp`` as the checkpoint of ``step``.
+
+    ``objects``: (class, where its state lives) per object; ``checksums``: the CRC-32 of every
+    file in ``dcp/``. An existing valid checkpoint of the same step is kept (``tmp`` is
+    dropped) unless ``replace`` (it turned out unloadable).
+    """
+    final = directory / layout.committed_name(step)
+    names = [SHARED, *(rank_file(r) for r in range(world_size)), *sorted(checksums)]
+    files: dict[str, int] = {}
+    for name in names:
+        try:
+            files[name] = os.stat(tmp / name).st_size
+        except FileNotFoundError:
+            raise RuntimeError(f"{tmp / name} is missing; step {step} not committed") from None
+    created = time.time()
+    manifest = {
+        "format": layout.FORMAT,
+        "step": step,
+        "world_size": world_size,
+        "created": created,
+        "mode": mode,
+        "blocked_s": round(blocked_s, 6),
+        "files": files,
+        "checksums": dict(checksums),
+        "objects": [{"class": cls, "state": where} for cls, where in objects],
+    }
+    write_bytes_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    layout.fsync_dir(tmp)
+    if os.path.lexists(final):
+        try:
+            existing: CheckpointInfo | None = layout.validate(final)
+        except layout.CorruptCheckpointError:
+            existing = None
+        if existing is not None and not replace:
+            shutil.rmtree(tmp, ignore_errors=True)  # the same step is already committed
+            return existing
+        layout.discard(final)
+    if before_rename is not None:
+        before_rename()
+    os.rename(tmp, final)
+    layout.fsync_dir(directory)
+    with contextlib.suppress(OSError):
+        layout.prune(directory, keep_last, current_attempt_tag=attempt_tag)
+    return CheckpointInfo(
+        step,
+        final,
+        world_size,
+        sum(files.values()),
+        created,
+        layout.FORMAT,
+        tuple(objects),
+        mode=mode,
+        blocked_s=blocked_s,
+    )
+
+
+def write_durable(path: Path, payload: Any) -> None:
+    """torch.save to ``path`` via a partial name: the final name appears complete and durable."""
+    partial = path.with_name(path.name + ".partial")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def write_bytes_durable(path: Path, data: bytes) -> None:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,414 @@
+"""One dataclass per message kind, read from and written to the wire in one place.
+
+:mod:`.protocol` frames and authenticates a message (header, JSON payload of scalars, MAC) and
+drops what is malformed; this module gives each kind its fields. :func:`read` turns an
+authenticated :class:`~.protocol.Message` into its typed message, as leniently as the supervisor
+always read payloads (a field of the wrong type reads as absent); :func:`fields` is the way
+back, for :func:`encode`. Receivers dispatch on the class (``match``), never on payload keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+from . import protocol
+from .protocol import FLAG_STOP, Kind, Message
+
+__all__ = [
+    "Body",
+    "CheckpointBegin",
+    "CheckpointCommitted",
+    "CheckpointFailed",
+    "CheckpointSkipped",
+    "Continue",
+    "Exiting",
+    "Failure",
+    "Heartbeat",
+    "Hello",
+    "Loaded",
+    "LossNonFinite",
+    "Phase",
+    "RankExit",
+    "ReplicasDiverged",
+    "SaveAt",
+    "Sync",
+    "SyncCancel",
+    "SyncRequest",
+    "encode",
+    "fields",
+    "read",
+]
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# ---------------------------------------------------------------- rank -> supervisor
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A rank started: where it runs, where its output goes, the step it resumes at."""
+
+    KIND: ClassVar = Kind.HELLO
+    step: int  # the step it starts at
+    host: str | None
+    local_rank: int | None = None
+    world_size: int | None = None
+    total_steps: int | None = None  # above 0, when the script gave resume() one
+    stdout: str | None = None  # the files holding its output
+    stderr: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Alive at ``step`` (the last finished one)."""
+
+    KIND: ClassVar = Kind.HEARTBEAT
+    step: int
+    longest_step_s: float = 0.0  # since the previous heartbeat
+    loss: float | None = None  # of ``step``, finite, when the script passes one to step()
+    comm_wait_s: float | None = None  # DDP's all-reduce wait of a sampled step (stragglers)
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """In a coordinated save: finished ``step``, waiting for CONTINUE or SAVE_AT."""
+
+    KIND: ClassVar = Kind.SYNC
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBegin:
+    """A save of ``step`` started: hang detection allows for it."""
+
+    KIND: ClassVar = Kind.CKPT_BEGIN
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCommitted:
+    """Rank 0 committed the checkpoint of ``step``."""
+
+    KIND: ClassVar = Kind.CKPT_COMMITTED
+    step: int
+    seconds: float
+    path: str
+    nbytes: int | None = None
+    mode: str | None = None  # "sync" | "async"
+    blocked_s: float | None = None  # how long training waited for it
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFailed:
+    """The save of ``step`` failed (nothing of it is committed; training goes on)."""
+
+    KIND: ClassVar = Kind.CKPT_FAILED
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSkipped:
+    """A torn or corrupt checkpoint was passed over at load."""
+
+    KIND: ClassVar = Kind.CKPT_SKIPPED
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What the rank resumed from: ``path`` None on a fresh start."""
+
+    KIND: ClassVar = Kind.LOADED
+    step: int  # the resume step
+    path: str | None
+    world_size: int | None = None  # the ranks that wrote it
+    resharded_from: int | None = None  # that number when it differs from this job's
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The rank is dying of an exception (``kind``: "oom" or "exception")."""
+
+    KIND: ClassVar = Kind.FAILURE
+    step: int
+    kind: str
+    type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """The script entered (``begin``) or left a declared phase."""
+
+    KIND: ClassVar = Kind.PHASE
+    step: int
+    name: str | None
+    begin: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Exiting:
+    """The rank leaves cleanly (``reason``: an :class:`~.protocol.ExitingReason` value)."""
+
+    KIND: ClassVar = Kind.EXITING
+    step: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """From the rank's waiting parent: how the rank process ended. A well-formed report has
+    ``pid``, ``host`` and exactly one of ``code`` and ``signal``; ``pid`` reads as None when
+    ``code`` or ``signal`` is not an integer (the report is malformed)."""
+
+    KIND: ClassVar = Kind.RANK_EXIT
+    pid: int | None
+    code: int | None
+    signal: int | None
+    host: str | None
+    last_step: int | None = None  # from its step slot
+
+
+@dataclass(frozen=True, slots=True)
+class LossNonFinite:
+    """A loss that is not finite, at ``step`` (sent at once)."""
+
+    KIND: ClassVar = Kind.LOSS_NONFINITE
+    step: int
+    value: float
+    since: int | None  # the first step it may come from
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicasDiverged:
+    """From rank 0: the replicas' parameter fingerprints differed at ``step``."""
+
+    KIND: ClassVar = Kind.REPLICAS_DIVERGED
+    step: int
+    ranks: tuple[int, ...]  # those that differ from the majority (all when there is none)
+    since: int | None  # the step after the last check that agreed
+
+
+# ---------------------------------------------------------------- supervisor -> rank
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    """Enter sync mode at the next heartbeat (``stop``: exit after the save)."""
+
+    KIND: ClassVar = Kind.SYNC_REQUEST
+    stop: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Answer to SYNC: go on with the next step."""
+
+    KIND: ClassVar = Kind.CONTINUE
+
+
+@dataclass(frozen=True, slots=True)
+class SaveAt:
+    """Answer to SYNC: save after finishing ``step`` (``stop``: then exit)."""
+
+    KIND: ClassVar = Kind.SAVE_AT
+    step: int
+    stop: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCancel:
+    """Answer to SYNC when no coordinated save is pending: leave sync mode."""
+
+    KIND: ClassVar = Kind.SYNC_CANCEL
+
+
+Body: TypeAlias = (
+    Hello
+    | Heartbeat
+    | Sync
+    | CheckpointBegin
+    | CheckpointCommitted
+    | CheckpointFailed
+    | CheckpointSkipped
+    | Loaded
+    | Failure
+    | Phase
+    | Exiting
+    | RankExit
+    | LossNonFinite
+    | ReplicasDiverged
+    | SyncRequest
+    | Continue
+    | SaveAt
+    | SyncCancel
+)
+
+
+def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
+    """The typed message an authenticated frame carries."""
+    d, step, kind = msg.payload, msg.step, msg.kind
+    if kind is Kind.HEARTBEAT:
+        return Heartbeat(step, msg.value, _number(d.get("loss")), _number(d.get("comm_wait_s")))
+    if kind is Kind.HELLO:
+        total = _int(d.get("total_steps"))
+        return Hello(
+            step,
+            None if "host" not in d else str(d["host"]),
+            _int(d.get("local_rank")),
+            _int(d.get("world_size")),
+            total if total is not None and total > 0 else None,
+            _str(d.get("stdout")),
+            _str(d.get("stderr")),
+        )
+    if kind is Kind.SYNC:
+        return Sync(step)
+    if kind is Kind.CKPT_BEGIN:
+        return CheckpointBegin(step)
+    if kind is Kind.CKPT_COMMITTED:
+        return CheckpointCommitted(
+            step,
+            msg.value,
+            str(d.get("path", "")),
+            _int(d.get("bytes")),
+            _str(d.get("mode")),
+            _number(d.get("blocked_s")),
+        )
+    if kind is Kind.CKPT_FAILED:
+        return CheckpointFailed(step, str(d.get("reason")))
+    if kind is Kind.CKPT_SKIPPED:
+        return CheckpointSkipped(str(d.get("path")), str(d.get("reason")))
+    if kind is Kind.LOADED:
+        path = d.get("path")
+        return Loaded(
+            step,
+            None if path is None else str(path),
+            _int(d.get("world_size")),
+            _int(d.get("resharded_from")),
+        )
+    if kind is Kind.FAILURE:
+        return Failure(
+            step,
+            str(d.get("kind", "exception")),
+            str(d.get("type", "")),
+            str(d.get("message", "")),
+        )
+    if kind is Kind.PHASE:
+        name = d.get("name")
+        return Phase(step, None if name is None else str(name), bool(d.get("begin")))
+    if kind is Kind.EXITING:
+        return Exiting(step, _str(d.get("reason")))
+    if kind is Kind.RANK_EXIT:
+        code, sig = d.get("code"), d.get("signal")
+        well_formed = all(v is None or _int(v) is not None for v in (code, sig))
+        return RankExit(
+            _int(d.get("pid")) if well_formed else None,
+            _int(code),
+            _int(sig),
+            _str(d.get("host")),
+            _int(d.get("last_step")),
+        )
+    if kind is Kind.LOSS_NONFINITE:
+        return LossNonFinite(step, msg.value, _int(d.get("since")))
+    if kind is Kind.REPLICAS_DIVERGED:
+        text = str(d.get("ranks", ""))
+        ranks = tuple(int(r) for r in text.split(",") if r.isdecimal())
+        return ReplicasDiverged(step, ranks, _int(d.get("since")))
+    stop = bool(msg.flags & FLAG_STOP)
+    if kind is Kind.SYNC_REQUEST:
+        return SyncRequest(stop)
+    if kind is Kind.CONTINUE:
+        return Continue()
+    if kind is Kind.SAVE_AT:
+        return SaveAt(step, stop)
+    return SyncCancel()
+
+
+def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  # noqa: C901
+    """What goes on the wire for ``body``: kind, step, value, flags, payload."""
+    match body:
+        case Heartbeat(step, longest, loss, wait):
+            beat = {k: v for k, v in (("loss", loss), ("comm_wait_s", wait)) if v is not None}
+            return Kind.HEARTBEAT, step, longest, 0, beat or None
+        case Hello():
+            payload: dict[str, Any] = {
+                "host": body.host,
+                "local_rank": body.local_rank,
+                "world_size": body.world_size,
+                "total_steps": body.total_steps,
+                "stdout": body.stdout,
+                "stderr": body.stderr,
+            }
+            return Kind.HELLO, body.step, 0.0, 0, payload
+        case Sync(step) | CheckpointBegin(step):
+            return body.KIND, step, 0.0, 0, None
+        case CheckpointCommitted():
+            payload = {
+                "path": body.path,
+                "bytes": body.nbytes,
+                "mode": body.mode,
+                "blocked_s": body.blocked_s,
+            }
+            return Kind.CKPT_COMMITTED, body.step, body.seconds, 0, payload
+        case CheckpointFailed(step, reason):
+            return Kind.CKPT_FAILED, step, 0.0, 0, {"reason": reason}
+        case CheckpointSkipped(path, reason):
+            return Kind.CKPT_SKIPPED, -1, 0.0, 0, {"path": path, "reason": reason}
+        case Loaded(step, path, world_size, resharded_from):
+            payload = {"path": path, "world_size": world_size, "resharded_from": resharded_from}
+            return Kind.LOADED, step, 0.0, 0, payload
+        case Failure(step, kind, type_, message):
+            return Kind.FAILURE, step, 0.0, 0, {"kind": kind, "type": type_, "message": message}
+        case Phase(step, name, begin):
+            return Kind.PHASE, step, 0.0, 0, {"name": name, "begin": begin}
+        case Exiting(step, reason):
+            return Kind.EXITING, step, 0.0, 0, {"reason": reason}
+        case RankExit():
+            payload = {
+                "pid": body.pid,
+                "code": body.code,
+                "signal": body.signal,
+                "host": body.host,
+                "last_step": body.last_step,
+            }
+            return Kind.RANK_EXIT, -1, 0.0, 0, payload
+        case LossNonFinite(step, value, since):
+            return Kind.LOSS_NONFINITE, step, value, 0, {"since": since}
+        case ReplicasDiverged(step, ranks, since):
+            payload = {"ranks": ",".join(map(str, ranks)), "since": since}
+            return Kind.REPLICAS_DIVERGED, step, 0.0, 0, payload
+        case SyncRequest(stop):
+            return Kind.SYNC_REQUEST, -1, 0.0, FLAG_STOP if stop else 0, None
+        case SaveAt(step, stop):
+            return Kind.SAVE_AT, step, 0.0, FLAG_STOP if stop else 0, None
+        case Continue() | SyncCancel():
+            return body.KIND, -1, 0.0, 0, None
+
+
+def encode(key: bytes, body: Body, *, rank: int, attempt: int, pid: int, seq: int) -> bytes:
+    """Serialise and authenticate ``body`` from ``rank`` (``-1``: to every rank)."""
+    kind, step, value, flags, payload = fields(body)
+    return protocol.encode(
+        key,
+        kind,
+        rank=rank,
+        attempt=attempt,
+        pid=pid,
+        seq=seq,
+        step=step,
+        value=value,
+        flags=flags,
+        payload=payload,
+    )

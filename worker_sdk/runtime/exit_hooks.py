@@ -1,0 +1,64 @@
+"""What a rank does as it dies of an exception: the supervisor is told why (an out-of-memory
+error ends the rank with :data:`~worker_sdk.contract.protocol.EXIT_OOM`), and a
+:class:`worker_sdk.UsageError` ends it with :data:`~worker_sdk.contract.protocol.EXIT_USAGE`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from worker_sdk.contract import protocol as p
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["exit_on_usage_error", "install_excepthook", "is_oom"]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error (torch's, or one named so, or MemoryError)."""
+    if "torch" in sys.modules:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    return type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
+
+
+def install_excepthook(rt: Runtime) -> None:
+    """Report uncaught exceptions (OOM in particular) before the rank dies."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        oom = False
+        try:
+            oom = rt.report_exception(exc)
+            rt.shutdown()
+        finally:
+            previous(kind, exc, tb)
+        if oom:
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(p.EXIT_OOM)
+
+    sys.excepthook = hook
+
+
+def exit_on_usage_error() -> None:
+    """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
+    :data:`~worker_sdk.contract.protocol.EXIT_USAGE` once its traceback is printed, so that the
+    supervisor gives up at once instead of restarting a script that fails the same way."""
+    from worker_sdk import UsageError
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, exc, tb)
+        if isinstance(exc, UsageError):
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(p.EXIT_USAGE)
+
+    sys.excepthook = hook

@@ -1,0 +1,180 @@
+"""An epoch loop resumes bit-exactly: the DataLoader iterators a script creates after ``resume()``.
+
+A script that loops by epochs creates a DataLoader iterator per epoch (``for batch in loader``).
+Unless the loader has its own ``generator``, each ``iter()`` draws its base seed (and a
+``RandomSampler`` without a generator, its permutation's seed) from the global torch RNG. In an
+uninterrupted run, the checkpoint of step ``s`` is taken with the iterator of ``s``'s epoch
+already made: the rest of the epoch's batches follow without a draw, and the next epoch's
+``iter()`` draws. A resumed run makes the current epoch's iterator again (and, if the loop starts
+at epoch 0, those of the epochs done), after ``resume()`` restored the RNGs: every draw shifts the
+stream, and every dropout mask after it.
+
+So from ``resume()`` until the first ``step()`` (the *window*), rvsup wraps the iterators that
+DataLoaders make, and puts the checkpoint's RNG states back where the uninterrupted run had them:
+
+- before each ``iter()``, the checkpoint's states: an iterator that starts the next epoch (the
+  checkpoint ended an epoch) draws exactly what the uninterrupted run drew;
+- before each batch, the checkpoint's states if the iterator had already yielded batches (its
+  epoch was under way at the checkpoint: no ``iter()`` draw happened in between), else the states
+  right after this iterator's ``iter()`` (the batch that starts an epoch).
+
+The batch that the first resumed step trains on is fetched last before that step, so the step
+sees the RNG stream the uninterrupted run saw. What cannot be made equal is reported at the
+first ``step()``: an epoch under way at the checkpoint whose iterator was made again from the
+global RNG, with a shuffling sampler or worker processes seeded from it (see :func:`advice`),
+and a loop that read more than an epoch's batches to skip them (it iterates over the epochs
+done: their data is read for nothing; the loop should start at the checkpoint's epoch).
+Outside the window an iterator costs one attribute test per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from torch.utils.data import DataLoader, RandomSampler
+
+from worker_sdk.checkpoint import rng as _rng
+
+__all__ = ["LoaderWindow"]
+
+_FIX: Final = (
+    "give the DataLoader its own generator and seed it at the top of every epoch, beside "
+    "sampler.set_epoch(epoch): `g = torch.Generator(); loader = DataLoader(..., generator=g)`, "
+    "then `g.manual_seed(seed + epoch)`; or use torchdata's StatefulDataLoader and pass it to "
+    "worker_sdk.resume()"
+)
+
+
+class _ResumedIterator:
+    """A DataLoader iterator made in the window; delegates everything to the real one."""
+
+    __slots__ = ("after_iter", "it", "loader", "made_fresh", "window")
+
+    def __init__(
+        self, it: Any, loader: Any, window: LoaderWindow, after_iter: Callable[[], None]
+    ) -> None:
+        self.it = it
+        self.loader = loader
+        self.window = window
+        self.after_iter = after_iter  # puts back the RNG states right after it was made
+        self.made_fresh = _yielded(it) == 0  # False: a stateful loader resumed mid-epoch
+
+    def __iter__(self) -> _ResumedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        w = self.window
+        if not w.open:
+            return next(self.it)
+        (self.after_iter if _yielded(self.it) == 0 else w.put_back)()
+        batch = next(self.it)
+        w.last = self
+        w.fetched += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.it, name)
+
+
+class LoaderWindow:
+    """Installed by ``resume()`` when it loaded a checkpoint; closed by the first ``step()``."""
+
+    def __init__(self, states: Any, resumed_objects: Sequence[Any]) -> None:
+        self.put_back = _rng.prepare(states)  # the checkpoint's RNG states, as restored
+        self.open = True
+        self.making = False  # inside a wrapped __iter__
+        self.fetched = 0  # batches fetched in the window
+        self.last: _ResumedIterator | None = None  # the iterator of the latest batch
+        self._given = {id(o) for o in resumed_objects}
+        self._patched: list[tuple[type[Any], Callable[..., Any]]] = []
+
+    def install(self) -> None:
+        """Wrap ``__iter__`` of DataLoader and of every loaded subclass that defines its own."""
+        pending: list[type[Any]] = [DataLoader]
+        seen: set[type[Any]] = set()
+        while pending:
+            cls = pending.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            pending.extend(cls.__subclasses__())
+            original = cls.__dict__.get("__iter__")
+            if original is not None:
+                self._patched.append((cls, original))
+                cls.__iter__ = self._wrap(original)
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        window = self
+
+        def __iter__(loader: Any) -> Any:  # noqa: N807 - it replaces a class's __iter__
+            if not window.open or window.making:
+                return original(loader)
+            window.put_back()
+            window.making = True  # a subclass's __iter__ calling its base's: wrap once
+            try:
+                it = original(loader)
+            finally:
+                window.making = False
+            return _ResumedIterator(it, loader, window, _rng.prepare(_rng.capture()))
+
+        return __iter__
+
+    def close(self) -> str | None:
+        """At the first ``step()``: stop intervening; what diverges from an uninterrupted run."""
+        self.open = False
+        for cls, original in reversed(self._patched):
+            cls.__iter__ = original
+        self._patched.clear()
+        last, self.last = self.last, None
+        if last is None:
+            return None  # no loader iterator made in the window
+        notes = []
+        try:
+            per_epoch = len(last.loader)
+        except TypeError:  # an IterableDataset without __len__
+            per_epoch = 0
+        if 0 < per_epoch < self.fetched:
+            notes.append(
+                f"rvsup: {self.fetched} batches were fetched between resume() and the first "
+                "step(), more than an epoch's: the loop reads the data of the epochs the "
+                "checkpoint had finished only to skip it. Start the epoch loop at the "
+                "checkpoint's epoch: `for epoch in range(start // len(loader), epochs)`."
+            )
+        # exact: an iterator that began its epoch with this step, or a stateful loader restored
+        # by resume(), which keeps its own seeds
+        fresh = last.made_fresh and _yielded(last.it) <= 1
+        if not fresh and id(last.loader) not in self._given:
+            notes.append(advice(last.loader) or "")
+        return " ".join(n for n in notes if n) or None
+
+
+def advice(loader: Any) -> str | None:
+    """Why the epoch under way cannot resume exactly with ``loader`` (None: it can)."""
+    if getattr(loader, "generator", None) is not None:
+        return None
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, RandomSampler) and sampler.generator is None:
+        return (
+            "rvsup: the resumed epoch's DataLoader shuffles with a RandomSampler seeded from the "
+            "global RNG when its iterator is made, so the rest of this epoch sees its samples in "
+            "another order than the uninterrupted run would have (the result differs). To "
+            f"resume bit-exactly, {_FIX}"
+        )
+    if getattr(loader, "num_workers", 0) > 0:
+        return (
+            "rvsup: the resumed epoch's DataLoader has worker processes seeded from the global "
+            "RNG when its iterator is made: random draws in the workers (data augmentation) "
+            "differ from the uninterrupted run's for the rest of this epoch. To resume "
+            f"bit-exactly, {_FIX}"
+        )
+    return None
+
+
+def _yielded(it: Any) -> int:
+    """Batches the iterator has yielded (torch's and torchdata's iterators count them)."""
+    n = getattr(it, "_num_yielded", 0)
+    return n if isinstance(n, int) else 0

@@ -1,0 +1,96 @@
+"""Replicas that silently diverge: the parameters of plain DDP compared across the ranks.
+
+Every ``verify_every_steps`` steps (at the steps ``s`` with ``(s + 1) % N == 0``: every rank
+reaches them, so they agree without a message) each rank sums a strided sample of its DDP
+parameters in float64 and the ranks all-gather the sums' bit patterns (one int64 per rank).
+DDP keeps the replicas bit-identical, so any difference is a corruption (a flipped bit, a bad
+device): the ranks whose sum differs from the majority's are named (every rank when there is
+no majority, e.g. two ranks that disagree). The sample's offset moves by one element at each
+check, so over ``stride`` checks every element is covered; a corruption outside the sample is
+caught at a later check.
+
+Only plain DDP is checked: sharded state (FSDP1, FSDP2, DTensor) differs between the ranks by
+design, and a replicated shard group would need its own group of ranks to compare; modules
+that are not wrapped in DDP may differ on purpose. Neither is fingerprinted.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from worker_sdk.checkpoint import parallel as _parallel
+from worker_sdk.checkpoint.collectives import all_gather_ints
+
+__all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
+
+SAMPLE: Final = 4096
+"""Elements per parameter at most in one check."""
+
+
+class ReplicaCheck:
+    """The checks of one rank: at the steps ``s`` with ``(s + 1) % every == 0``."""
+
+    def __init__(self, every: int, modules: Sequence[nn.Module], last_finished: int) -> None:
+        self.every = every
+        self.modules = list(modules)
+        self.verified = last_finished
+        self.next_step = self._after(last_finished)
+
+    def _after(self, step: int) -> int:
+        return ((step + 1) // self.every + 1) * self.every - 1
+
+    def run(self, step: int) -> dict[str, Any] | None:
+        """Compare at ``step`` (a collective: every rank calls it at the same step); the
+        payload of a ``REPLICAS_DIVERGED`` report when some ranks differ, else None."""
+        diverged = compare(fingerprint(self.modules, step // self.every))
+        since = self.verified + 1
+        self.verified, self.next_step = step, self._after(step)
+        if not diverged:
+            return None
+        return {"ranks": ",".join(map(str, diverged)), "since": since}
+
+
+def ddp_modules(objects: Sequence[Any]) -> list[nn.Module]:
+    """The modules among ``objects`` that plain DDP replicates (none sharded)."""
+    return [
+        _parallel.unwrap(obj)
+        for obj in objects
+        if isinstance(obj, nn.Module) and _parallel.module_kind(obj) == _parallel.KIND_DDP
+    ]
+
+
+@torch.no_grad()
+def fingerprint(modules: Sequence[nn.Module], check: int) -> int:
+    """The bit pattern (int64) of the float64 sum of a strided sample of every parameter;
+    ``check`` (the same on every rank) moves the sample's offset."""
+    total = torch.zeros((), dtype=torch.float64)
+    for module in modules:
+        for p in module.parameters():
+            flat = p.detach().reshape(-1)
+            stride = max(1, flat.numel() // SAMPLE)
+            part = flat[check % stride :: stride].to(torch.float64).sum()
+            total += part.cpu()
+    bits: int = struct.unpack("<q", struct.pack("<d", float(total)))[0]
+    return bits
+
+
+def compare(mine: int) -> tuple[int, ...]:
+    """All-gather the fingerprints; the ranks that differ from the majority (none: agreed)."""
+    values = [v for (v,) in all_gather_ints([mine])]
+    return divergent(values)
+
+
+def divergent(values: Sequence[int]) -> tuple[int, ...]:
+    """The ranks whose value is not the majority's; every rank when none holds a majority."""
+    common, count = Counter(values).most_common(1)[0]
+    if count == len(values):
+        return ()
+    if 2 * count <= len(values):
+        return tuple(range(len(values)))
+    return tuple(r for r, v in enumerate(values) if v != common)

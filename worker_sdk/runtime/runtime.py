@@ -1,0 +1,494 @@
+"""One rank's runtime: the state behind ``resume()`` and ``step()``.
+
+The per-step path (:meth:`Runtime.step` inlined in ``worker_sdk.step``) reads the monotonic clock
+(vDSO, no syscall), updates three slots and compares two numbers; everything else happens in
+:meth:`Runtime.slow_path` when a heartbeat, a save or a coordinated stop is due.
+
+Coordinated saves (a stop, or a time-based save the supervisor schedules) must happen at one step on
+every rank, or a rank would block in a collective the others skip. The supervisor sends
+SYNC_REQUEST; each rank notices it at its next heartbeat and from then on reports every finished step
+with SYNC and waits for the answer: CONTINUE, or SAVE_AT S once every rank has reported. Because each
+rank waits after every reported step, no rank can be past S = (highest reported step) + 1.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import mmap
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, SaveError, Stateful
+from worker_sdk.contract import protocol as p
+
+from . import flight as _flight
+from .channel import Channel
+from .exit_hooks import is_oom
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
+
+    from .loader_rng import LoaderWindow
+    from .replicas import ReplicaCheck
+    from .stragglers import CommWait
+
+_NEVER = sys.maxsize
+FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
+
+
+class Runtime:
+    """State of one rank. Created by ``worker_sdk.resume()``."""
+
+    __slots__ = (
+        "_dump_file",
+        "_slot_map",
+        "channel",
+        "checkpointer",
+        "comm_wait",
+        "extra_default",
+        "hb_due",
+        "hb_step",
+        "last_step",
+        "loss",
+        "loss_reported",
+        "max_dt",
+        "next_due",
+        "next_save_step",
+        "objects",
+        "periodic_next",
+        "rank",
+        "replicas",
+        "save_due_t",
+        "saver",
+        "settings",
+        "step_slot",
+        "stop_after_save",
+        "sync_mode",
+        "sync_save_at",
+        "t_last",
+        "total_steps",
+        "verify_next",
+        "window",
+        "world_size",
+    )
+
+    def __init__(
+        self,
+        settings: Settings,
+        objects: Sequence[Stateful],
+        checkpointer: Checkpointer | None,
+        channel: Channel | None,
+        *,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.settings = settings
+        self.objects = objects
+        self.checkpointer = checkpointer
+        self.channel = channel
+        self.rank = rank
+        self.world_size = world_size
+        self.extra_default: Any = None
+        self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
+        self.window: LoaderWindow | None = None  # until the first step() after a resume
+        self.saver: AsyncSaver | None = None
+        if checkpointer is not None and settings.async_save:
+            from worker_sdk.checkpoint.background.async_save import AsyncSaver
+
+            self.saver = AsyncSaver(checkpointer)
+        now = time.monotonic()
+        self.t_last = now
+        self.max_dt = 0.0
+        self.last_step = -1
+        self.loss: Any = None  # the last loss step() was given (a float or a tensor)
+        self.hb_step = -1  # the step of the last heartbeat
+        self.loss_reported = False  # a loss that is not finite was reported (once)
+        self.sync_mode = False
+        self.stop_after_save = False
+        self.periodic_next = _NEVER
+        self.sync_save_at = _NEVER
+        self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
+        self.replicas: ReplicaCheck | None = (
+            None  # plain DDP compared (worker_sdk.runtime.replicas)
+        )
+        self.verify_next = _NEVER
+        self.comm_wait: CommWait | None = None  # DDP's all-reduce wait, for stragglers
+        # the first finished step is reported at once: until the supervisor has seen it, only
+        # the (long) startup timeout can catch a hang
+        self.hb_due = now if channel else math.inf
+        every_s = settings.every_s if world_size == 1 and checkpointer else None
+        self.save_due_t = now + every_s if every_s else math.inf
+        self.next_due = min(self.hb_due, self.save_due_t)
+        self._dump_file: IO[str] | None = None
+        self._slot_map: mmap.mmap | None = None
+        # the last finished step, stored by every step() (see protocol.step_slot_file)
+        self.step_slot: memoryview = memoryview(bytearray(8)).cast("q")
+
+    # ------------------------------------------------------------------ start-up
+    def start(self, loaded: LoadResult) -> int:
+        """Announce the rank, report what was loaded; return the first step to run."""
+        start = 0 if loaded.step is None else loaded.step + 1
+        if self.channel is not None:  # after a rollback: the skipped steps stay skipped
+            skipped = max(0, int(os.environ.get(p.ENV_RESUME_AT) or 0) - start)
+            os.environ[p.ENV_SKIPPED_STEPS] = str(skipped)
+            start += skipped
+        self.last_step = start - 1
+        self.hb_step = start - 1  # what a failure before the first step() names
+        self._map_step_slot(start - 1)
+        every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
+        if every > 0 and self.world_size > 1:
+            from .replicas import ReplicaCheck, ddp_modules
+
+            modules = ddp_modules(self.objects)
+            if modules:
+                self.replicas = ReplicaCheck(every, modules, start - 1)
+                self.verify_next = self.replicas.next_step
+        if self.channel is not None and self.world_size > 1:
+            from .stragglers import CommWait
+
+            self.comm_wait = CommWait.of(self.objects)
+        self._set_periodic(start - 1)
+        if self.channel is not None:
+            s = self.settings
+            self.channel.send(
+                p.Kind.HELLO,
+                step=start,
+                payload={
+                    "host": s.host,
+                    "local_rank": _local_rank(),
+                    "world_size": self.world_size,
+                    "total_steps": self.total_steps,
+                    **_output_files(),
+                },
+            )
+            for path, reason in loaded.skipped:
+                self.channel.send(
+                    p.Kind.CKPT_SKIPPED, payload={"path": str(path), "reason": reason}
+                )
+            loaded_from = str(loaded.path) if loaded.path else None
+            self.channel.send(
+                p.Kind.LOADED,
+                step=start,
+                payload={
+                    "path": loaded_from,
+                    "world_size": loaded.saved_world_size,
+                    "resharded_from": loaded.resharded_from,
+                },
+            )
+        self._arm_stack_dumps()
+        if self.saver is not None:
+            self.saver.start()
+        self.t_last = time.monotonic()
+        if self.window is not None:
+            self.next_due = 0.0  # the first step() closes the window
+        return start
+
+    def _map_step_slot(self, step: int) -> None:
+        diag = self.settings.diagnostics_dir
+        if diag is not None:
+            diag.mkdir(parents=True, exist_ok=True)
+            fd = os.open(diag / p.step_slot_file(self.rank), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.ftruncate(fd, 8)
+                self._slot_map = mmap.mmap(fd, 8)
+            finally:
+                os.close(fd)
+            self.step_slot = memoryview(self._slot_map).cast("q")
+        self.step_slot[0] = step
+
+    def _arm_stack_dumps(self) -> None:
+        diag = self.settings.diagnostics_dir
+        if diag is None:
+            return
+        diag.mkdir(parents=True, exist_ok=True)
+        self._dump_file = open(diag / p.stacks_file(self.rank), "a")  # noqa: SIM115
+        faulthandler.register(
+            self.settings.dump_signal, file=self._dump_file, all_threads=True, chain=False
+        )
+        _flight.arm(diag, self.rank)
+
+    def _set_periodic(self, last_finished: int) -> None:
+        n = self.settings.every_steps
+        if n <= 0 or self.checkpointer is None:
+            self.periodic_next = _NEVER
+        else:
+            # save after step s when (s + 1) % n == 0: the checkpoint resumes at a multiple of n
+            self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+
+    # ------------------------------------------------------------------ the slow path
+    def slow_path(self, step: int, extra: Any, now: float) -> None:
+        """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
+        if self.window is not None:
+            self._close_window()
+        saver = self.saver
+        if saver is not None and saver.in_flight is not None:
+            outcome = saver.poll()
+            if outcome is not None:
+                self._report(outcome)
+        if now >= self.hb_due:
+            self._heartbeat(step, now)
+        if self.sync_mode:
+            self._sync_round(step)
+        if step >= self.verify_next:
+            self._verify(step)
+        if step >= min(self.periodic_next, self.sync_save_at) or now >= self.save_due_t:
+            self._save(step, extra)
+        in_flight = saver is not None and saver.in_flight is not None
+        self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
+
+    def _close_window(self) -> None:
+        assert self.window is not None
+        advice = self.window.close()
+        self.window = None
+        if advice is not None:
+            warnings.warn(advice, RuntimeWarning, stacklevel=4)
+
+    def _heartbeat(self, step: int, now: float) -> None:
+        ch = self.channel
+        assert ch is not None
+        payload = None
+        loss = self.loss
+        if loss is not None:
+            self.loss = None
+            value = loss if loss.__class__ is float else float(loss)  # a tensor is read here
+            if math.isfinite(value):
+                payload = {"loss": value}
+            elif loss.__class__ is not float:  # a float was reported by step() already
+                self.loss_not_finite(step, value, self.hb_step + 1)
+        if self.comm_wait is not None:
+            wait = self.comm_wait.read(step - self.hb_step)
+            if wait is not None:
+                payload = {**(payload or {}), "comm_wait_s": wait}
+        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, payload=payload)
+        self.hb_step = step
+        self.max_dt = 0.0
+        self.hb_due = now + self.settings.heartbeat_interval_s
+        while (msg := ch.receive()) is not None:
+            if msg.kind is p.Kind.SYNC_REQUEST:
+                self.sync_mode = True
+
+    def _verify(self, step: int) -> None:
+        """Compare the replicas (a collective at a step every rank reaches); rank 0 reports
+        the ranks that differ from the majority."""
+        assert self.replicas is not None
+        report = self.replicas.run(step)
+        if report is not None and self.rank == 0 and self.channel is not None:
+            self.channel.send(p.Kind.REPLICAS_DIVERGED, step=step, payload=report)
+        self.verify_next = self.replicas.next_step
+        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+
+    def loss_not_finite(self, step: int, value: float, since: int) -> None:
+        """Report a loss that is not finite at once (the first only: the attempt ends)."""
+        if self.channel is None or self.loss_reported:
+            return
+        self.loss_reported = True
+        self.channel.send(p.Kind.LOSS_NONFINITE, step=step, value=value, payload={"since": since})
+
+    def _sync_round(self, step: int) -> None:
+        ch = self.channel
+        assert ch is not None
+        ch.send(p.Kind.SYNC, step=step)
+        deadline = time.monotonic() + 600.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(f"rvsup: rank {self.rank}: no answer to a coordinated save", file=sys.stderr)
+                os._exit(p.EXIT_SYNC_TIMEOUT)
+            msg = ch.receive(timeout_s=min(left, 1.0))
+            if msg is None:
+                continue
+            if msg.kind is p.Kind.CONTINUE:
+                return
+            if msg.kind is p.Kind.SYNC_CANCEL:
+                self.sync_mode = False
+                return
+            if msg.kind is p.Kind.SAVE_AT:
+                if msg.step < step:
+                    raise RuntimeError(
+                        f"rvsup: asked to save at step {msg.step}, already at {step}"
+                    )
+                self.sync_mode = False
+                self.stop_after_save = self.stop_after_save or bool(msg.flags & p.FLAG_STOP)
+                if self.checkpointer is None:  # nothing to save: stop now or go on
+                    self._leave_if_stopping(step)
+                    return
+                self.sync_save_at = msg.step
+                self.next_save_step = min(self.periodic_next, msg.step, self.verify_next)
+                return
+
+    def _save(self, step: int, extra: Any) -> None:
+        ck = self.checkpointer
+        if ck is not None:
+            if self.channel is not None:
+                self.channel.send(p.Kind.CKPT_BEGIN, step=step)
+            stopping = self.stop_after_save and step >= self.sync_save_at
+            if self.saver is not None and not stopping:
+                previous = self.saver.submit(step, self.objects, extra)
+                if previous is not None:
+                    self._report(previous)
+            else:
+                self._finish_async(close=False)  # a stop's save waits for the one in flight
+                try:
+                    result = ck.save(step, self.objects, extra)
+                except SaveError as e:
+                    if stopping:  # the stop has no checkpoint to leave on: a failure
+                        raise
+                    self._save_failed(step, str(e))
+                else:
+                    if result.committed:
+                        self._committed(step, result.seconds, result.path, result.nbytes, "sync")
+        now = time.monotonic()
+        if self.save_due_t != math.inf and self.settings.every_s:
+            self.save_due_t = now + self.settings.every_s
+        coordinated = step >= self.sync_save_at
+        if coordinated:
+            self.sync_save_at = _NEVER
+        self._set_periodic(step)
+        self.t_last = now  # the save is not a training step
+        if coordinated:
+            self._leave_if_stopping(step)
+
+    def _save_failed(self, step: int, reason: str) -> None:
+        print(
+            f"rvsup: rank {self.rank}: the checkpoint of step {step} failed and is not "
+            f"committed (training goes on): {reason}",
+            file=sys.stderr,
+        )
+        if self.channel is not None:
+            self.channel.send(p.Kind.CKPT_FAILED, step=step, payload={"reason": reason})
+
+    def _report(self, outcome: Outcome) -> None:
+        """Tell the supervisor how an asynchronous save ended."""
+        if outcome.failed is not None:
+            self._save_failed(outcome.step, outcome.failed)
+        elif outcome.committed:
+            self._committed(
+                outcome.step,
+                outcome.seconds,
+                outcome.path,
+                outcome.nbytes,
+                "async",
+                blocked_s=outcome.blocked_s,
+            )
+
+    def _committed(
+        self,
+        step: int,
+        seconds: float,
+        path: Path,
+        nbytes: int,
+        mode: str,
+        *,
+        blocked_s: float | None = None,
+    ) -> None:
+        """Rank 0 tells the supervisor that the checkpoint of ``step`` is committed."""
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.CKPT_COMMITTED,
+                step=step,
+                value=seconds,
+                payload={
+                    "path": str(path),
+                    "bytes": nbytes,
+                    "mode": mode,
+                    "blocked_s": seconds if blocked_s is None else blocked_s,
+                },
+            )
+
+    def _finish_async(self, *, close: bool) -> None:
+        """Wait for the asynchronous save in flight and report it; ``close``: stop the writer."""
+        saver = self.saver
+        if saver is None:
+            return
+        outcome = saver.wait()
+        if outcome is not None:
+            self._report(outcome)
+        if close:
+            saver.close()
+            self.saver = None
+
+    def _leave_if_stopping(self, step: int) -> None:
+        if not self.stop_after_save:
+            return
+        self._finish_async(close=True)
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.EXITING, step=step, payload={"reason": p.ExitingReason.STOP.value}
+            )
+        self.shutdown()
+        # SystemExit rather than os._exit: the script's finally blocks and atexit handlers run
+        # (destroy_process_group included); the checkpoint is already committed
+        sys.exit(0)
+
+    # ------------------------------------------------------------------ phases and failures
+    def phase_changed(self, name: str, begin: bool) -> None:
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.PHASE, step=self.last_step, payload={"name": name, "begin": begin}
+            )
+
+    def report_exception(self, exc: BaseException) -> bool:
+        """Tell the supervisor why this rank dies; True when it is an out-of-memory error."""
+        oom = is_oom(exc)
+        if self.channel is not None:
+            self.channel.send(
+                p.Kind.FAILURE,
+                step=self.last_step + 1,
+                payload={
+                    "kind": "oom" if oom else "exception",
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:2000],
+                },
+            )
+        return oom
+
+    def leaving(self) -> None:
+        """At interpreter exit: finish the save in flight, then tell the supervisor that the
+        silence to come is the end."""
+        if self.channel is None or not self.channel.closed:
+            if self.saver is not None and self.saver.in_flight is not None:
+                # no step() comes to heartbeat while the last save is waited for: a long one
+                # would look like a hang of a rank whose script has ended
+                self.phase_changed(FINAL_SAVE_PHASE, True)
+            self._finish_async(close=True)
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(
+                p.Kind.EXITING, step=self.last_step, payload={"reason": p.ExitingReason.END.value}
+            )
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self.window is not None:  # no step() came: put DataLoader.__iter__ back
+            self.window.close()
+            self.window = None
+        if self.channel is not None:
+            self.channel.close()
+        if self._dump_file is not None:
+            faulthandler.unregister(self.settings.dump_signal)
+            self._dump_file.close()
+            self._dump_file = None
+
+
+def _output_files() -> dict[str, str | None]:
+    """The files this process's stdout and stderr are (``rvsup logs`` finds a rank's output by
+    them); None for a stream that is not a file (a terminal, a pipe)."""
+    found: dict[str, str | None] = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            path: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = None
+        found[name] = path if path is not None and path.startswith("/") else None
+    return found
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,0 +1,95 @@
+"""One node's part of a multi-node attempt, in a cgroup of its own, ended with the attempt.
+
+``python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]`` is what srun runs on every node
+of an attempt's step, in front of torchrun. It makes a group ``rvsup-node-PID`` under its own
+cgroup v2 group (Slurm's step group where Slurm uses cgroup v2, slurmd's otherwise) and starts
+``CMD`` there: the child joins the group and arms the parent-death signal before it execs, so
+everything torchrun and the ranks start is a member, whatever session or parent it ends up with.
+It passes signals on to ``CMD``, and once ``CMD`` has ended it ends what is left in the group
+(SIGTERM, ``TERM_TIMEOUT_S``, ``cgroup.kill``), removes the group and ends like ``CMD``.
+
+A wrapper killed with SIGKILL (srun's own hard stop) cannot do that: the next attempt's wrapper
+on the node first ends what is left in the groups of wrappers that are gone. Where no group can
+be made, it execs ``CMD`` as it is (Slurm's own tracking of the step is all there is).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from .cgroup import Group, join, own_group_dir, stale_groups
+from .exit_report import FORWARDED, end_like
+from .pdeathsig import die_with_parent
+
+__all__ = ["main"]
+
+_PREFIX = "rvsup-node-"
+
+
+def make_group() -> Path | None:
+    """This wrapper's group, made (after ending the stale ones beside it); None: none can be."""
+    own = own_group_dir()
+    if own is None:
+        return None
+    for group in stale_groups(Path(own), _PREFIX):
+        group.end()
+    path = Path(own) / f"{_PREFIX}{os.getpid()}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    return path
+
+
+def main(argv: list[str]) -> NoReturn:
+    """Run ``CMD`` in the node's group of the attempt (see the module docstring)."""
+    if len(argv) < 2:
+        usage = "usage: python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]"
+        print(usage, file=sys.stderr)
+        sys.exit(2)
+    term_timeout_s, command = float(argv[0]), argv[1:]
+    path = make_group()
+    if path is None:
+        os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
+    pid = os.fork()
+    if pid == 0:
+        try:
+            join(str(path))
+            die_with_parent()
+            os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
+        except OSError as exc:
+            print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)
+        os._exit(127)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda number, _frame: _pass_on(pid, number))
+    _, status = os.waitpid(pid, 0)
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)  # the teardown below must run to its end
+    end(Group(path), term_timeout_s)
+    end_like(status)
+
+
+def _pass_on(pid: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, number)
+
+
+def end(group: Group, term_timeout_s: float) -> None:
+    """SIGTERM (and SIGCONT) to every member, then, after ``term_timeout_s`` at most, SIGKILL to
+    all; the group removed."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for member in group.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, sig)
+    group.wait_empty(term_timeout_s)
+    group.end()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
