@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import psutil
 from tests.process.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
 from worker_sdk import layout
 
-from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
+from .schedule import LAST_STEP, SKIP_STEPS, TOTAL_STEPS, Fault, Schedule
 
 __all__ = ["MARK", "Observed", "execute", "reference"]
 
@@ -58,11 +59,13 @@ class Observed:
     seconds: float = 0.0
 
 
-def reference(workdir: Path) -> Path:
-    """The final state of the chaos job run without faults."""
+def reference(workdir: Path, omitted: Sequence[tuple[int, int]] = ()) -> Path:
+    """The final state of the chaos job run without faults, the steps of the half-open ranges
+    ``omitted`` left out (never run: what a rollback skips)."""
     workdir.mkdir(parents=True, exist_ok=True)
     final = workdir / "final.pt"
-    job = _job(workdir, Schedule(0, ()), ckpt="ckpt", final=final)
+    omit = ",".join(f"{a}:{b}" for a, b in omitted)
+    job = _job(workdir, Schedule(0, ()), ckpt="ckpt", final=final, omit=omit, paced=False)
     res = rvsup("start", str(job), timeout=RUN_TIMEOUT_S)
     if res.returncode != 0:
         raise RuntimeError(f"the fault-free reference run failed: {res.stderr[-2000:]}")
@@ -90,13 +93,25 @@ def execute(schedule: Schedule, workdir: Path) -> Observed:
     return seen
 
 
-def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
+def _job(
+    workdir: Path,
+    schedule: Schedule,
+    *,
+    ckpt: str,
+    final: Path,
+    omit: str = "",
+    paced: bool = True,
+) -> Path:
+    """The chaos job; ``paced``: slow steps that a fault from outside can be aimed at (a
+    reference run, with nothing to aim, runs at full speed: its final state is the same)."""
     env = {
         "FINAL": str(final),
-        "STEP_SLEEP": STEP_SLEEP,
+        "STEP_SLEEP": STEP_SLEEP if paced else "0",
         "TAIL_FROM": str(LAST_STEP),
-        "TAIL_SLEEP": TAIL_SLEEP,
+        "TAIL_SLEEP": TAIL_SLEEP if paced else "0",
         "FAULT": schedule.trainer_faults(),
+        "LOSS": "float",  # every step's loss is watched: a NaN is caught at its step
+        "OMIT_STEPS": omit,
     }
     if schedule.aims_at_saves:
         env["BALLAST_MB"] = BALLAST_MB
@@ -110,6 +125,7 @@ def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
             f'max_restarts = {schedule.max_restarts}\nbackoff = "0.1s"\nbackoff_max = "0.5s"\n'
             "max_no_progress = 99"
         ),
+        anomaly=f"skip_steps = {SKIP_STEPS}\nmax_rollbacks = {schedule.max_rollbacks}",
     )
     job.write_text(job.read_text().replace('checkpoint_dir = "ckpt"', f'checkpoint_dir = "{ckpt}"'))
     return job

@@ -17,6 +17,8 @@ LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d t
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
 whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
 bitflip flips a bit of the rank's first weight before that step (its replica diverges).
+OMIT_STEPS="from:to,..." never runs the steps in [from, to) (the uninterrupted run a rollback that
+skipped them must end like).
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ def main() -> None:
     loss_mode = os.environ.get("LOSS", "")
     nan_from = int(os.environ.get("NAN_FROM", str(total)))
     spike = [float(v) for v in os.environ.get("SPIKE", "0:0:1").split(":")]
+    omitted: set[int] = set()
+    for span in filter(None, os.environ.get("OMIT_STEPS", "").split(",")):
+        first, end = span.split(":")
+        omitted.update(range(int(first), int(end)))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     ddp = DistributedDataParallel(
@@ -138,6 +144,8 @@ def main() -> None:
     ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
     print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)
     for step in range(start, total):
+        if step in omitted:
+            continue
         for kind in faults_now(rank, step, attempt):
             inject(kind, step)
         if "bitflip" in faults_now(rank, step, attempt):
