@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import (
+    fig_anomaly,
     fig_checkpoint,
     fig_ckpt_stall,
     fig_faults,
@@ -43,8 +44,9 @@ FIGURES: dict[str, Callable[[Context], Table]] = {
     "footprint": fig_footprint.footprint,
     "scale": fig_footprint.scale,
     "slow": fig_slow.slow,
+    "anomaly": fig_anomaly.anomaly,
 }
-SMOKE_FIGURES = ("crash", "sdk", "checkpoint", "scale")
+SMOKE_FIGURES = ("crash", "sdk", "checkpoint", "scale", "anomaly")
 NVRX_ENV = "RVSUP_BENCH_NVRX_VENV"
 
 

@@ -20,7 +20,11 @@ Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``stuck`` (a rec
 the rank blocks inside gloo while the others block in their next all_reduce: an extra all_reduce
 is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError),
 ``deadlock`` (the main thread waits on a lock it holds), and healthy slow work of ``BENCH_SLOW_S``
-seconds (:func:`slow_work`): ``eval``, ``ckptwrite``, ``hooksleep``, ``epoch``.
+seconds (:func:`slow_work`): ``eval``, ``ckptwrite``, ``hooksleep``, ``epoch``. The training gone
+wrong (:data:`DATA_KINDS`): ``nan`` poisons that step's batch (its loss is NaN), ``spike`` scales
+the loss this process reports from that step on by ``BENCH_SPIKE_FACTOR`` (100; the gradient is
+not scaled: what is measured is the detection, not the model's reaction). ``BENCH_LOSS=1`` passes
+the loss to ``worker_sdk.step()`` as a float (under rvsup).
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ def inject(kind: str, step: int) -> None:
 
 
 SLOW_KINDS = ("eval", "ckptwrite", "hooksleep", "epoch")
+DATA_KINDS = ("nan", "spike")  # the data or the loss goes wrong, not the process: main() does it
 
 
 def slow_work(kind: str, seconds: float) -> None:
@@ -208,23 +213,36 @@ def main() -> None:
             heartbeat = ft.RankMonitorClient()
             heartbeat.init_workload_monitoring()
     rec.write("start", start)
+    report_loss = mode == "rvsup" and os.environ.get("BENCH_LOSS") == "1"
+    scale = 1.0  # the reported loss's factor: BENCH_SPIKE_FACTOR once a spike fired
 
     for step in range(start, total):
+        poisoned = False
         for kind, r, s, every in faults:
             if r == rank and s == step and should_fire(record_dir, kind, r, s, every):
                 rec.write("fault", step, kind=kind)
-                inject(kind, step)
+                if kind == "nan":
+                    poisoned = True
+                elif kind == "spike":
+                    scale = float(os.environ.get("BENCH_SPIKE_FACTOR", "100"))
+                else:
+                    inject(kind, step)
         x = torch.randn(batch, IN_FEATURES)
         y = x[:, :8].sum(dim=1, keepdim=True)
+        if poisoned:
+            x[0, 0] = float("nan")
         optimizer.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(ddp(x), y).backward()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
         optimizer.step()
         rec.write("step", step)  # finished; what follows may save (and, under rvsup, exit)
         if plain is not None:
             plain.maybe_save(step, model, optimizer)
         if heartbeat is not None:
             heartbeat.send_heartbeat()
-        if mode == "rvsup":
+        if report_loss:
+            worker_sdk.step(step, loss=loss.item() * scale)
+        elif mode == "rvsup":
             worker_sdk.step(step)
     rec.write("done", total - 1)
     if heartbeat is not None:

@@ -231,13 +231,21 @@ class Attempt:
             case m.CheckpointSkipped():
                 self.events.log(trouble_event(msg))
             case m.Loaded() if not self._loaded_logged:
-                self._loaded_logged = True  # every rank loads the checkpoint they agreed on
-                self.events.log(loaded_event(msg))
+                self._on_loaded(msg)
             case m.Failure():
                 self._reports.append(report_from_message(msg))
                 self._sign_of_failure(now)
         if self.losses is not None and msg.kind in TRAINING_REPORTS:
             self._on_anomaly(anomaly_in(self.losses, msg), now)
+
+    def _on_loaded(self, msg: p.Message) -> None:
+        """What the ranks resumed from (every rank loads the one checkpoint they all agreed
+        on: the first report is logged); the loss rules date onsets from its step, which is
+        earlier than planned when the planned checkpoint proved damaged."""
+        self._loaded_logged = True
+        self.events.log(loaded_event(msg))
+        if self.losses is not None:
+            self.losses.resumed_at(msg.step)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""

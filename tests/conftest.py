@@ -3,7 +3,7 @@
 The test process is the subreaper of everything it starts, so every process a test started is
 found as one of its descendants, forked, double-forked or ``setsid()``-ed ones included; the
 processes started for it outside its tree are found by the ``RVTEST_MARK`` variable (set here,
-before any test runs): ``tests/process_guard.py`` says why and how. After each process-level
+before any test runs): ``tests/helpers/process_guard.py`` says why and how. After each process-level
 test, such processes that did not exist before it are killed and the test fails (a job's cgroup
 left populated holds such processes: they are ours, whatever group they are in); the empty groups
 of rvsup daemons killed by a test are removed. Long-lived cluster daemons of a session fixture

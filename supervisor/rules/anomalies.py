@@ -110,6 +110,12 @@ class LossWatch:
             r.high.clear()
             r.last_normal = None
 
+    def resumed_at(self, step: int) -> None:
+        """The ranks resumed at ``step``: earlier than the attempt planned when the checkpoint
+        it named proved damaged and an older one was loaded. Onsets are never dated before the
+        step the ranks actually started at, and never after it either."""
+        self._first_step = step
+
     def observe(self, rank: int, step: int, value: float) -> Anomaly | None:
         """A heartbeat's loss; the anomaly it completes, if any."""
         if not math.isfinite(value):

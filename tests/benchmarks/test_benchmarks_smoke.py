@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,7 +195,7 @@ def test_ratio_of_medians_and_missing() -> None:
 @pytest.mark.process
 def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
     """``python -m benchmarks --smoke`` runs every smoke figure for real, prints each table and
-    writes JSON with measured values for rvsup."""
+    writes JSON with measured values for rvsup (a NaN rolled back and resumed among them)."""
     pytest.importorskip("torch")  # the benchmarks train real models
     out = tmp_path / "smoke.json"
     res = subprocess.run(
@@ -215,11 +216,19 @@ def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    for title in ("1. Crash", "7. SDK cost", "8. Checkpoint", "9b. A real rvsup daemon"):
+    for title in (
+        "1. Crash",
+        "7. SDK cost",
+        "8. Checkpoint",
+        "9b. A real rvsup daemon",
+        "11. Training gone wrong",
+    ):
         assert title in res.stdout, res.stdout
     data = json.loads(out.read_text())
     figures = data["figures"]
-    assert set(figures) == {"crash", "sdk", "checkpoint", "scale"}
+    assert set(figures) == {"crash", "sdk", "checkpoint", "scale", "anomaly"}
+    rollback = figures["anomaly"]["rows"]["total: anomalous step -> resumed step on all ranks"]
+    assert rollback['NaN, defaults (backoff "5s")']["median"] > 0
     mttr = figures["crash"]["rows"]["MTTR (kill -> resumed step on all ranks)"]
     for col in ("rvsup (auto)", "rvsup (cold ranks)"):  # forked ranks, and cold ones beside
         assert mttr[col]["n"] == 1 and mttr[col]["median"] > 0, col
@@ -237,3 +246,32 @@ def test_checkpoint_writers_each_measured_and_their_files_removed(tmp_path: Path
     assert list(out) == fig_checkpoint.KEYS
     assert all(len(values) == 3 and min(values) > 0 for values in out.values())
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_rollback_is_split_into_detection_restart_restore_and_first_step() -> None:
+    """Figure 11 splits anomalous step -> resumed step at the events and records that bound
+    each phase: the step's record, anomaly_detected, the new ranks' boot, start and step."""
+    from benchmarks.fig_anomaly import split
+    from benchmarks.tools import Spec
+    from benchmarks.trials import Outcome
+
+    trial = [
+        rec(1.0, 1, 2, 60, "fault"),
+        rec(1.1, 1, 2, 60),
+        rec(1.15, 0, 1, 60),
+        rec(2.0, 0, 3, -1, "boot"),
+        rec(2.2, 1, 4, -1, "boot"),
+        rec(2.8, 0, 3, 61, "start"),
+        rec(2.9, 1, 4, 61, "start"),
+        rec(3.0, 1, 4, 61),
+        rec(3.1, 0, 3, 61),
+    ]
+    events: list[dict[str, Any]] = [
+        {"event": "anomaly_detected", "timestamp": "1970-01-01T00:00:01.300000Z"},
+        {"event": "rolled_back", "to_step": 49, "from_step": 60, "onset": 60},
+    ]
+    o = Outcome(0, 0.0, 4.0, trial, [], Spec(steps=80, ckpt_every=25))
+    s = split(o, events)
+    got = [s.total, s.detection, s.restart, s.restore, s.first_step]
+    assert got == pytest.approx([2.0, 0.2, 0.9, 0.7, 0.2])
+    assert s.resumed_at == 61 and s.rolled_back is events[1]

@@ -2,7 +2,7 @@
 from outside aimed at their step, checkpoints damaged between starts; what happened, recorded.
 
 Whatever of a run outlives it is found, reported and killed by the test suite's own guard
-(``tests/process_guard.py``): the runner is the subreaper of everything it starts, so a run's
+(``tests/helpers/process_guard.py``): the runner is the subreaper of everything it starts, so a run's
 processes stay its descendants however they were started (forked from the zygote, double-forked,
 ``setsid()``-ed, with their environment cleared).
 """
@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, w
 from tests.helpers.process_guard import guard
 from worker_sdk.contract import layout
 
-from .schedule import LAST_STEP, TOTAL_STEPS, Fault, Schedule
+from .schedule import LAST_STEP, SKIP_STEPS, TOTAL_STEPS, Fault, Schedule
 
 __all__ = ["Observed", "execute", "guarded_run", "reference"]
 
@@ -60,11 +60,13 @@ class Observed:
     seconds: float = 0.0
 
 
-def reference(workdir: Path) -> Path:
-    """The final state of the chaos job run without faults."""
+def reference(workdir: Path, omitted: Sequence[tuple[int, int]] = ()) -> Path:
+    """The final state of the chaos job run without faults, the steps of the half-open ranges
+    ``omitted`` left out (never run: what a rollback skips)."""
     workdir.mkdir(parents=True, exist_ok=True)
     final = workdir / "final.pt"
-    job = _job(workdir, Schedule(0, ()), ckpt="ckpt", final=final)
+    omit = ",".join(f"{a}:{b}" for a, b in omitted)
+    job = _job(workdir, Schedule(0, ()), ckpt="ckpt", final=final, omit=omit, paced=False)
     res = rvsup("start", str(job), timeout=RUN_TIMEOUT_S)
     if res.returncode != 0:
         raise RuntimeError(f"the fault-free reference run failed: {res.stderr[-2000:]}")
@@ -89,13 +91,25 @@ def execute(schedule: Schedule, workdir: Path) -> Observed:
     return seen
 
 
-def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
+def _job(
+    workdir: Path,
+    schedule: Schedule,
+    *,
+    ckpt: str,
+    final: Path,
+    omit: str = "",
+    paced: bool = True,
+) -> Path:
+    """The chaos job; ``paced``: slow steps that a fault from outside can be aimed at (a
+    reference run, with nothing to aim, runs at full speed: its final state is the same)."""
     env = {
         "FINAL": str(final),
-        "STEP_SLEEP": STEP_SLEEP,
+        "STEP_SLEEP": STEP_SLEEP if paced else "0",
         "TAIL_FROM": str(LAST_STEP),
-        "TAIL_SLEEP": TAIL_SLEEP,
+        "TAIL_SLEEP": TAIL_SLEEP if paced else "0",
         "FAULT": schedule.trainer_faults(),
+        "LOSS": "float",  # every step's loss is watched: a NaN is caught at its step
+        "OMIT_STEPS": omit,
     }
     if schedule.aims_at_saves:
         env["BALLAST_MB"] = BALLAST_MB
@@ -110,6 +124,7 @@ def _job(workdir: Path, schedule: Schedule, *, ckpt: str, final: Path) -> Path:
             "max_no_progress = 99"
         ),
         checkpoint_dir=ckpt,
+        anomaly=f"skip_steps = {SKIP_STEPS}\nmax_rollbacks = {schedule.max_rollbacks}",
     )
 
 

@@ -4,13 +4,16 @@ what was observed, returning every violation in words.
 - every ``rvsup start`` exits as its ending demands (75 after SIGTERM/SIGUSR1, killed after
   SIGKILL, then 0, or 3 when the budget runs out);
 - one ``attempt_started`` per attempt; its ranks report (``checkpoint_loaded``) a checkpoint
-  that was committed, resuming at its step + 1, never a damaged or torn one; a damaged
-  checkpoint is reported skipped;
+  that was committed, resuming at its step + 1 (or at the newest earlier rollback's resume
+  step, when that is later), never a damaged or torn one; a damaged checkpoint is reported
+  skipped;
 - each attempt ends as its fault demands: the failure kind, the rank named first, the last step
   within one step of where the fault struck; a stop as ``job_stopped``; a lost daemon as
-  ``attempt_closed`` "supervisor lost";
+  ``attempt_closed`` "supervisor lost"; a NaN as ``nonfinite_loss`` of its rank, at its step or
+  later, and rolled back as :mod:`.rollbacks` says;
 - the budget arithmetic: one charged ``restart_scheduled`` per charged failure (none for the one
-  that spends the budget), ``restarts_left`` counting down from ``max_restarts``;
+  that spends the budget), ``restarts_left`` counting down from ``max_restarts``; a rollback
+  spends none of it;
 - a full disk shows as ``checkpoint_failed`` ("No space left") in its window, and nothing else;
 - the job ends with ``job_succeeded`` or ``job_gave_up``; ``rvsup history`` has no attempt
   left ``unknown`` or ``running``.
@@ -21,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, Schedule
+from .rollbacks import check_rollbacks
+from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, Schedule
 
 __all__ = ["check", "expected_exit_codes"]
 
@@ -58,6 +62,7 @@ def check(
         out += _ending(s, attempt, events, save_killed)
         out += _full_disk(s, attempt, events)
     out += _budget(s, events)
+    out += check_rollbacks(s, events)
     final = "job_gave_up" if s.gives_up else "job_succeeded"
     if not _named(events, final):
         out.append(f"no {final} event")
@@ -96,12 +101,17 @@ def _resumes(
             out.append(f"attempt {attempt}: {len(loaded)} checkpoint_loaded events, expected 1")
             continue
         path, resume = loaded[0]["checkpoint"], loaded[0]["resume_step"]
+        floor = s.skip_to(attempt) or 0  # a rollback's skipped steps stay skipped
         if path is None:
-            if resume != 0:
+            if resume != floor:
                 out.append(f"attempt {attempt} resumes at {resume} from no checkpoint")
             continue
-        if committed.get(path) != resume - 1:
-            out.append(f"attempt {attempt} resumes from {path}, never committed as its step")
+        step = committed.get(path)
+        if step is None or resume != max(step + 1, floor):
+            out.append(
+                f"attempt {attempt} resumes at {resume} from {path} (committed as step {step}), "
+                f"not at max(its step + 1, {floor})"
+            )
         bad = [
             a
             for a, p in damaged.items()
@@ -150,6 +160,10 @@ def _ending(
     elif len(ending) == 1 and f["ranks"][0] not in ranks:
         out.append(f"{where}: {kind} of rank {ending[0].rank} blames ranks {f['ranks']}")
     struck = save_killed.get(attempt, ending[0].step) if kind == "savekill" else ending[0].step
+    if kind in ROLLED_BACK:  # the ranks train on until the attempt is torn down
+        if f["last_step"] is None or f["last_step"] < struck:
+            out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
+        return out
     # within one step: the step before, the one struck or, for a kill aimed at a save (which
     # lands a moment after the save was seen), the step the rank went on to run
     near = (struck - 1, struck, struck + 1) if kind == "savekill" else (struck - 1, struck)
@@ -178,7 +192,7 @@ def _budget(s: Schedule, events: Sequence[Mapping[str, Any]]) -> list[str]:
     charged_endings = sum(
         1 for a in range(1, s.attempts + 1) if s.ending(a) and s.ending(a)[0].kind in CHARGED
     )
-    want_restarts = charged_endings - (1 if s.gives_up else 0)
+    want_restarts = charged_endings - (1 if s.gives_up_because == "restart budget" else 0)
     restarts = [e for e in _named(events, "restart_scheduled") if e["charged"]]
     out = []
     if len(restarts) != want_restarts:

@@ -9,14 +9,25 @@ from typing import Any
 import pytest
 
 from tests.chaos.invariants import check, expected_exit_codes
-from tests.chaos.schedule import ENDING, EXTERNAL, IN_RANK, TOTAL_STEPS, draw, parse
+from tests.chaos.rollbacks import omitted
+from tests.chaos.schedule import (
+    ENDING,
+    EXTERNAL,
+    IN_RANK,
+    SKIP_STEPS,
+    TOTAL_STEPS,
+    Rollback,
+    draw,
+    parse,
+)
 
 
 @pytest.mark.parametrize("seed", range(300))
 def test_a_drawn_schedule_replays_from_its_line_and_every_fault_can_strike(seed: int) -> None:
     """The same seed draws the same schedule; its line parses back to it; ending faults lie in
     successive attempts at steps the next attempt still reaches (after an outside fault, at
-    least 15 steps later), all before the job's end; a full disk never meets an aimed save."""
+    least 15 steps later; after a NaN, at least where its rollback resumes), all before the
+    job's end; a full disk never meets an aimed save."""
     s = draw(random.Random(f"7:{seed}"))
     assert draw(random.Random(f"7:{seed}")) == s
     assert parse(s.text()) == s
@@ -28,6 +39,7 @@ def test_a_drawn_schedule_replays_from_its_line_and_every_fault_can_strike(seed:
         assert kind in ENDING and step < TOTAL_STEPS
         if previous is not None:
             floor = previous[1] + (15 if previous[0] in EXTERNAL else 0)
+            floor += SKIP_STEPS if previous[0] == "nan" else 0
             assert step >= floor, s.text()
         previous = (kind, step)
     assert not (s.needs_tmpfs and s.aims_at_saves)
@@ -41,23 +53,69 @@ def test_a_drawn_schedule_replays_from_its_line_and_every_fault_can_strike(seed:
         ("max_restarts=0 term:-:5:1 usr1:-:30:2", 3, [75, 75, 0], False),
         ("max_restarts=1 daemonkill:-:5:1 oom:1:30:2", 3, [-9, 0], False),
         ("max_restarts=0 kill:0:5:1 raise:1:5:1 term:-:30:2", 1, [3], True),
+        ("max_restarts=0 max_rollbacks=1 nan:0:5:1", 2, [0], False),
+        ("max_restarts=0 max_rollbacks=0 nan:0:5:1", 1, [3], True),
+        ("max_restarts=0 nan:0:5:1 nan:1:9:2", 2, [3], True),
+        ("max_restarts=0 nan:0:5:1 nan:1:11:2", 3, [0], False),
+        ("max_restarts=0 nan:0:5:1 kill:1:9:2", 2, [3], True),
+        ("max_restarts=1 max_rollbacks=1 nan:0:5:1 daemonkill:-:20:2 nan:1:40:3", 3, [-9, 3], True),
     ],
 )
 def test_what_a_schedule_demands(
     line: str, attempts: int, codes: list[int], gives_up: bool
 ) -> None:
-    """Attempts, exit codes and give-up follow from the faults and the budget: stops and a lost
-    daemon are free, a pair of faults is one failure, the failure past the budget ends the job."""
+    """Attempts, exit codes and give-up follow from the faults and the budgets: stops and a lost
+    daemon are free, a pair of faults is one failure, the failure past the budget ends the job;
+    a NaN spends a rollback, not a restart, and one within skip_steps of the previous
+    rollback's resume step, or past max_rollbacks, ends the job."""
     s = parse(line)
     assert (s.attempts, expected_exit_codes(s), s.gives_up) == (attempts, codes, gives_up)
 
 
 @pytest.mark.parametrize(
-    "line", ["max_restarts=x", "restarts=1", "max_restarts=1 nap:0:5:1", "max_restarts=1 kill:0:5"]
+    ("line", "why", "rollbacks"),
+    [
+        ("max_restarts=1 nan:0:5:1 kill:1:9:2 nan:0:20:3", None, [(1, 5, 8, 2), (3, 20, 23, 1)]),
+        ("max_restarts=0 nan:0:5:1 nan:1:10:2", "deterministic", [(1, 5, 8, 2)]),
+        ("max_restarts=0 max_rollbacks=1 nan:0:5:1 nan:1:20:2", "rollback budget", [(1, 5, 8, 0)]),
+        ("max_restarts=0 nan:0:5:1 oom:1:20:2", "restart budget", [(1, 5, 8, 2)]),
+    ],
+)
+def test_what_a_nan_demands(line: str, why: str | None, rollbacks: list[tuple[int, ...]]) -> None:
+    """Each rolled-back NaN resumes skip_steps (3) past its step with one rollback less left;
+    why the job gives up is named: a NaN right after the skipped steps is deterministic."""
+    s = parse(line)
+    assert s.gives_up_because == why
+    assert s.rollbacks == tuple(Rollback(*r) for r in rollbacks)
+
+
+def test_the_steps_a_rollback_skips_stay_skipped_in_later_attempts() -> None:
+    """After a rollback resumes at 8, every later attempt starts no earlier, until a newer
+    rollback moves the floor."""
+    s = parse("max_restarts=2 nan:0:5:1 kill:1:9:2 nan:0:20:3")
+    assert [s.skip_to(a) for a in (1, 2, 3, 4)] == [None, 8, 8, 23]
+
+
+def test_a_schedule_with_a_nan_states_its_rollback_budget() -> None:
+    """The line of a schedule with a NaN names max_rollbacks, and parses back to it."""
+    s = parse("max_restarts=1 max_rollbacks=0 nan:1:7:1")
+    assert s.text() == "max_restarts=1 max_rollbacks=0 nan:1:7:1" and s.max_rollbacks == 0
+    assert parse(s.text()) == s
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "max_restarts=x",
+        "restarts=1",
+        "max_restarts=1 nap:0:5:1",
+        "max_restarts=1 kill:0:5",
+        "max_restarts=1 max_rollbacks=x nan:0:5:1",
+    ],
 )
 def test_a_bad_schedule_line_is_refused(line: str) -> None:
     """A replay line that is not a schedule is refused with what is expected."""
-    with pytest.raises(ValueError, match=r"max_restarts=N|kind:rank:step:attempt"):
+    with pytest.raises(ValueError, match=r"max_restarts=N|max_rollbacks=N|kind:rank:step:attempt"):
         parse(line)
 
 
@@ -166,3 +224,135 @@ def test_a_kill_aimed_at_a_save_may_land_in_the_next_step(last_step: int, ok: bo
         history="1 crash\n2 succeeded",
     )
     assert (not any("reported at last step" in v for v in found)) is ok, found
+
+
+_NAN_LINE = "max_restarts=1 max_rollbacks=1 nan:1:25:1 kill:0:29:2"
+
+
+def _nan_then_crash() -> list[dict[str, Any]]:
+    """The history of ``_NAN_LINE`` as rvsup writes it: a NaN at step 25 rolled back to step 19
+    (step 29's checkpoint, written after the onset, discarded), on at 28; a crash at 29; the
+    restart loads step 19 again and resumes at 28."""
+    return [
+        _ev("attempt_started", 1),
+        _ev("checkpoint_loaded", 1, resume_step=0, checkpoint=None),
+        _ev("checkpoint_committed", 1, step=9, path="/c/step-9"),
+        _ev("checkpoint_committed", 1, step=19, path="/c/step-19"),
+        _ev("anomaly_detected", 1, kind="nonfinite_loss", step=25, onset=25, rank=1, value=None),
+        _ev("checkpoint_committed", 1, step=29, path="/c/step-29"),
+        _ev("failure_detected", 1, kind="nonfinite_loss", ranks=[1], last_step=29, detail="nan"),
+        _ev(
+            "rolled_back",
+            1,
+            from_step=25,
+            to_step=19,
+            resume_step=28,
+            skipped_steps=8,
+            onset=25,
+            discarded=[29],
+            rollbacks_left=0,
+        ),
+        _ev("restart_scheduled", 1, charged=False, backoff_s=0.0, restarts_left=1),
+        _ev("attempt_started", 2),
+        _ev("checkpoint_loaded", 2, resume_step=28, checkpoint="/c/step-19"),
+        _ev("failure_detected", 2, kind="crash", ranks=[0], last_step=28, detail="rank 0 killed"),
+        _ev("restart_scheduled", 2, charged=True, backoff_s=0.1, restarts_left=0),
+        _ev("attempt_started", 3),
+        _ev("checkpoint_loaded", 3, resume_step=28, checkpoint="/c/step-19"),
+        _ev("checkpoint_committed", 3, step=29, path="/c/step-29"),
+        _ev("job_succeeded", 3),
+    ]
+
+
+def _judge_nan(events: list[dict[str, Any]], line: str = _NAN_LINE, **kw: Any) -> list[str]:
+    args: dict[str, Any] = {
+        "exit_codes": [0],
+        "events": events,
+        "save_killed": {},
+        "damaged": {},
+        "history": "1 nonfinite_loss\n2 crash\n3 succeeded",
+    }
+    return check(parse(line), **{**args, **kw})
+
+
+def test_a_true_rollback_history_breaks_no_invariant() -> None:
+    """The NaN caught at its step on its rank, rolled back to the newest checkpoint before it,
+    an uncharged restart, both later attempts resuming at 28 from step 19: no violation; the
+    final state must equal a run without steps 20..27."""
+    assert _judge_nan(_nan_then_crash()) == []
+    assert omitted(_nan_then_crash()) == ((20, 28),)
+
+
+@pytest.mark.parametrize(
+    ("index", "change", "violation"),
+    [
+        (4, {"step": 26}, "anomaly (kind, step, onset, rank, value)"),
+        (4, {"rank": 0}, "anomaly (kind, step, onset, rank, value)"),
+        (4, {"onset": 24}, "anomaly (kind, step, onset, rank, value)"),
+        (6, {"last_step": 24}, "nan at step 25 reported at last step 24"),
+        (7, {"to_step": 9, "skipped_steps": 18}, "rolled back (from, onset, to, resume)"),
+        (7, {"resume_step": 26}, "rolled back (from, onset, to, resume)"),
+        (7, {"skipped_steps": 6}, "6 steps skipped, expected 8"),
+        (7, {"discarded": [19, 29]}, "some before the onset"),
+        (7, {"rollbacks_left": 1}, "rollbacks_left 1, expected 0"),
+        (8, {"charged": True, "restarts_left": 0}, "restarts (charged, backoff, left)"),
+        (10, {"resume_step": 20}, "attempt 2 resumes at 20"),
+        (10, {"checkpoint": "/c/step-9", "resume_step": 28}, "attempt 2 loads step 9"),
+        (14, {"resume_step": 20}, "attempt 3 resumes at 20"),
+        (14, {"checkpoint": "/c/step-29", "resume_step": 30}, "discarded by the rollback"),
+        (11, {"kind": "loss_spike"}, "reported as loss_spike"),
+    ],
+)
+def test_each_lie_about_a_rollback_is_named(
+    index: int, change: dict[str, Any], violation: str
+) -> None:
+    """A NaN reported at another step, rank or onset, a rollback to the wrong checkpoint or
+    resume step, a miscounted skip, a discarded checkpoint from before the onset, a wrong
+    rollback countdown, a charged rollback, an attempt that trains on the skipped steps again
+    (right after the rollback, or after a later crash), a load of a discarded checkpoint: each
+    is reported."""
+    events = _nan_then_crash()
+    events[index] = {**events[index], **change}
+    if index == 11:  # the crash after the rollback reported as an anomaly
+        events.insert(11, _ev("anomaly_detected", 2, kind="loss_spike", step=28, onset=28))
+    found = _judge_nan(events)
+    assert any(violation in v for v in found), found
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "ok"),
+    [
+        ("max_restarts=1 max_rollbacks=0 nan:1:25:1", "rollback budget spent (0 of 0 used)", True),
+        ("max_restarts=1 max_rollbacks=0 nan:1:25:1", "deterministic: rank 1", False),
+        ("max_restarts=1 max_rollbacks=1 nan:1:25:1 nan:1:28:2", "deterministic: rank 1", True),
+        ("max_restarts=1 max_rollbacks=1 nan:1:25:1 nan:1:28:2", "rollback budget spent", False),
+    ],
+)
+def test_a_nan_that_ends_the_job_says_why(line: str, reason: str, ok: bool) -> None:
+    """A NaN past max_rollbacks gives up saying the budget is spent; one right after the
+    previous rollback's skipped steps gives up as deterministic; the wrong reason, or a
+    rollback where the job must give up, is reported."""
+    events = _nan_then_crash()[:7]
+    if "28:2" in line:
+        events += [
+            *_nan_then_crash()[7:11],
+            _ev(
+                "anomaly_detected", 2, kind="nonfinite_loss", step=28, onset=28, rank=1, value=None
+            ),
+            _ev("failure_detected", 2, kind="nonfinite_loss", ranks=[1], last_step=28, detail="n"),
+        ]
+    attempt = events[-1]["attempt"]
+    events.append(_ev("job_gave_up", attempt, reason=reason))
+    found = _judge_nan(events, line, exit_codes=[3])
+    assert (found == []) is ok, found
+
+
+def test_the_ranges_left_out_are_merged() -> None:
+    """Two rollbacks whose skipped ranges overlap (the second went back before the first's
+    resume step) leave out their union; a rollback to the start leaves out from step 0."""
+    back = [
+        _ev("rolled_back", 1, to_step=None, resume_step=8),
+        _ev("rolled_back", 2, to_step=19, resume_step=28),
+        _ev("rolled_back", 3, to_step=19, resume_step=33),
+    ]
+    assert omitted(back) == ((0, 8), (20, 33))

@@ -18,6 +18,8 @@ nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss fro
 whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
 bitflip flips a bit of the rank's first weight before that step (its replica diverges).
 BAD_NODE="host:step": the ranks on that host raise at that step in every attempt (a bad node).
+OMIT_STEPS="from:to,..." never runs the steps in [from, to) (the uninterrupted run a rollback that
+skipped them must end like).
 """
 
 from __future__ import annotations
@@ -126,6 +128,10 @@ def main() -> None:
     loss_mode = os.environ.get("LOSS", "")
     nan_from = int(os.environ.get("NAN_FROM", str(total)))
     spike = [float(v) for v in os.environ.get("SPIKE", "0:0:1").split(":")]
+    omitted: set[int] = set()
+    for span in filter(None, os.environ.get("OMIT_STEPS", "").split(",")):
+        first, end = span.split(":")
+        omitted.update(range(int(first), int(end)))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     ddp = DistributedDataParallel(
@@ -143,6 +149,8 @@ def main() -> None:
     ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
     print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)
     for step in range(start, total):
+        if step in omitted:
+            continue
         for kind in faults_now(rank, step, attempt):
             inject(kind, step)
         if "bitflip" in faults_now(rank, step, attempt):

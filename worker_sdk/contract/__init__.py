@@ -1,6 +1,6 @@
 """The contract between the supervisor and the ranks: torch-free, standard library only.
 
-The only part of ``worker_sdk`` the supervisor imports (``tests/unit/test_architecture.py``
+The only part of ``worker_sdk`` the supervisor imports (``tests/supervisor/test_architecture.py``
 enforces it): the wire format, its authentication and the environment variables and exit codes
 (:mod:`.protocol`), and where runs and checkpoints live on disk (:mod:`.layout`).
 """

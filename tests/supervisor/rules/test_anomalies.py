@@ -102,6 +102,17 @@ def test_nonfinite_onset_never_before_the_attempt() -> None:
     assert watch.nonfinite(1, 57, 40, math.inf).onset == 50
 
 
+def test_onset_dated_from_where_the_ranks_actually_resumed() -> None:
+    """The attempt planned to resume at 27, but that checkpoint proved damaged and the ranks
+    resumed at 20: a NaN at step 22 has its onset at 22 (dated from the planned start, its
+    onset would be 27, and the checkpoints of steps 22..26 would be trusted)."""
+    watch = LossWatch(POLICY)
+    watch.begin_attempt(27)
+    watch.resumed_at(20)
+    assert watch.nonfinite(1, 22, 22, math.nan).onset == 22
+    assert watch.nonfinite(1, 22, 15, math.nan).onset == 20
+
+
 def _realistic_curve(seed: int, steps: int = 6000) -> list[float]:
     """A language-model-like loss: a fast fall, a slow tail, a warmup bump, per-batch noise
     (lognormal, 8 %) and a heavier batch now and then (1.6x, 1 % of the batches)."""

@@ -1,4 +1,4 @@
-"""The SDK's reading of DDP's all-reduce wait (worker_sdk/_stragglers.py), in a real 1-process
+"""The SDK's reading of DDP's all-reduce wait (worker_sdk/runtime/stragglers.py), in a real 1-process
 gloo group: what it reads, when it reads nothing, and what it leaves alone."""
 
 from __future__ import annotations
