@@ -110,7 +110,7 @@ class Attempt:
         self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
         self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
         self._started_step = tracker.newest_step
-        self._guard = PruneGuard(tracker.directory)
+        self._guard = PruneGuard(tracker.directory, self.world_size)
         self._reports: list[RankReport] = []
         # (rank, step, reason) of each failed background save, for ``rvsup status``
         self.checkpoint_failures: list[tuple[int, int, str]] = []
@@ -242,8 +242,9 @@ class Attempt:
                 self._sign_of_failure(now)
         if self.losses is not None and msg.kind in TRAINING_REPORTS:
             self._on_anomaly(anomaly_in(self.losses, msg), now)
-            onset = self.losses.earliest_onset(self.world_size, self._anomaly)
-            self._guard.update(onset, self.tracker.newest_step)
+            if self._guard.due():
+                onset = self.losses.earliest_onset(self.world_size, self._anomaly)
+                self._guard.update(onset, self.tracker.newest_step)
 
     def _on_loaded(self, msg: p.Message) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed

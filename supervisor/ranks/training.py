@@ -48,9 +48,19 @@ class PruneGuard:
     known only leaves an older checkpoint kept.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, world_size: int) -> None:
         self.directory = directory
         self.written: int | None = layout.read_protect(directory)
+        self._every = max(1, world_size)
+        self._reports = 0
+
+    def due(self) -> bool:
+        """Whether to look again at this report: once per ``world_size`` reports (a look costs
+        O(ranks), so about one per heartbeat round). The step only grows within an attempt (a
+        resume from an older checkpoint than planned lowers it, but the planned one was not
+        valid), so a late look only keeps an older checkpoint meanwhile."""
+        self._reports += 1
+        return self._reports % self._every == 1 % self._every
 
     def update(self, step: int | None, newest_commit: int | None) -> None:
         """The earliest possible onset is now ``step``; ``newest_commit``: the newest known."""
