@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .profiles import Context
+from .replica_cost import measure_replica_cost
 from .straggler_cost import measure_straggler_cost
 from .table import Cell, Table, Target
 from .tools import REPO, FtLauncher
@@ -220,6 +221,27 @@ def measure_nvrx(venv: str, workdir: Path, calls: int) -> dict[str, Any] | str:
     return f"n/a (probe failed, exit {done.returncode}: {done.stderr.strip()[-200:]})"
 
 
+def _replica_rows(t: Table, cols: list[str], m: dict[str, list[float]]) -> None:
+    """The replica check's rows: per check, and per step at two ``verify_every_steps``."""
+    size = f"148 tensors, {m['params_m'][0]:.3g} M parameters"
+    fp, gather = Cell(m["fingerprint_us"], " µs"), Cell(m["gather_us"], " µs")
+    gather2: Cell | str = Cell(m["gather_2p_us"], " µs") if m["gather_2p_us"] else "n/a (smoke)"
+    t.row(f"replica check: fingerprint ({size})", {cols[0]: fp, cols[1]: "-"})
+    t.row("replica check: all-gather, 1-process gloo group", {cols[0]: gather, cols[1]: "-"})
+    t.row("replica check: all-gather, 2 processes (gloo)", {cols[0]: gather2, cols[1]: "-"})
+    t.row(
+        "replica check: whole check, 1 process", {cols[0]: Cell(m["check_us"], " µs"), cols[1]: "-"}
+    )
+    used = gather2 if isinstance(gather2, Cell) else gather
+    per_check = (fp.median or 0.0) + (used.median or 0.0)
+    for every in (100, 1000):
+        t.row(
+            f"replica check amortised per step, verify_every_steps = {every} "
+            f"({'2 processes' if used is gather2 else '1 process'})",
+            {cols[0]: f"{per_check / every:.2f} µs", cols[1]: "-"},
+        )
+
+
 def sdk(ctx: Context) -> Table:
     p = ctx.profile
     m = measure_sdk(ctx.scratch / "sdk", p.sdk_calls)
@@ -267,6 +289,9 @@ def sdk(ctx: Context) -> Table:
     t.row("DDP step, reducer sampled every step (stragglers)", {cols[0]: sampled, cols[1]: "-"})
     t.row("the same, torch's default (every 100th step)", {cols[0]: default, cols[1]: "-"})
     t.row("one read of DDP's newest sample (at a heartbeat)", {cols[0]: read_us, cols[1]: "-"})
+    _replica_rows(
+        t, cols, measure_replica_cost(ctx.scratch / "replicas", p.sdk_calls // 5000, smoke=p.smoke)
+    )
     extra_us = max(0.0, (sampled.median or 0.0) - (default.median or 0.0))
     extra_us += STEP_BUDGET_MS / 1000.0 * (read_us.median or 0.0)  # one read per heartbeat
     t.targets.append(

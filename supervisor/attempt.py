@@ -31,7 +31,7 @@ from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
 from supervisor.ranks.stragglers import StragglerReports
-from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in
+from supervisor.ranks.training import TRAINING_REPORTS, PruneGuard, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitAborted, ExitStalled
@@ -110,6 +110,7 @@ class Attempt:
         self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
         self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
         self._started_step = tracker.newest_step
+        self._guard = PruneGuard(tracker.directory, self.world_size)
         self._reports: list[RankReport] = []
         # (rank, step, reason) of each failed background save, for ``rvsup status``
         self.checkpoint_failures: list[tuple[int, int, str]] = []
@@ -133,6 +134,10 @@ class Attempt:
     async def run(self) -> AttemptResult:
         self._done = asyncio.get_running_loop().create_future()
         self._last_commit_t = self.clock.monotonic()
+        if self.losses is not None:  # before any report: back to the attempt's first step
+            self._guard.update(
+                self.losses.earliest_onset(self.world_size), self.tracker.newest_step
+            )
         self.silence.restart_clock(self._last_commit_t)
         loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
         if self.commits is not None:
@@ -237,6 +242,9 @@ class Attempt:
                 self._sign_of_failure(now)
         if self.losses is not None and msg.kind in TRAINING_REPORTS:
             self._on_anomaly(anomaly_in(self.losses, msg), now)
+            if self._guard.due():
+                onset = self.losses.earliest_onset(self.world_size, self._anomaly)
+                self._guard.update(onset, self.tracker.newest_step)
 
     def _on_loaded(self, msg: p.Message) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed

@@ -241,7 +241,8 @@ class Supervisor:
         """Discard the checkpoints from the anomaly's onset on, record the rollback and the
         skip (the next attempt's environment comes from them); False: the job gave up."""
         policy = self.cfg.anomaly
-        decision = decide_rollback(self.budget, anomaly, policy, self.tracker.steps())
+        steps, committed = self.tracker.steps(), self.tracker.committed
+        decision = decide_rollback(self.budget, anomaly, policy, steps, committed)
         if isinstance(decision, RollbackRefused):
             self.transition(JobState.GAVE_UP)
             self.events.log(JobGaveUp(reason=decision.reason))

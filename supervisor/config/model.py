@@ -186,7 +186,8 @@ class CheckpointSection:
     - ``every_steps`` (default 500): every N finished steps; 0 disables.
     - ``every`` (default ``"30m"``): at most this long apart; ``0``, ``"off"`` or ``false``
       disables.
-    - ``keep_last`` (default 3, >= 1): committed checkpoints kept; older ones are pruned.
+    - ``keep_last`` (default 3, >= 1): committed checkpoints kept; older ones are pruned, but
+      the one a rollback for a loss anomaly not yet confirmed may need (docs/anomalies.md).
     - ``async`` (default false): training blocks only while the state is copied to shared
       memory; a background process per rank writes, fsyncs and commits.
     """

@@ -89,11 +89,14 @@ class CommitTracker:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        latest = layout.latest(directory)
+        valid, _ = layout.scan(directory)
+        latest = valid[0] if valid else None
         self.newest_step: int | None = latest.step if latest else None
         self.newest_world_size: int | None = latest.world_size if latest else None
         """How many ranks wrote the newest checkpoint."""
         self._seen: set[int] = set()
+        self.committed: set[int] = {info.step for info in valid}
+        """Every step committed (or found at start) and not discarded, pruned ones included."""
 
     def path_of(self, step: int) -> Path:
         """Where the committed checkpoint of ``step`` lives (``worker_sdk.contract.layout`` names it)."""
@@ -112,6 +115,7 @@ class CommitTracker:
             if info.step >= step:
                 layout.discard(info.path)
         self._seen.difference_update(gone)
+        self.committed = {s for s in self.committed if s < step}
         left = [info for info in valid if info.step < step]
         self.newest_step = left[0].step if left else None
         self.newest_world_size = left[0].world_size if left else None
@@ -136,6 +140,7 @@ class CommitTracker:
         except (layout.CorruptCheckpointError, OSError):
             return None
         self._seen.add(step)
+        self.committed.add(step)
         if self.newest_step is None or step > self.newest_step:
             self.newest_step = step
             self.newest_world_size = info.world_size

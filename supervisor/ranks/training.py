@@ -7,15 +7,17 @@ decoded here and handed to the pure rules (:class:`supervisor.rules.anomalies.Lo
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Final
 
 from supervisor.record.schema import AnomalyDetected
 from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import Anomaly
+from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-__all__ = ["TRAINING_REPORTS", "anomaly_event", "anomaly_in"]
+__all__ = ["TRAINING_REPORTS", "PruneGuard", "anomaly_event", "anomaly_in"]
 
 TRAINING_REPORTS: Final = frozenset(
     {p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE, p.Kind.REPLICAS_DIVERGED}
@@ -30,9 +32,49 @@ def anomaly_in(losses: LossWatch, msg: p.Message) -> Anomaly | None:
             return losses.nonfinite(msg.rank, step, _onset(step, since), value)
         case m.ReplicasDiverged(step, ranks, since):
             return losses.diverged(ranks or (msg.rank,), step, _onset(step, since))
-        case m.Heartbeat(step, _, loss) if loss is not None:
-            return losses.observe(msg.rank, step, loss)
+        case m.Heartbeat(step, _, loss):
+            losses.heard(msg.rank, step)
+            return None if loss is None else losses.observe(msg.rank, step, loss)
     return None
+
+
+class PruneGuard:
+    """Keeps the checkpoint a rollback may need from being pruned: writes the loss rules'
+    earliest possible onset (:meth:`LossWatch.earliest_onset`) to the checkpoint directory's
+    ``PROTECT`` file, which the ranks' pruning reads (``worker_sdk.contract.layout.prune``).
+
+    Written when it moves back, or forward past a known commit (it then changes which
+    checkpoint is kept): about once per checkpoint, not per heartbeat. A commit not yet
+    known only leaves an older checkpoint kept.
+    """
+
+    def __init__(self, directory: Path, world_size: int) -> None:
+        self.directory = directory
+        self.written: int | None = layout.read_protect(directory)
+        self._every = max(1, world_size)
+        self._reports = 0
+
+    def due(self) -> bool:
+        """Whether to look again at this report: once per ``world_size`` reports (a look costs
+        O(ranks), so about one per heartbeat round). The step only grows within an attempt (a
+        resume from an older checkpoint than planned lowers it, but the planned one was not
+        valid), so a late look only keeps an older checkpoint meanwhile."""
+        self._reports += 1
+        return self._reports % self._every == 1 % self._every
+
+    def update(self, step: int | None, newest_commit: int | None) -> None:
+        """The earliest possible onset is now ``step``; ``newest_commit``: the newest known."""
+        old = self.written
+        if step == old:
+            return
+        moved_past = newest_commit is not None and (old is None or newest_commit >= old)
+        if step is not None and old is not None and step > old and not moved_past:
+            return
+        try:
+            layout.write_protect(self.directory, step)
+        except OSError:
+            return  # a directory not there yet or not writable: the next report tries again
+        self.written = step
 
 
 def _onset(step: int, since: int | None) -> int:

@@ -23,7 +23,14 @@ The rules:
   ``max(step + 1, onset + skip_steps)``: the steps between are skipped, their data never
   trained on. ``max_rollbacks`` rollbacks are allowed for the whole job; an anomaly whose onset
   falls within ``skip_steps`` steps of where the previous rollback resumed came back at the same
-  place, so it is not the data's doing: the job gives up (deterministic).
+  place, so it is not the data's doing: the job gives up (deterministic). When no checkpoint
+  before the onset is left although one was committed (pruned), the job gives up too, naming
+  it: going back to the start would silently skip every step since.
+- **protection** — :meth:`LossWatch.earliest_onset` is the earliest step the onset of an
+  anomaly not yet found can still be: per rank, the step after its last loss that was not high
+  (the attempt's first step when none was; a high streak keeps it), and with the replica check
+  the step after the last check before its last heartbeat (at most ``verify_every_steps``
+  back). Pruning keeps the newest checkpoint older than it (``worker_sdk.contract.layout``).
 """
 
 from __future__ import annotations
@@ -102,10 +109,12 @@ class LossWatch:
         self.policy = policy
         self._ranks: dict[int, _RankLosses] = {}
         self._first_step = 0
+        self._heard: dict[int, int] = {}  # rank -> step of its last heartbeat this attempt
 
     def begin_attempt(self, first_step: int) -> None:
         """A new attempt starts at ``first_step``: high streaks are forgotten, baselines kept."""
         self._first_step = first_step
+        self._heard.clear()
         for r in self._ranks.values():
             r.high.clear()
             r.last_normal = None
@@ -115,6 +124,29 @@ class LossWatch:
         it named proved damaged and an older one was loaded. Onsets are never dated before the
         step the ranks actually started at, and never after it either."""
         self._first_step = step
+
+    def heard(self, rank: int, step: int) -> None:
+        """A heartbeat of ``rank`` at ``step`` (with a loss or not)."""
+        self._heard[rank] = step
+
+    def earliest_onset(self, world_size: int, found: Anomaly | None = None) -> int | None:
+        """The earliest step the onset of an anomaly not yet found (or of ``found``, this
+        attempt's) can be (module docstring: protection); None when none can come: no rank
+        ever reported a loss and the replicas are not compared."""
+        every = self.policy.verify_every_steps
+        if not self._ranks and not every:
+            return None
+        candidates = [] if found is None else [found.onset]
+        for rank in range(world_size):
+            step = self._heard.get(rank)
+            if step is None:
+                candidates.append(self._first_step)
+                continue
+            if every:
+                candidates.append(max(self._first_step, step - every + 1))
+            if self._ranks:  # a first loss may be NaN: since the step after the heartbeat
+                candidates.append(self._onset(rank, step + 1) if rank in self._ranks else step + 1)
+        return min(candidates)
 
     def observe(self, rank: int, step: int, value: float) -> Anomaly | None:
         """A heartbeat's loss; the anomaly it completes, if any."""
@@ -191,10 +223,16 @@ def describe(anomaly: Anomaly) -> str:
 
 
 def decide_rollback(
-    budget: Budget, anomaly: Anomaly, policy: AnomalyPolicy, checkpoints: Iterable[int]
+    budget: Budget,
+    anomaly: Anomaly,
+    policy: AnomalyPolicy,
+    checkpoints: Iterable[int],
+    committed: Iterable[int] = (),
 ) -> Rollback | RollbackRefused:
     """What to do after ``anomaly`` (module docstring: the rules); ``checkpoints`` are the
-    steps of the committed checkpoints, ``budget`` is folded from the history so far."""
+    steps of the committed checkpoints, ``committed`` those of every checkpoint committed
+    (or found) since the supervisor started, pruned ones included; ``budget`` is folded
+    from the history so far."""
     what = describe(anomaly)
     back = budget.skip_to
     if back is not None and back <= anomaly.onset < back + policy.skip_steps:
@@ -207,6 +245,13 @@ def decide_rollback(
         return RollbackRefused(f"rollback budget spent ({used} used): {what}")
     earlier = [s for s in checkpoints if s < anomaly.onset]
     restore = max(earlier) if earlier else None
+    lost = [s for s in committed if s < anomaly.onset]
+    if restore is None and lost:
+        return RollbackRefused(
+            f"no checkpoint before the onset is left: {what}; the checkpoint of step "
+            f"{max(lost)} was removed (pruned), and going back to the start would skip "
+            f"{anomaly.step + 1} steps"
+        )
     resume = max(anomaly.step + 1, anomaly.onset + policy.skip_steps)
     skipped = resume - (0 if restore is None else restore + 1)
     source = "the start" if restore is None else f"the checkpoint of step {restore}"

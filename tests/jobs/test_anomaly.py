@@ -102,3 +102,31 @@ def test_a_flipped_bit_in_one_replica_is_named_and_rolled_back(tmp_path: Path) -
     [back] = named(evs, "rolled_back")
     assert (back["to_step"], back["resume_step"]) == (19, 30)
     assert named(evs, "job_succeeded")
+
+
+def test_spike_confirmed_after_later_commits_still_rolls_back_before_its_onset(
+    tmp_path: Path,
+) -> None:
+    """keep_last = 1 and a checkpoint every 5 steps: a spike from step 40 needs 8 high
+    heartbeats, and checkpoints after the onset are committed meanwhile; pruning keeps the one
+    of step 39, so the rollback goes back to it (not to the start) and the job finishes."""
+    env = {"LOSS": "tensor", "SPIKE": "40:70:1000", "STEP_SLEEP": "0.05"}
+    job = write_job(
+        tmp_path,
+        env=env,
+        total=90,
+        checkpoint="every_steps = 5\nkeep_last = 1",
+        heartbeat='interval = "0.1s"\nstartup_timeout = "60s"',
+        anomaly="window = 10\npatience = 8\nskip_steps = 35",
+    )
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    [anomaly] = named(evs, "anomaly_detected")
+    assert anomaly["kind"] == "loss_spike" and 38 <= anomaly["onset"] <= 41
+    committed = [e["step"] for e in named(evs, "checkpoint_committed")]
+    assert any(anomaly["onset"] <= s < anomaly["step"] for s in committed), committed
+    [back] = named(evs, "rolled_back")
+    assert back["to_step"] == max(s for s in committed if s < anomaly["onset"])
+    assert back["resume_step"] >= 75 and back["skipped_steps"] < 50
+    assert named(evs, "job_succeeded")

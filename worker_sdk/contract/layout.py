@@ -7,6 +7,8 @@ Layout::
 
     <checkpoint_dir>/
       .rvsup                           marker: this directory is managed by rvsup
+      .rvsup-protect                   a step, written by the supervisor: pruning keeps the
+                                       newest checkpoint older than it (a rollback's target)
       step-0000000123/                 committed: 123 is the last finished step
         MANIFEST.json                  the only proof that the checkpoint is complete (below)
         shared.pt                      replicated state (plain modules, DDP, schedulers, ...),
@@ -38,6 +40,7 @@ never refers to a half-written or half-removed checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,6 +53,7 @@ from typing import Any, Final, TypeGuard
 COMMITTED_RE: Final[re.Pattern[str]] = re.compile(r"^step-(\d{10})$")
 TEMP_RE: Final[re.Pattern[str]] = re.compile(r"^\.tmp-step-(\d{10})-(.+)$")
 MARKER: Final = ".rvsup"
+PROTECT: Final = ".rvsup-protect"
 MANIFEST: Final = "MANIFEST.json"
 SHARED: Final = "shared.pt"
 DCP_DIR: Final = "dcp"
@@ -337,11 +341,36 @@ def discard(path: Path) -> None:
     _remove_tree(aside)
 
 
+def read_protect(directory: Path) -> int | None:
+    """The step in ``PROTECT`` (the earliest step an anomaly not yet confirmed may start at),
+    or None when there is none or it is unreadable."""
+    try:
+        text = (Path(directory) / PROTECT).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.strip().isdigit() else None
+
+
+def write_protect(directory: Path, step: int | None) -> None:
+    """Replace ``PROTECT`` atomically with ``step`` (None: remove it). Not fsynced: after a
+    crash the supervisor writes it anew when the ranks report again."""
+    path = Path(directory) / PROTECT
+    if step is None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    partial = path.with_name(PROTECT + ".partial")
+    partial.write_text(str(step))
+    os.replace(partial, path)
+
+
 def prune(directory: Path, keep_last: int, *, current_attempt_tag: str | None = None) -> list[Path]:
     """Remove what can never be loaded or is no longer wanted; return the removed paths.
 
     - valid committed checkpoints beyond the newest ``keep_last`` (at least the newest
-      valid one is always kept, whatever ``keep_last`` says);
+      valid one is always kept, whatever ``keep_last`` says), except the newest one older
+      than the step in ``PROTECT``: the one a rollback for an anomaly not yet confirmed
+      would go back to;
     - invalid committed directories older than the newest valid one;
     - temporary directories of other attempts, and those of ``current_attempt_tag`` older
       than the newest commit (a failed save); the others may be being written right now.
@@ -351,7 +380,9 @@ def prune(directory: Path, keep_last: int, *, current_attempt_tag: str | None = 
     """
     directory = Path(directory)
     valid, skipped = scan(directory)
-    doomed: list[Path] = [info.path for info in valid[max(1, keep_last) :]]
+    protect = read_protect(directory)
+    kept = next((info.step for info in valid if protect is not None and info.step < protect), None)
+    doomed = [info.path for info in valid[max(1, keep_last) :] if info.step != kept]
     if valid:
         newest = valid[0].step
         for path, _ in skipped:

@@ -162,8 +162,10 @@ def _anomaly(step: int, onset: int) -> Anomaly:
         (Budget(), _anomaly(57, 57), [59, 39, 19], Rollback(39, 58, 18, 57, "")),
         # a tensor loss read at heartbeat 64, finite at 50: back to 39, on at 65
         (Budget(), _anomaly(64, 51), [59, 39], Rollback(39, 65, 25, 51, "")),
-        # no checkpoint before the onset: back to the start
+        # no checkpoint before the onset ever: back to the start
         (Budget(), _anomaly(5, 5), [9], Rollback(None, 6, 6, 5, "")),
+        # the one before the onset was pruned (only 59 left, 39 committed): give up, naming it
+        (Budget(), _anomaly(57, 57), [59], "step 39 was removed"),
         # came back right where the last rollback resumed: deterministic
         (Budget(rollbacks_used=1, skip_to=58), _anomaly(58, 58), [39], "deterministic"),
         # another place after a rollback: rolled back again
@@ -180,8 +182,9 @@ def _anomaly(step: int, onset: int) -> Anomaly:
 def test_rollback_table(
     budget: Budget, anomaly: Anomaly, checkpoints: list[int], expected: Rollback | str
 ) -> None:
-    """Where a rollback goes, how far it skips, and when the job gives up instead."""
-    decision = decide_rollback(budget, anomaly, POLICY, checkpoints)
+    """Where a rollback goes, how far it skips, and when the job gives up instead (every
+    checkpoint ever committed was 19, 39, 59 and 79)."""
+    decision = decide_rollback(budget, anomaly, POLICY, checkpoints, [19, 39, 59, 79])
     if isinstance(expected, str):
         assert isinstance(decision, RollbackRefused) and expected in decision.reason
         return
@@ -217,3 +220,54 @@ def test_diverged_replicas_are_an_anomaly_naming_every_rank() -> None:
     failure = classify(Observation(anomaly=anomaly, last_steps={0: 29, 1: 29}))
     assert failure.kind is FailureKind.REPLICAS_DIVERGED and failure.ranks == (1, 3)
     assert "rank(s) 1, 3" in failure.detail and "step 29" in failure.detail
+
+
+def _watch(policy: AnomalyPolicy, first_step: int = 0) -> LossWatch:
+    watch = LossWatch(policy)
+    watch.begin_attempt(first_step)
+    return watch
+
+
+@pytest.mark.parametrize(
+    ("verify", "reports", "expected"),
+    [
+        # (verify_every_steps, (rank, step, loss or None) heartbeats, earliest onset)
+        (0, [], None),  # no loss ever and no replica check: nothing to protect
+        (0, [(0, 40, None), (1, 40, None)], None),
+        (10, [(0, 40, None), (1, 40, None)], 31),  # the check before step 40 agreed
+        (10, [(0, 40, None)], 0),  # rank 1 not heard yet: the attempt's first step
+        (0, [(0, 40, 2.0), (1, 40, 2.0)], 41),  # after the last normal loss
+        (0, [(0, 40, 2.0), (1, 40, 2.0), (1, 50, 50.0), (1, 60, 50.0)], 41),  # high streak
+        (0, [(0, 40, 2.0), (1, 40, 2.0), (1, 50, 50.0), (1, 60, 2.0), (0, 60, 2.0)], 61),
+        (10, [(0, 40, 2.0), (1, 40, 2.0)], 31),
+    ],
+)
+def test_earliest_onset_table(
+    verify: int, reports: list[tuple[int, int, float | None]], expected: int | None
+) -> None:
+    """The earliest step an anomaly not yet found may start at (pruning keeps the checkpoint
+    before it): the step after the last normal loss, held by a high streak, and the replica
+    check's reach back."""
+    watch = _watch(AnomalyPolicy(window=10, verify_every_steps=verify))
+    if any(loss is not None for *_, loss in reports):  # a baseline of 2.0 before step 40
+        for rank in (0, 1):
+            for i in range(10):
+                watch.observe(rank, 20 + i, 2.0)
+    for rank, step, loss in reports:
+        watch.heard(rank, step)
+        if loss is not None:
+            assert watch.observe(rank, step, loss) is None
+    assert watch.earliest_onset(2) == expected
+
+
+def test_earliest_onset_holds_at_a_found_anomaly_and_restarts_with_the_attempt() -> None:
+    """Once an anomaly is found the protection stays at its onset; a new attempt starts from
+    its first step until its ranks report."""
+    watch = _watch(POLICY)
+    for i in range(20):
+        watch.heard(0, i)
+        watch.observe(0, i, 2.0)
+    found = watch.nonfinite(0, 25, 12, math.nan)
+    assert watch.earliest_onset(1, found) == 12
+    watch.begin_attempt(30)
+    assert watch.earliest_onset(1) == 30

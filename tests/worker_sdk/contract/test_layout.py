@@ -292,6 +292,32 @@ def test_prune(tmp_path: Path, keep_last: int, kept_steps: list[int]) -> None:
     assert {p.name for p in removed} == gone
 
 
+@pytest.mark.parametrize(
+    ("protect", "kept_steps"), [("5", [4, 5]), ("4", [2, 5]), ("3", [2, 5]), ("0", [5]), ("x", [5])]
+)
+def test_prune_keeps_the_newest_before_the_protected_step(
+    tmp_path: Path, protect: str, kept_steps: list[int]
+) -> None:
+    """With a PROTECT step, pruning also keeps the newest valid checkpoint older than it (a
+    rollback's target); none older, or an unreadable file, protects nothing."""
+    foreign = populate(tmp_path) | {layout.PROTECT}
+    (tmp_path / layout.PROTECT).write_text(protect)
+    layout.prune(tmp_path, 1, current_attempt_tag="a2")
+    kept = {committed_name(s) for s in kept_steps} | {committed_name(6)}
+    assert set(os.listdir(tmp_path)) == foreign | kept | {temp_name(7, "a2"), temp_name(8, "a2")}
+
+
+def test_protect_is_written_and_removed(tmp_path: Path) -> None:
+    """write_protect replaces the step atomically; None removes the file."""
+    assert layout.read_protect(tmp_path) is None
+    layout.write_protect(tmp_path, 40)
+    layout.write_protect(tmp_path, 41)
+    assert layout.read_protect(tmp_path) == 41 and os.listdir(tmp_path) == [layout.PROTECT]
+    layout.write_protect(tmp_path, None)
+    layout.write_protect(tmp_path, None)
+    assert os.listdir(tmp_path) == []
+
+
 def test_prune_without_current_attempt_removes_every_temp(tmp_path: Path) -> None:
     """With no current attempt every temp entry goes, committed ones follow keep_last."""
     foreign = populate(tmp_path)
