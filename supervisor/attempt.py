@@ -31,7 +31,7 @@ from supervisor.ranks.coordinated import SaveRound, answer_without_round
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
 from supervisor.ranks.stragglers import StragglerReports
-from supervisor.ranks.training import TRAINING_REPORTS, anomaly_event, anomaly_in
+from supervisor.ranks.training import anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import ExitAborted, ExitStalled
@@ -220,9 +220,9 @@ class Attempt:
                 self._on_exiting(msg.rank, reason, now)
             case m.Sync():
                 if self.sync is None:
-                    answer_without_round(self.channel, identity, msg)
+                    answer_without_round(self.channel, identity, msg.rank)
                 else:
-                    self.sync.answer(self.channel, identity, msg)
+                    self.sync.answer(self.channel, identity, msg.rank, body)
             case m.CheckpointCommitted():
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
             case m.CheckpointFailed(step, reason):
@@ -235,8 +235,8 @@ class Attempt:
             case m.Failure():
                 self._reports.append(report_from_message(msg))
                 self._sign_of_failure(now)
-        if self.losses is not None and msg.kind in TRAINING_REPORTS:
-            self._on_anomaly(anomaly_in(self.losses, msg), now)
+        if self.losses is not None:
+            self._on_anomaly(anomaly_in(self.losses, msg.rank, body), now)
 
     def _on_loaded(self, msg: p.Message) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed
