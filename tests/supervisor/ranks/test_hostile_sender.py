@@ -39,9 +39,9 @@ TOTAL = 60  # as the reference run
 HEADER_AND_MAC = p.HEADER.size + p.MAC_BYTES
 # modules on the receiving path of the channel: none may be able to unpickle
 RECEIVING_MODULES = (
-    *sorted((REPO / "supervisor").glob("*.py")),
-    REPO / "worker_sdk" / "protocol.py",
-    REPO / "worker_sdk" / "heartbeat.py",
+    *sorted((REPO / "supervisor").rglob("*.py")),
+    *sorted((REPO / "worker_sdk" / "contract").glob("*.py")),
+    REPO / "worker_sdk" / "runtime" / "channel.py",
 )
 UNPICKLERS = frozenset({"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"})
 ZMQ_UNPICKLING_CALLS = frozenset({"recv_pyobj", "recv_serialized"})
@@ -214,7 +214,7 @@ def _unpickling_uses(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", RECEIVING_MODULES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", RECEIVING_MODULES, ids=lambda path: str(path.relative_to(REPO)))
 def test_receiving_modules_have_no_unpickling_path(path: Path) -> None:
     """No supervisor module, nor the SDK's protocol and channel, imports pickle (or a relative)
     or calls zmq's unpickling receives."""
