@@ -20,6 +20,7 @@ from pathlib import Path
 
 import zmq
 
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 TICK_S = 0.01
@@ -47,24 +48,14 @@ def main() -> None:
     seq = [0] * n
     steps = [0] * n
 
-    def send(rank: int, kind: p.Kind, step: int, payload: dict[str, object] | None = None) -> None:
+    def send(rank: int, body: m.Body) -> None:
         seq[rank] += 1
-        frame = p.encode(
-            key,
-            kind,
-            rank=rank,
-            attempt=attempt,
-            pid=pid,
-            seq=seq[rank],
-            step=step,
-            value=0.02,
-            payload=payload,
-        )
+        frame = m.encode(key, body, rank=rank, attempt=attempt, pid=pid, seq=seq[rank])
         with contextlib.suppress(zmq.Again):  # a full queue drops, like the SDK
             socks[rank].send(frame, zmq.NOBLOCK)
 
     for rank in range(n):
-        send(rank, p.Kind.HELLO, 0, {"host": host, "local_rank": rank, "world_size": n})
+        send(rank, m.Hello(0, host, local_rank=rank, world_size=n))
     (record_dir / "ready.json").write_text(json.dumps({"t": time.time(), "ranks": n}))
     silent_rank, silent = n // 2, False
     last_sent = [0.0] * n
@@ -81,7 +72,7 @@ def main() -> None:
             if silent and rank == silent_rank:
                 continue
             steps[rank] += 1
-            send(rank, p.Kind.HEARTBEAT, steps[rank])
+            send(rank, m.Heartbeat(steps[rank], 0.02))
             last_sent[rank] = time.time()
         if not silent and (record_dir / "go-silent").exists():
             silent = True

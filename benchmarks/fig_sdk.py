@@ -107,6 +107,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
     import torch
 
     import worker_sdk
+    from worker_sdk.contract import messages as m
     from worker_sdk.contract import protocol as p
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
             for i in range(min(5_000, calls // 20)):
                 _spin(_PACE_S)
                 t0 = time.perf_counter_ns()
-                rt.channel.send(p.Kind.HEARTBEAT, step=i, value=0.02)
+                rt.channel.send(m.Heartbeat(i, 0.02))
                 sends.append((time.perf_counter_ns() - t0) / 1000.0)
             for i in range(min(5_000, calls // 20)):
                 _spin(_PACE_S)

@@ -1,10 +1,14 @@
 """One attempt: observe the ranks until the attempt ends, then say how it ended.
 
 Observation only: messages from the rank channel, process exits (through the attempt's
-:class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. It never decides whether to
-restart (``rules.policy.decide``) and it changes the job's state only through the ``transition``
-callback the supervisor gives it. Its loops run under :func:`~supervisor.loops.run_beside`: a loop
-that raises ends the attempt with that error instead of leaving it waiting. Whatever happens,
+:class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. What it gathers toward its
+ending is an :class:`~supervisor.outcome.Evidence`, the checkpoints it saw a
+:class:`~supervisor.ranks.checkpoints.CheckpointsSeen`, the ranks' exits an
+:class:`~supervisor.ranks.exits.ExitBook`. It never decides whether to restart
+(``rules.policy.decide``), and it keeps no job state of its own: it reads and changes the state
+of the :class:`JobOwner` (the supervisor), whose ``transition`` is the only way it changes.
+Its loops run under :func:`~supervisor.loops.run_beside`: a loop that raises ends the attempt
+with that error instead of leaving it waiting. Whatever happens,
 including cancellation, the attempt's whole process tree is torn down and reaped before
 :meth:`Attempt.run` returns (the teardown is shielded from cancellation).
 """
@@ -13,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
-from supervisor.outcome import AttemptResult, Ending
+from supervisor.outcome import AttemptResult, Ending, Evidence
 from supervisor.process import native
 from supervisor.process.cgroup import ended_events
 from supervisor.process.diagnostics import read_flights, read_stacks, read_steps, read_stopped
@@ -26,38 +30,46 @@ from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks import slow
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
-from supervisor.ranks.checkpoints import CommitTracker, commit_event, loaded_event, trouble_event
+from supervisor.ranks.checkpoints import (
+    CheckpointsSeen,
+    CommitTracker,
+    commit_event,
+    loaded_event,
+    trouble_event,
+)
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.ranks.exits import EXIT_GRACE_S, ExitBook
 from supervisor.ranks.silence import SilenceWatch
 from supervisor.ranks.slow import SlowWatch
 from supervisor.ranks.stragglers import StragglerReports
-from supervisor.ranks.training import TRAINING_REPORTS, PruneGuard, anomaly_event, anomaly_in
+from supervisor.ranks.training import PruneGuard, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
-from supervisor.record.schema import ExitAborted, ExitStalled
 from supervisor.rules import culprits, failures, hangs
 from supervisor.rules.anomalies import LossWatch
-from supervisor.rules.observation import (
-    Anomaly,
-    Observation,
-    RankExit,
-    RankReport,
-    StopReason,
-    signal_name,
-)
+from supervisor.rules.observation import Anomaly, Observation, RankExit, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-__all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt"]
+__all__ = ["EXIT_GRACE_S", "SETTLE_NODES_S", "SETTLE_S", "TICK_S", "Attempt", "JobOwner"]
 
 TICK_S = 0.1
 SETTLE_S = 0.05  # after the first sign of a failure, gather the rest of the evidence this long
 SETTLE_NODES_S = 0.25  # the same on several nodes, where the ranks' reports cross the network
-EXIT_GRACE_S = 10.0  # once every rank said the script ended, how long interpreters may take to exit
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
-_ABORT_TAIL_LINES = 10  # of a rank's stderr, in exit_aborted
+
+
+class JobOwner(Protocol):
+    """The one owner of the job's state (the supervisor)."""
+
+    @property
+    def state(self) -> JobState: ...
+
+    def transition(self, new: JobState) -> None:
+        """The only way the job's state changes."""
+        ...
 
 
 class Attempt:
@@ -75,7 +87,7 @@ class Attempt:
         events: EventLog,
         tracker: CommitTracker,
         commits: asyncio.Queue[Path] | None,
-        transition: Callable[[JobState], None],
+        job: JobOwner,
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
         losses: LossWatch | None = None,
@@ -83,7 +95,6 @@ class Attempt:
         self.cfg = cfg
         self.number = number
         self.losses = losses
-        self._anomaly: Anomaly | None = None
         self.plan = plan
         self.tree = tree
         self.channel = channel
@@ -91,7 +102,7 @@ class Attempt:
         self.events = events
         self.tracker = tracker
         self.commits = commits
-        self._transition = transition
+        self.job = job
         self.clock = clock
         self.liveness = liveness or Liveness(clock)
         self.world_size = plan.nnodes * plan.nproc_per_node
@@ -109,36 +120,23 @@ class Attempt:
         )
         self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
         self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
-        self._started_step = tracker.newest_step
+        self.checkpoints = CheckpointsSeen(tracker.newest_step, clock.monotonic())
+        self.exits = ExitBook(self.world_size)
+        self.evidence = Evidence()
         self._guard = PruneGuard(tracker.directory, self.world_size)
-        self._reports: list[RankReport] = []
-        # (rank, step, reason) of each failed background save, for ``rvsup status``
-        self.checkpoint_failures: list[tuple[int, int, str]] = []
-        self._left_for_stop: set[int] = set()  # ranks that exited because a stop asked them to
-        self._ended: set[int] = set()  # ranks whose script ended (EXITING "exit")
-        self._all_ended_t: float | None = None
-        self._loaded_logged = False  # checkpoint_loaded: once, from the first rank that reports
-        self._silent: tuple[int, ...] = ()
-        self._hang_silence_s: float | None = None
-        self._first_sign_t: float | None = None
-        self._noticed_at: float | None = None
         self._settling: asyncio.Task[None] | None = None
-        self._verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
-        self._steps_final = False  # last steps fixed when a hang was caught
         self._done: asyncio.Future[Ending] | None = None
         self._stop_deadline = float("inf")
-        self._last_commit_t = clock.monotonic()
-        self.state = JobState.STARTING
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> AttemptResult:
         self._done = asyncio.get_running_loop().create_future()
-        self._last_commit_t = self.clock.monotonic()
+        self.checkpoints.last_commit_t = self.clock.monotonic()
         if self.losses is not None:  # before any report: back to the attempt's first step
             self._guard.update(
                 self.losses.earliest_onset(self.world_size), self.tracker.newest_step
             )
-        self.silence.restart_clock(self._last_commit_t)
+        self.silence.restart_clock(self.checkpoints.last_commit_t)
         loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
         if self.commits is not None:
             loops["watch"] = self._watch_loop()
@@ -152,18 +150,20 @@ class Attempt:
                 # the steps as they were when the hang was caught: a stopped rank continued to
                 # dump its stacks goes on training while the diagnostics are collected
                 self.refresh_steps()
-                self._steps_final = True
+                self.evidence.steps_final = True
                 diagnostics = await self.tree.collect_stacks(
                     self.diag_dir, native_stacks=self.cfg.heartbeat.native_stacks
                 )
-                self._verdict = culprits.judge(
+                self.evidence.verdict = culprits.judge(
                     read_stacks(self.diag_dir, self.world_size),
                     read_stopped(self.diag_dir, self.world_size),
                     read_flights(self.diag_dir, self.world_size),
                 )
             if ending in (Ending.FAILED, Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
-            self._log_aborts_after_end()
+            steps = {st.rank: st.last_step for st in self.ranks}
+            for aborted in self.exits.aborted(self.tree.exits, steps, self.tree.stderr_tail):
+                self.events.log(aborted)
         finally:
             self._log_slow_phase(self.clock.monotonic(), finished=False)
             for name in loops:
@@ -171,12 +171,17 @@ class Attempt:
             if self._settling is not None:
                 self._settling.cancel()
             if ending is not Ending.SUCCEEDED:
-                self._set_state(JobState.TEARING_DOWN)
+                self.job.transition(JobState.TEARING_DOWN)
             report = await shielded(self.tree.teardown())
             if report is not None:
                 for event in ended_events(report, scope="attempt", mechanism=self.tree.mechanism):
                     self.events.log(event)
         return self._result(ending, diagnostics, lost)
+
+    @property
+    def state(self) -> JobState:
+        """The job's state, as its owner has it."""
+        return self.job.state
 
     @property
     def hang_timeout_s(self) -> float | None:
@@ -194,7 +199,7 @@ class Attempt:
             # nobody has trained yet: the newest checkpoint is what they loaded; nothing to save
             self._finish(Ending.STOPPED)
             return
-        self._set_state(JobState.STOPPING)
+        self.job.transition(JobState.STOPPING)
         self._begin_sync(stop=True, now=now)
 
     # ------------------------------------------------------------------ observation
@@ -219,52 +224,51 @@ class Attempt:
             case m.Heartbeat():
                 self.stragglers.heard(msg.rank, body, now)
                 if self.state is JobState.STARTING and self._all_started():
-                    self._set_state(JobState.RUNNING)
+                    self.job.transition(JobState.RUNNING)
                 self._ask_to_sync(msg.rank, now)
             case m.Exiting(_, reason):
-                self._on_exiting(msg.rank, reason, now)
+                self.exits.exiting(msg.rank, reason, now)
             case m.Sync():
                 if self.sync is None:
-                    answer_without_round(self.channel, identity, msg)
+                    answer_without_round(self.channel, identity, msg.rank)
                 else:
-                    self.sync.answer(self.channel, identity, msg)
+                    self.sync.answer(self.channel, identity, msg.rank, body)
             case m.CheckpointCommitted():
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
             case m.CheckpointFailed(step, reason):
-                self.checkpoint_failures.append((msg.rank, step, reason))
+                self.checkpoints.failures.append((msg.rank, step, reason))
                 self.events.log(trouble_event(msg))
             case m.CheckpointSkipped():
                 self.events.log(trouble_event(msg))
-            case m.Loaded() if not self._loaded_logged:
+            case m.Loaded() if not self.checkpoints.loaded_logged:
                 self._on_loaded(msg)
             case m.Failure():
-                self._reports.append(report_from_message(msg))
+                self.evidence.reports.append(report_from_message(msg))
                 self._sign_of_failure(now)
-        if self.losses is not None and msg.kind in TRAINING_REPORTS:
-            self._on_anomaly(anomaly_in(self.losses, msg), now)
+        if self.losses is not None:
+            self._on_anomaly(anomaly_in(self.losses, msg.rank, body), now)
             if self._guard.due():
-                onset = self.losses.earliest_onset(self.world_size, self._anomaly)
+                onset = self.losses.earliest_onset(self.world_size, self.evidence.anomaly)
                 self._guard.update(onset, self.tracker.newest_step)
 
     def _on_loaded(self, msg: p.Message) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed
         on: the first report is logged); the loss rules date onsets from its step, which is
         earlier than planned when the planned checkpoint proved damaged."""
-        self._loaded_logged = True
+        self.checkpoints.loaded_logged = True
         self.events.log(loaded_event(msg))
         if self.losses is not None:
             self.losses.resumed_at(msg.step)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""
-        if anomaly is None or self._anomaly is not None or self._is_ending():
+        if anomaly is None or self.evidence.anomaly is not None or self._is_ending():
             return
         if self.stop_reason is not None:  # a requested stop goes on
             return
-        self._anomaly = anomaly
+        self.evidence.anomaly = anomaly
         self.events.log(anomaly_event(anomaly))
-        self._first_sign_t = now
-        self._noticed_at = self.clock.wall()
+        self.evidence.noticed(now, self.clock.wall())
         self._finish(Ending.FAILED)
 
     def _ask_to_sync(self, rank: int, now: float) -> None:
@@ -286,14 +290,6 @@ class Attempt:
             with contextlib.suppress(OSError):  # the logs are a convenience, never a failure
                 rank_logs.note(self.cfg.job.run_dir, self.number, rank, out, err)
 
-    def _on_exiting(self, rank: int, reason: str | None, now: float) -> None:
-        if reason == p.ExitingReason.STOP.value:
-            self._left_for_stop.add(rank)
-        elif reason == p.ExitingReason.END.value:
-            self._ended.add(rank)
-            if len(self._ended) >= self.world_size and self._all_ended_t is None:
-                self._all_ended_t = now
-
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node
         (heartbeats, rate-limited, can be a second old)."""
@@ -301,7 +297,7 @@ class Attempt:
             self._exact_step(rank, step)
 
     def _exact_step(self, rank: int, step: object) -> None:
-        if self._steps_final or not isinstance(step, int) or isinstance(step, bool):
+        if self.evidence.steps_final or not isinstance(step, int) or isinstance(step, bool):
             return
         for st in self.ranks:
             if st.rank == rank and step > st.last_step:
@@ -316,7 +312,7 @@ class Attempt:
         self._sign_of_failure(self.clock.monotonic())
 
     def _on_launcher_exit(self, rc: int) -> None:
-        if rc == 0 and not self._reports and not self._left_for_stop:
+        if rc == 0 and not self.evidence.reports and not self.exits.left_for_stop:
             self._finish(Ending.SUCCEEDED)  # even with a stop pending: the training ended first
         elif self.stop_reason is not None:
             self._finish(Ending.STOPPED)
@@ -340,16 +336,14 @@ class Attempt:
         if commit is None:
             return
         self.ranks.commit_seen(commit.step)
-        self._last_commit_t = self.clock.monotonic()
+        self.checkpoints.last_commit_t = self.clock.monotonic()
         self.events.log(commit_event(commit))
         if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
             self.sync = None
-            self._set_state(JobState.RUNNING)
+            self.job.transition(JobState.RUNNING)
 
     def _sign_of_failure(self, now: float) -> None:
-        if self._first_sign_t is None:
-            self._first_sign_t = now
-            self._noticed_at = self.clock.wall()
+        self.evidence.noticed(now, self.clock.wall(), first=True)
         if self.stop_reason is not None:  # a rank died during the stop: give up on the stop
             self._finish(Ending.STOPPED)
             return
@@ -358,27 +352,11 @@ class Attempt:
 
     async def _settle_then_fail(self) -> None:
         await self.clock.sleep(SETTLE_S if self.plan.nnodes == 1 else SETTLE_NODES_S)
+        ev = self.evidence
         done = failures.scripts_finished(
-            self.world_size, self._ended, self.tree.exits, self._reports
+            self.world_size, self.exits.ended, self.tree.exits, ev.reports
         )
         self._finish(Ending.SUCCEEDED if done else Ending.FAILED)
-
-    def _log_aborts_after_end(self) -> None:
-        """``exit_aborted`` for each rank that died of a signal after its script ended."""
-        steps = {st.rank: st.last_step for st in self.ranks}
-        for e in failures.aborted_after_end(self.tree.exits, self._ended):
-            assert e.rank is not None
-            signum = e.signal if e.signal is not None else -1
-            step = steps.get(e.rank)
-            tail = self.tree.stderr_tail(e.rank).strip().splitlines()[-_ABORT_TAIL_LINES:]
-            self.events.log(
-                ExitAborted(
-                    rank=e.rank,
-                    signal=signal_name(signum) if signum > 0 else f"exit code {e.exit_code}",
-                    last_step=step if step is not None and step >= 0 else None,
-                    stderr_tail="\n".join(tail),
-                )
-            )
 
     # ------------------------------------------------------------------ the tick
     async def _tick_loop(self) -> None:
@@ -403,15 +381,13 @@ class Attempt:
 
     def _check_exit_stall(self, now: float) -> None:
         """Every rank's script ended without a failure, yet some interpreter has not exited
-        after :data:`EXIT_GRACE_S` (gloo's destructor waiting for the GIL, an atexit hook
-        stuck): the training is done; the teardown ends the stragglers."""
-        t = self._all_ended_t
-        if t is None or now - t < EXIT_GRACE_S or self._is_ending() or self._reports:
+        after :data:`EXIT_GRACE_S`: the training is done; the teardown ends the stragglers."""
+        if self._is_ending() or self.evidence.reports:
             return
-        gone = {e.rank for e in self.tree.exits if e.rank is not None}
-        stuck = tuple(sorted(r for r in self._ended if r not in gone))
-        self.events.log(ExitStalled(ranks=stuck, waited_s=now - t))
-        self._finish(Ending.SUCCEEDED)
+        stalled = self.exits.stalled(now, self.tree.exits)
+        if stalled is not None:
+            self.events.log(stalled)
+            self._finish(Ending.SUCCEEDED)
 
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
@@ -438,9 +414,9 @@ class Attempt:
         hung = found.ranks or tuple(s.rank for s in found.silences)
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks}
-        self._silent, self._hang_silence_s = hangs.quiet_ranks(found.silences, hung, last_steps)
-        self._first_sign_t = now
-        self._noticed_at = self.clock.wall()
+        ev = self.evidence
+        ev.silent, ev.hang_silence_s = hangs.quiet_ranks(found.silences, hung, last_steps)
+        ev.noticed(now, self.clock.wall())
         self._finish(Ending.HANG)
 
     def _log_slow_phase(self, now: float, *, finished: bool) -> None:
@@ -452,8 +428,8 @@ class Attempt:
         every = self.cfg.checkpoint.every_s
         if every is None or self.sync is not None or self.state is not JobState.RUNNING:
             return
-        if now - self._last_commit_t >= every:
-            self._set_state(JobState.SAVING)
+        if now - self.checkpoints.last_commit_t >= every:
+            self.job.transition(JobState.SAVING)
             self._begin_sync(stop=False, now=now)
 
     def _begin_sync(self, *, stop: bool, now: float) -> None:
@@ -473,22 +449,18 @@ class Attempt:
         if self._done is not None and not self._done.done():
             self._done.set_result(ending)
 
-    def _set_state(self, new: JobState) -> None:
-        if new is not self.state:
-            self.state = new
-            self._transition(new)
-
     def _result(
         self, ending: Ending, diagnostics: str | None, lost: tuple[str, ...]
     ) -> AttemptResult:
         self.refresh_steps()
         last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
-        verdict = self._verdict or culprits.Verdict((), (), "")
+        ev = self.evidence
+        verdict = ev.verdict or culprits.Verdict((), (), "")
         obs = Observation(
             exits=self.tree.exits,
-            reports=tuple(self._reports),
+            reports=tuple(ev.reports),
             launcher_exit=self.tree.launcher_rc,
-            silent_ranks=self._silent,
+            silent_ranks=ev.silent,
             hang_timeout_s=self.hang_timeout_s,
             last_steps=last_steps,
             stop_reason=self.stop_reason,
@@ -498,22 +470,19 @@ class Attempt:
             hang_culprits=verdict.culprits,
             hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
             rank_nodes={st.rank: st.host for st in self.ranks if st.host != "?"},
-            anomaly=self._anomaly,
+            anomaly=ev.anomaly,
         )
         newest = self.tracker.newest_step
-        progressed = newest is not None and (
-            self._started_step is None or newest > self._started_step
-        )
         stop_step = None
         if ending is Ending.STOPPED and self.sync is not None and self.sync.committed_by(newest):
             stop_step = newest
         return AttemptResult(
             outcome=ending.outcome,
             observation=obs,
-            detect_s=self._hang_silence_s if ending is Ending.HANG else None,
+            detect_s=ev.hang_silence_s if ending is Ending.HANG else None,
             diagnostics=diagnostics,
-            progressed=progressed,
+            progressed=self.checkpoints.progressed(newest),
             last_step=max(last_steps.values()) if last_steps else None,
             stop_step=stop_step,
-            noticed_at=self._noticed_at,
+            noticed_at=ev.noticed_at,
         )

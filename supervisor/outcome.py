@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from supervisor.rules.observation import Observation
+from supervisor.rules import culprits
+from supervisor.rules.observation import Anomaly, Observation, RankReport
 
-__all__ = ["AttemptResult", "Ending", "Outcome"]
+__all__ = ["AttemptResult", "Ending", "Evidence", "Outcome"]
 
 
 class Outcome(enum.Enum):
@@ -46,3 +47,24 @@ class AttemptResult:
     last_step: int | None
     stop_step: int | None  # the checkpoint committed by a stop, if any
     noticed_at: float | None  # wall-clock time of the first sign of the failure (for the history)
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What an attempt gathers toward its ending, before the rules classify it."""
+
+    reports: list[RankReport] = field(default_factory=list)  # the ranks' own FAILURE messages
+    anomaly: Anomaly | None = None  # the training went wrong (a rollback follows)
+    first_sign_t: float | None = None  # monotonic: when the failure was first seen
+    noticed_at: float | None = None  # wall clock of the same moment
+    silent: tuple[int, ...] = ()  # the ranks a hang is blamed on
+    hang_silence_s: float | None = None
+    verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
+    steps_final: bool = False  # the last steps were fixed when a hang was caught
+
+    def noticed(self, now: float, wall: float, *, first: bool = False) -> None:
+        """The failure is seen at ``now`` (``first``: unless an earlier sign was)."""
+        if first and self.first_sign_t is not None:
+            return
+        self.first_sign_t = now
+        self.noticed_at = wall

@@ -319,7 +319,7 @@ class Supervisor:
             events=self.events,
             tracker=self.tracker,
             commits=self.commits,
-            transition=self.transition,
+            job=self,
             clock=self.clock,
             liveness=self.liveness,
             losses=self.losses,
@@ -405,7 +405,7 @@ class Supervisor:
             },
             "checkpoint_failures": [
                 {"rank": rank, "step": step, "reason": reason}
-                for rank, step, reason in ([] if cur is None else cur.checkpoint_failures[-5:])
+                for rank, step, reason in ([] if cur is None else cur.checkpoints.failures[-5:])
             ],
             "messages": {
                 "accepted": self.channel.accepted,

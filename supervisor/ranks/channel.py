@@ -225,9 +225,7 @@ class Channel(Protocol):
         """The next accepted messages (at least one), oldest first."""
         ...
 
-    def send(
-        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
-    ) -> None:
+    def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
         """Send to one rank; never blocks."""
         ...
 
@@ -330,20 +328,9 @@ class HeartbeatEndpoint:
         self.accepted += 1
         return identity, msg
 
-    def send(
-        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
-    ) -> None:
+    def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
         """Send to one rank; never blocks (a full or vanished peer drops the message)."""
-        frame = p.encode(
-            self._key,
-            kind,
-            rank=rank,
-            attempt=self.attempt,
-            pid=os.getpid(),
-            seq=0,
-            step=step,
-            flags=flags,
-        )
+        frame = m.encode(self._key, body, rank=rank, attempt=self.attempt, pid=os.getpid(), seq=0)
         try:
             self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
         except zmq.ZMQError:

@@ -10,7 +10,7 @@ resuming rank will (``worker_sdk.contract.layout``) and reports each step once.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -27,6 +27,7 @@ from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 __all__ = [
+    "CheckpointsSeen",
     "Commit",
     "CommitTracker",
     "DirectoryWatch",
@@ -47,6 +48,21 @@ class Commit:
     format: int
     mode: str | None = None  # "sync" | "async", from the manifest
     blocked_s: float | None = None
+
+
+@dataclass(slots=True)
+class CheckpointsSeen:
+    """What one attempt saw of the checkpoints."""
+
+    started_step: int | None  # the newest committed step when the attempt began
+    last_commit_t: float  # monotonic: the attempt's start, then each commit (timed saves)
+    failures: list[tuple[int, int, str]] = field(default_factory=list)  # (rank, step, reason)
+    loaded_logged: bool = False  # checkpoint_loaded: once, from the first rank that reports
+
+    def progressed(self, newest: int | None) -> bool:
+        """Whether a checkpoint newer than the attempt's start was committed."""
+        started = self.started_step
+        return newest is not None and (started is None or newest > started)
 
 
 def commit_event(commit: Commit) -> CheckpointCommitted:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from supervisor.ranks.channel import Channel, RankTable
-from worker_sdk.contract import protocol as p
+from worker_sdk.contract import messages as m
 
 __all__ = ["SaveRound", "answer_without_round"]
 
@@ -30,10 +30,6 @@ class SaveRound:
     asked_t: dict[int, float] = field(default_factory=dict)
     target: int | None = None  # the step every rank saves after, once known
 
-    @property
-    def flags(self) -> int:
-        return p.FLAG_STOP if self.stop else 0
-
     def ask(self, endpoint: Channel, ranks: RankTable, rank: int, now: float) -> None:
         """Send SYNC_REQUEST to ``rank`` unless it already reported or was asked recently."""
         st = ranks.ranks.get(rank)
@@ -42,28 +38,27 @@ class SaveRound:
         if now - self.asked_t.get(rank, -1e9) < self.resend_after_s:
             return
         self.asked_t[rank] = now
-        endpoint.send(st.identity, p.Kind.SYNC_REQUEST, rank=rank, flags=self.flags)
+        endpoint.send(st.identity, m.SyncRequest(self.stop), rank=rank)
 
     def ask_all(self, endpoint: Channel, ranks: RankTable, now: float) -> None:
         for st in ranks:
             self.ask(endpoint, ranks, st.rank, now)
 
-    def answer(self, endpoint: Channel, identity: bytes, msg: p.Message) -> None:
-        """Record a SYNC and answer it: CONTINUE, or SAVE_AT the common step."""
-        self.reported[msg.rank] = max(msg.step, self.reported.get(msg.rank, -1))
+    def answer(self, endpoint: Channel, identity: bytes, rank: int, sync: m.Sync) -> None:
+        """Record ``rank``'s SYNC and answer it: CONTINUE, or SAVE_AT the common step."""
+        self.reported[rank] = max(sync.step, self.reported.get(rank, -1))
         if self.target is None and len(self.reported) >= self.world_size:
             self.target = max(self.reported.values()) + 1
         if self.target is None:
-            endpoint.send(identity, p.Kind.CONTINUE, rank=msg.rank)
+            endpoint.send(identity, m.Continue(), rank=rank)
         else:
-            endpoint.send(
-                identity, p.Kind.SAVE_AT, rank=msg.rank, step=self.target, flags=self.flags
-            )
+            endpoint.send(identity, m.SaveAt(self.target, self.stop), rank=rank)
 
     def committed_by(self, step: int | None) -> bool:
         """Whether a commit of ``step`` is this round's checkpoint."""
         return self.target is not None and step is not None and step >= self.target
 
 
-def answer_without_round(endpoint: Channel, identity: bytes, msg: p.Message) -> None:
-    endpoint.send(identity, p.Kind.SYNC_CANCEL, rank=msg.rank)
+def answer_without_round(endpoint: Channel, identity: bytes, rank: int) -> None:
+    """Answer a SYNC of ``rank`` that came when no round is open: leave sync mode."""
+    endpoint.send(identity, m.SyncCancel(), rank=rank)

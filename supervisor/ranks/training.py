@@ -8,33 +8,26 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Final
 
 from supervisor.record.schema import AnomalyDetected
 from supervisor.rules.anomalies import LossWatch
 from supervisor.rules.observation import Anomaly
 from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
-from worker_sdk.contract import protocol as p
 
-__all__ = ["TRAINING_REPORTS", "PruneGuard", "anomaly_event", "anomaly_in"]
-
-TRAINING_REPORTS: Final = frozenset(
-    {p.Kind.HEARTBEAT, p.Kind.LOSS_NONFINITE, p.Kind.REPLICAS_DIVERGED}
-)
-"""The messages that may carry an anomaly."""
+__all__ = ["PruneGuard", "anomaly_event", "anomaly_in"]
 
 
-def anomaly_in(losses: LossWatch, msg: p.Message) -> Anomaly | None:
-    """The anomaly a message reports or completes (a heartbeat's loss), if any."""
-    match m.read(msg):
+def anomaly_in(losses: LossWatch, rank: int, body: m.Body) -> Anomaly | None:
+    """The anomaly a message of ``rank`` reports or completes (a heartbeat's loss), if any."""
+    match body:
         case m.LossNonFinite(step, value, since):
-            return losses.nonfinite(msg.rank, step, _onset(step, since), value)
+            return losses.nonfinite(rank, step, _onset(step, since), value)
         case m.ReplicasDiverged(step, ranks, since):
-            return losses.diverged(ranks or (msg.rank,), step, _onset(step, since))
+            return losses.diverged(ranks or (rank,), step, _onset(step, since))
         case m.Heartbeat(step, _, loss):
-            losses.heard(msg.rank, step)
-            return None if loss is None else losses.observe(msg.rank, step, loss)
+            losses.heard(rank, step)
+            return None if loss is None else losses.observe(rank, step, loss)
     return None
 
 

@@ -20,6 +20,7 @@ from supervisor.process.launcher import LaunchPlan
 from supervisor.record.schema import ColdStart
 from supervisor.rules.observation import RankExit
 from tests.helpers.jobs import write_job_file
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 WORLD = 2
@@ -90,9 +91,8 @@ class FakeChannel:
         self.accepted += len(batch)
         return batch
 
-    def send(
-        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
-    ) -> None:
+    def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
+        kind, step, _, flags, _ = m.fields(body)
         self.sent.append((rank, kind, step, flags))
 
     def put(

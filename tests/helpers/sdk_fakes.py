@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 from worker_sdk.runtime.settings import Settings
 
@@ -39,14 +40,8 @@ class Sent:
     def __init__(self) -> None:
         self.messages: list[tuple[p.Kind, int, float, dict[str, Any]]] = []
 
-    def send(
-        self,
-        kind: p.Kind,
-        step: int = -1,
-        value: float = 0.0,
-        payload: dict[str, Any] | None = None,
-        **_: Any,
-    ) -> bool:
+    def send(self, body: m.Body) -> bool:
+        kind, step, value, _, payload = m.fields(body)
         self.messages.append((kind, step, value, payload or {}))
         return True
 

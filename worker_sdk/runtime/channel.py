@@ -8,10 +8,10 @@ when a heartbeat is due, except in a coordinated save where the rank waits for t
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import zmq
 
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 _SEND_HWM = 64
@@ -36,27 +36,11 @@ class Channel:
         sock.connect(endpoint)
         self._sock = sock
 
-    def send(
-        self,
-        kind: p.Kind,
-        step: int = -1,
-        value: float = 0.0,
-        flags: int = 0,
-        payload: dict[str, Any] | None = None,
-    ) -> bool:
+    def send(self, body: m.Body) -> bool:
         """Queue one message; False (and counted) when it had to be dropped."""
         self._seq += 1
-        frame = p.encode(
-            self._key,
-            kind,
-            rank=self.rank,
-            attempt=self.attempt,
-            pid=self.pid,
-            seq=self._seq,
-            step=step,
-            value=value,
-            flags=flags,
-            payload=payload,
+        frame = m.encode(
+            self._key, body, rank=self.rank, attempt=self.attempt, pid=self.pid, seq=self._seq
         )
         try:
             self._sock.send(frame, zmq.NOBLOCK)
@@ -65,7 +49,7 @@ class Channel:
             return False
         return True
 
-    def receive(self, timeout_s: float = 0.0) -> p.Message | None:
+    def receive(self, timeout_s: float = 0.0) -> m.Body | None:
         """One authenticated message from the supervisor, waiting at most ``timeout_s``."""
         if timeout_s > 0 and not self._sock.poll(int(timeout_s * 1000)):
             return None
@@ -79,7 +63,7 @@ class Channel:
             except p.BadMessageError:
                 continue
             if msg.attempt == self.attempt and msg.rank in (self.rank, -1):
-                return msg
+                return m.read(msg)
 
     @property
     def closed(self) -> bool:

@@ -26,6 +26,7 @@ from torch import nn
 
 from worker_sdk.checkpoint import parallel as _parallel
 from worker_sdk.checkpoint.collectives import all_gather_ints
+from worker_sdk.contract.messages import ReplicasDiverged
 
 __all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
 
@@ -45,15 +46,15 @@ class ReplicaCheck:
     def _after(self, step: int) -> int:
         return ((step + 1) // self.every + 1) * self.every - 1
 
-    def run(self, step: int) -> dict[str, Any] | None:
+    def run(self, step: int) -> ReplicasDiverged | None:
         """Compare at ``step`` (a collective: every rank calls it at the same step); the
-        payload of a ``REPLICAS_DIVERGED`` report when some ranks differ, else None."""
+        report to send when some ranks differ, else None."""
         diverged = compare(fingerprint(self.modules, step // self.every))
         since = self.verified + 1
         self.verified, self.next_step = step, self._after(step)
         if not diverged:
             return None
-        return {"ranks": ",".join(map(str, diverged)), "since": since}
+        return ReplicasDiverged(step, tuple(diverged), since)
 
 
 def ddp_modules(objects: Sequence[Any]) -> list[nn.Module]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, SaveError, Stateful
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 from . import flight as _flight
@@ -156,31 +157,22 @@ class Runtime:
             self.comm_wait = CommWait.of(self.objects)
         self._set_periodic(start - 1)
         if self.channel is not None:
-            s = self.settings
-            self.channel.send(
-                p.Kind.HELLO,
-                step=start,
-                payload={
-                    "host": s.host,
-                    "local_rank": _local_rank(),
-                    "world_size": self.world_size,
-                    "total_steps": self.total_steps,
-                    **_output_files(),
-                },
+            out, err = _output_files()
+            hello = m.Hello(
+                start,
+                self.settings.host,
+                _local_rank(),
+                self.world_size,
+                self.total_steps,
+                out,
+                err,
             )
+            self.channel.send(hello)
             for path, reason in loaded.skipped:
-                self.channel.send(
-                    p.Kind.CKPT_SKIPPED, payload={"path": str(path), "reason": reason}
-                )
+                self.channel.send(m.CheckpointSkipped(str(path), reason))
             loaded_from = str(loaded.path) if loaded.path else None
             self.channel.send(
-                p.Kind.LOADED,
-                step=start,
-                payload={
-                    "path": loaded_from,
-                    "world_size": loaded.saved_world_size,
-                    "resharded_from": loaded.resharded_from,
-                },
+                m.Loaded(start, loaded_from, loaded.saved_world_size, loaded.resharded_from)
             )
         self._arm_stack_dumps()
         if self.saver is not None:
@@ -254,25 +246,22 @@ class Runtime:
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
         assert ch is not None
-        payload = None
+        finite: float | None = None
         loss = self.loss
         if loss is not None:
             self.loss = None
             value = loss if loss.__class__ is float else float(loss)  # a tensor is read here
             if math.isfinite(value):
-                payload = {"loss": value}
+                finite = value
             elif loss.__class__ is not float:  # a float was reported by step() already
                 self.loss_not_finite(step, value, self.hb_step + 1)
-        if self.comm_wait is not None:
-            wait = self.comm_wait.read(step - self.hb_step)
-            if wait is not None:
-                payload = {**(payload or {}), "comm_wait_s": wait}
-        ch.send(p.Kind.HEARTBEAT, step=step, value=self.max_dt, payload=payload)
+        wait = None if self.comm_wait is None else self.comm_wait.read(step - self.hb_step)
+        ch.send(m.Heartbeat(step, self.max_dt, finite, wait))
         self.hb_step = step
         self.max_dt = 0.0
         self.hb_due = now + self.settings.heartbeat_interval_s
-        while (msg := ch.receive()) is not None:
-            if msg.kind is p.Kind.SYNC_REQUEST:
+        while (body := ch.receive()) is not None:
+            if isinstance(body, m.SyncRequest):
                 self.sync_mode = True
 
     def _verify(self, step: int) -> None:
@@ -281,7 +270,7 @@ class Runtime:
         assert self.replicas is not None
         report = self.replicas.run(step)
         if report is not None and self.rank == 0 and self.channel is not None:
-            self.channel.send(p.Kind.REPLICAS_DIVERGED, step=step, payload=report)
+            self.channel.send(report)
         self.verify_next = self.replicas.next_step
         self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
@@ -290,45 +279,41 @@ class Runtime:
         if self.channel is None or self.loss_reported:
             return
         self.loss_reported = True
-        self.channel.send(p.Kind.LOSS_NONFINITE, step=step, value=value, payload={"since": since})
+        self.channel.send(m.LossNonFinite(step, value, since))
 
     def _sync_round(self, step: int) -> None:
         ch = self.channel
         assert ch is not None
-        ch.send(p.Kind.SYNC, step=step)
+        ch.send(m.Sync(step))
         deadline = time.monotonic() + 600.0
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 print(f"rvsup: rank {self.rank}: no answer to a coordinated save", file=sys.stderr)
                 os._exit(p.EXIT_SYNC_TIMEOUT)
-            msg = ch.receive(timeout_s=min(left, 1.0))
-            if msg is None:
-                continue
-            if msg.kind is p.Kind.CONTINUE:
-                return
-            if msg.kind is p.Kind.SYNC_CANCEL:
-                self.sync_mode = False
-                return
-            if msg.kind is p.Kind.SAVE_AT:
-                if msg.step < step:
-                    raise RuntimeError(
-                        f"rvsup: asked to save at step {msg.step}, already at {step}"
-                    )
-                self.sync_mode = False
-                self.stop_after_save = self.stop_after_save or bool(msg.flags & p.FLAG_STOP)
-                if self.checkpointer is None:  # nothing to save: stop now or go on
-                    self._leave_if_stopping(step)
+            match ch.receive(timeout_s=min(left, 1.0)):
+                case m.Continue():
                     return
-                self.sync_save_at = msg.step
-                self.next_save_step = min(self.periodic_next, msg.step, self.verify_next)
-                return
+                case m.SyncCancel():
+                    self.sync_mode = False
+                    return
+                case m.SaveAt(at, stop):
+                    if at < step:
+                        raise RuntimeError(f"rvsup: asked to save at step {at}, already at {step}")
+                    self.sync_mode = False
+                    self.stop_after_save = self.stop_after_save or stop
+                    if self.checkpointer is None:  # nothing to save: stop now or go on
+                        self._leave_if_stopping(step)
+                        return
+                    self.sync_save_at = at
+                    self.next_save_step = min(self.periodic_next, at, self.verify_next)
+                    return
 
     def _save(self, step: int, extra: Any) -> None:
         ck = self.checkpointer
         if ck is not None:
             if self.channel is not None:
-                self.channel.send(p.Kind.CKPT_BEGIN, step=step)
+                self.channel.send(m.CheckpointBegin(step))
             stopping = self.stop_after_save and step >= self.sync_save_at
             if self.saver is not None and not stopping:
                 previous = self.saver.submit(step, self.objects, extra)
@@ -363,7 +348,7 @@ class Runtime:
             file=sys.stderr,
         )
         if self.channel is not None:
-            self.channel.send(p.Kind.CKPT_FAILED, step=step, payload={"reason": reason})
+            self.channel.send(m.CheckpointFailed(step, reason))
 
     def _report(self, outcome: Outcome) -> None:
         """Tell the supervisor how an asynchronous save ended."""
@@ -391,16 +376,9 @@ class Runtime:
     ) -> None:
         """Rank 0 tells the supervisor that the checkpoint of ``step`` is committed."""
         if self.channel is not None:
+            blocked = seconds if blocked_s is None else blocked_s
             self.channel.send(
-                p.Kind.CKPT_COMMITTED,
-                step=step,
-                value=seconds,
-                payload={
-                    "path": str(path),
-                    "bytes": nbytes,
-                    "mode": mode,
-                    "blocked_s": seconds if blocked_s is None else blocked_s,
-                },
+                m.CheckpointCommitted(step, seconds, str(path), nbytes, mode, blocked)
             )
 
     def _finish_async(self, *, close: bool) -> None:
@@ -420,9 +398,7 @@ class Runtime:
             return
         self._finish_async(close=True)
         if self.channel is not None:
-            self.channel.send(
-                p.Kind.EXITING, step=step, payload={"reason": p.ExitingReason.STOP.value}
-            )
+            self.channel.send(m.Exiting(step, p.ExitingReason.STOP.value))
         self.shutdown()
         # SystemExit rather than os._exit: the script's finally blocks and atexit handlers run
         # (destroy_process_group included); the checkpoint is already committed
@@ -431,23 +407,15 @@ class Runtime:
     # ------------------------------------------------------------------ phases and failures
     def phase_changed(self, name: str, begin: bool) -> None:
         if self.channel is not None:
-            self.channel.send(
-                p.Kind.PHASE, step=self.last_step, payload={"name": name, "begin": begin}
-            )
+            self.channel.send(m.Phase(self.last_step, name, begin))
 
     def report_exception(self, exc: BaseException) -> bool:
         """Tell the supervisor why this rank dies; True when it is an out-of-memory error."""
         oom = is_oom(exc)
         if self.channel is not None:
-            self.channel.send(
-                p.Kind.FAILURE,
-                step=self.last_step + 1,
-                payload={
-                    "kind": "oom" if oom else "exception",
-                    "type": type(exc).__name__,
-                    "message": str(exc)[:2000],
-                },
-            )
+            kind = "oom" if oom else "exception"
+            failure = m.Failure(self.last_step + 1, kind, type(exc).__name__, str(exc)[:2000])
+            self.channel.send(failure)
         return oom
 
     def leaving(self) -> None:
@@ -460,9 +428,7 @@ class Runtime:
                 self.phase_changed(FINAL_SAVE_PHASE, True)
             self._finish_async(close=True)
         if self.channel is not None and not self.channel.closed:
-            self.channel.send(
-                p.Kind.EXITING, step=self.last_step, payload={"reason": p.ExitingReason.END.value}
-            )
+            self.channel.send(m.Exiting(self.last_step, p.ExitingReason.END.value))
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -477,17 +443,18 @@ class Runtime:
             self._dump_file = None
 
 
-def _output_files() -> dict[str, str | None]:
+def _output_files() -> tuple[str | None, str | None]:
     """The files this process's stdout and stderr are (``rvsup logs`` finds a rank's output by
     them); None for a stream that is not a file (a terminal, a pipe)."""
-    found: dict[str, str | None] = {}
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        try:
-            path: str | None = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            path = None
-        found[name] = path if path is not None and path.startswith("/") else None
-    return found
+    return _output_file(1), _output_file(2)
+
+
+def _output_file(fd: int) -> str | None:
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return path if path.startswith("/") else None
 
 
 def _local_rank() -> int:

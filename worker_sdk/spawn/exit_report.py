@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NoReturn
 
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 if TYPE_CHECKING:
@@ -106,15 +107,15 @@ def send_report(channel: Channel | None, to: ReportTo, pid: int, status: int) ->
     if channel is None:
         return
     code = os.waitstatus_to_exitcode(status)
+    last_step = None if to.step_slot is None else p.read_step_slot(to.step_slot)
     channel.send(
-        p.Kind.RANK_EXIT,
-        payload={
-            "pid": pid,
-            "code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "host": socket.gethostname(),
-            "last_step": None if to.step_slot is None else p.read_step_slot(to.step_slot),
-        },
+        m.RankExit(
+            pid,
+            code if code >= 0 else None,
+            -code if code < 0 else None,
+            socket.gethostname(),
+            last_step,
+        )
     )
     channel.close(linger_s=_LINGER_S)
 

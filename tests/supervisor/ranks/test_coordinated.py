@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from supervisor.ranks.channel import RankTable
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 
@@ -17,9 +16,8 @@ class RecordingEndpoint:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, p.Kind, int, int, int]] = []
 
-    def send(
-        self, identity: bytes, kind: p.Kind, *, rank: int, step: int = -1, flags: int = 0
-    ) -> None:
+    def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
+        kind, step, _, flags, _ = m.fields(body)
         self.sent.append((identity, kind, rank, step, flags))
 
 
@@ -71,8 +69,8 @@ def test_answers_continue_until_all_reported_then_the_common_step(
 ) -> None:
     """CONTINUE until every rank reported; then SAVE_AT max(reported)+1 to everyone, no rank past it."""
     ep, rnd = RecordingEndpoint(), _round()
-    for i, (rank, step) in enumerate(reports):
-        rnd.answer(ep, b"x", _msg(p.Kind.SYNC, rank, step, seq=i + 1))  # type: ignore[arg-type]
+    for rank, step in reports:
+        rnd.answer(ep, b"x", rank, m.Sync(step))  # type: ignore[arg-type]
     assert [(s[1], s[3]) for s in ep.sent] == answers
     assert rnd.target == target
     assert all(step < target for _, step in reports)
@@ -81,7 +79,7 @@ def test_answers_continue_until_all_reported_then_the_common_step(
 def test_a_rank_that_reported_is_not_asked_again() -> None:
     """After its SYNC, a rank gets no further SYNC_REQUEST (it would re-enter sync mode later)."""
     ep, table, rnd = RecordingEndpoint(), _table(2), _round()
-    rnd.answer(ep, b"id0", _msg(p.Kind.SYNC, 0, 3))  # type: ignore[arg-type]
+    rnd.answer(ep, b"id0", 0, m.Sync(3))  # type: ignore[arg-type]
     ep.sent.clear()
     rnd.ask_all(ep, table, now=10.0)  # type: ignore[arg-type]
     assert [s[2] for s in ep.sent] == [1]
@@ -91,7 +89,7 @@ def test_a_rank_that_reported_is_not_asked_again() -> None:
 def test_save_at_carries_the_stop_flag_only_for_stops(stop: bool, flags: int) -> None:
     """A time-based save keeps the ranks running; a stop makes them exit after the commit."""
     ep, rnd = RecordingEndpoint(), _round(stop=stop, world=1)
-    rnd.answer(ep, b"x", _msg(p.Kind.SYNC, 0, 4))  # type: ignore[arg-type]
+    rnd.answer(ep, b"x", 0, m.Sync(4))  # type: ignore[arg-type]
     assert ep.sent[-1][1:] == (p.Kind.SAVE_AT, 0, 5, flags)
 
 
@@ -109,6 +107,5 @@ def test_committed_by(target: int | None, step: int | None, expected: bool) -> N
 def test_sync_without_a_round_is_cancelled() -> None:
     """A late SYNC (duplicate request seen after the round) is answered SYNC_CANCEL."""
     ep = RecordingEndpoint()
-    msg: Any = _msg(p.Kind.SYNC, 1, 3)
-    answer_without_round(ep, b"id1", msg)  # type: ignore[arg-type]
+    answer_without_round(ep, b"id1", 1)  # type: ignore[arg-type]
     assert ep.sent == [(b"id1", p.Kind.SYNC_CANCEL, 1, -1, 0)]

@@ -14,6 +14,7 @@ import zmq
 
 from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
 from supervisor.rules.observation import RankExit
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 # ---------------------------------------------------------------- RankTable.observe
@@ -209,7 +210,7 @@ def test_endpoint_accepts_and_answers(tmp_path: Path) -> None:
         )
         assert endpoint.accepted == 1
         assert sum(endpoint.dropped.values()) == 0
-        endpoint.send(identity, p.Kind.SAVE_AT, rank=0, step=20, flags=p.FLAG_STOP)
+        endpoint.send(identity, m.SaveAt(20, stop=True), rank=0)
         assert dealer.poll(10_000)
         answer = p.decode(KEY, dealer.recv())
         assert (answer.kind, answer.step, answer.flags, answer.attempt, answer.pid) == (
