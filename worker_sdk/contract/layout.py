@@ -122,8 +122,11 @@ def rank_file(rank: int) -> str:
 
 
 def is_rvsup_entry(name: str) -> bool:
-    """True for names this layout owns: committed and temporary checkpoints, the marker."""
-    return name == MARKER or bool(COMMITTED_RE.match(name)) or bool(TEMP_RE.match(name))
+    """True for names this layout owns: committed and temporary checkpoints, the marker, the
+    pruning protection (and its partial file, left by a supervisor killed while writing it)."""
+    if name in (MARKER, PROTECT, PROTECT + ".partial"):
+        return True
+    return bool(COMMITTED_RE.match(name)) or bool(TEMP_RE.match(name))
 
 
 def _is_int(value: object) -> TypeGuard[int]:
