@@ -28,12 +28,18 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
-    """Every test must leave no child process (ranks, writers) alive."""
+    """Every test must leave no child process (ranks, writers) alive (those alive before it,
+    such as the Slurm test cluster's daemons when it is up, excepted)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def new() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
     yield
     deadline = time.monotonic() + 10
-    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+    while new() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert psutil.Process().children(recursive=True) == []
+    assert new() == []
 
 
 def _manifest_modes(ckpt: Path) -> set[str | None]:
