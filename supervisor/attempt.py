@@ -237,11 +237,11 @@ class Attempt:
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
             case m.CheckpointFailed(step, reason):
                 self.checkpoints.failures.append((msg.rank, step, reason))
-                self.events.log(trouble_event(msg))
+                self.events.log(trouble_event(msg.rank, body))
             case m.CheckpointSkipped():
-                self.events.log(trouble_event(msg))
+                self.events.log(trouble_event(msg.rank, body))
             case m.Loaded() if not self.checkpoints.loaded_logged:
-                self._on_loaded(msg)
+                self._on_loaded(body)
             case m.Failure():
                 self.evidence.reports.append(report_from_message(msg))
                 self._sign_of_failure(now)
@@ -251,14 +251,14 @@ class Attempt:
                 onset = self.losses.earliest_onset(self.world_size, self.evidence.anomaly)
                 self._guard.update(onset, self.tracker.newest_step)
 
-    def _on_loaded(self, msg: p.Message) -> None:
+    def _on_loaded(self, body: m.Loaded) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed
         on: the first report is logged); the loss rules date onsets from its step, which is
         earlier than planned when the planned checkpoint proved damaged."""
         self.checkpoints.loaded_logged = True
-        self.events.log(loaded_event(msg))
+        self.events.log(loaded_event(body))
         if self.losses is not None:
-            self.losses.resumed_at(msg.step)
+            self.losses.resumed_at(body.step)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""

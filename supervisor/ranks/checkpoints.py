@@ -24,7 +24,6 @@ from supervisor.record.schema import (
 )
 from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
-from worker_sdk.contract import protocol as p
 
 __all__ = [
     "CheckpointsSeen",
@@ -80,24 +79,19 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
     )
 
 
-def loaded_event(msg: p.Message) -> CheckpointLoaded:
+def loaded_event(body: m.Loaded) -> CheckpointLoaded:
     """The history's line for a ``LOADED`` message: what the ranks resumed from."""
-    body = m.read(msg)
-    if not isinstance(body, m.Loaded):
-        raise TypeError(f"not a LOADED message: {msg.kind.name}")
     return CheckpointLoaded(resume_step=body.step, checkpoint=body.path, world_size=body.world_size)
 
 
-def trouble_event(msg: p.Message) -> CheckpointFailed | CheckpointSkipped:
-    """The history's line for a ``CKPT_FAILED`` (a background save that failed) or
+def trouble_event(
+    rank: int, body: m.CheckpointFailed | m.CheckpointSkipped
+) -> CheckpointFailed | CheckpointSkipped:
+    """The history's line for a ``CKPT_FAILED`` (a background save of ``rank`` that failed) or
     ``CKPT_SKIPPED`` (a damaged checkpoint passed over at load) message."""
-    match m.read(msg):
-        case m.CheckpointFailed(step, reason):
-            return CheckpointFailed(step=step, rank=msg.rank, reason=reason[:2000])
-        case m.CheckpointSkipped(path, reason):
-            return CheckpointSkipped(path=path, reason=reason, rank=msg.rank)
-        case _:
-            raise TypeError(f"not a CKPT_FAILED or CKPT_SKIPPED message: {msg.kind.name}")
+    if isinstance(body, m.CheckpointFailed):
+        return CheckpointFailed(step=body.step, rank=rank, reason=body.reason[:2000])
+    return CheckpointSkipped(path=body.path, reason=body.reason, rank=rank)
 
 
 class CommitTracker:
