@@ -1,19 +1,30 @@
-"""How an attempt ended: the values an :class:`~supervisor.attempt.Attempt` hands back, and
-:func:`result_of`, which builds them from what it gathered."""
+"""How an attempt ended: the values an :class:`~supervisor.attempt.Attempt` hands back,
+:func:`result_of`, which builds them from what it gathered, and :func:`failure_event`, the
+history's line for a failure once classified."""
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from supervisor.record.schema import FailureDetected
 from supervisor.rules import culprits
-from supervisor.rules.observation import Anomaly, Observation, RankReport, StopReason
+from supervisor.rules.observation import Anomaly, Failure, Observation, RankReport, StopReason
 
 if TYPE_CHECKING:
     from supervisor.process.tree import ProcessTree
 
-__all__ = ["AttemptResult", "Ending", "Evidence", "Outcome", "result_of"]
+__all__ = [
+    "AttemptResult",
+    "Ending",
+    "Evidence",
+    "Outcome",
+    "failure_event",
+    "iso_utc",
+    "result_of",
+]
 
 
 class Outcome(enum.Enum):
@@ -119,3 +130,29 @@ def result_of(
         stop_step=stop_step,
         noticed_at=ev.noticed_at,
     )
+
+
+def failure_event(failure: Failure, result: AttemptResult) -> FailureDetected:
+    """The ``failure_detected`` line of an attempt's failure, as classified."""
+    return FailureDetected(
+        kind=str(failure.kind),
+        ranks=failure.ranks,
+        exit_codes=failure.exit_codes,
+        signals=failure.signals,
+        last_step=failure.last_step,
+        detail=failure.detail,
+        diagnostics=result.diagnostics,
+        detect_s=result.detect_s,
+        hang_timeout_s=result.observation.hang_timeout_s,
+        noticed_at=iso_utc(result.noticed_at),
+        nodes=failure.nodes,
+        node_ranks=failure.node_ranks,
+    )
+
+
+def iso_utc(wall: float | None) -> str | None:
+    """Seconds since the epoch as the history's ISO-8601 UTC text (``...Z``)."""
+    if wall is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(wall, datetime.timezone.utc)
+    return moment.isoformat().replace("+00:00", "Z")
