@@ -112,7 +112,9 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
         "slurm",
         "anomaly",
         "health",
+        "metrics",
     }
+    assert resolved["metrics"] == {"listen": "off", "textfile": "off", "interval": "5s"}
     assert resolved["health"] == {
         "enabled": True,
         "command": [],
@@ -325,10 +327,11 @@ def test_history_table(tmp_path: Path) -> None:
     res = rvsup("history", str(job))
     assert res.returncode == 0
     assert res.stderr == ""
-    header, *rows, total = res.stdout.splitlines()
+    header, *rows, total, good = res.stdout.splitlines()
     assert header.split()[:2] == ["attempt", "started"]
     assert len(rows) == 2
     assert total.startswith("2 attempts (1 crash); 5 steps redone; 5.5s lost of ")
+    assert good.startswith("goodput ") and "badput: " in good
     assert rows[0].split()[0] == "1" and "crash" in rows[0]
     assert rows[1].split()[0] == "2" and "succeeded" in rows[1]
 
