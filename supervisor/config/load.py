@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar, cast, get_args
 
 from supervisor.config.durations import format_duration
+from supervisor.config.metrics import read_metrics
 from supervisor.config.model import (
     AnomalySection,
     CheckpointSection,
@@ -33,6 +34,7 @@ from supervisor.config.model import (
     JobConfig,
     JobSection,
     LaunchSection,
+    MetricsSection,
     RequeueMode,
     RestartSection,
     SlurmSection,
@@ -87,6 +89,8 @@ __all__ = [
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 _T = TypeVar("_T")
+_OFF_KEYS: Final = frozenset({"every", "listen", "textfile"})
+"""Keys whose None job.toml writes ``"off"`` (the others' is ``"auto"``)."""
 
 _SECTIONS: Final[dict[str, type]] = {
     "job": JobSection,
@@ -97,6 +101,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
     "health": HealthSection,
+    "metrics": MetricsSection,
 }
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
@@ -372,9 +377,12 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
     anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
     health = _read_health(_Table(issues, "health", tables["health"]))
+    metrics = read_metrics(_Table(issues, "metrics", tables["metrics"]), job.workdir)
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health)
+    return JobConfig(
+        absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health, metrics
+    )
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:
@@ -418,7 +426,7 @@ def render_config(cfg: JobConfig) -> str:
             # every float is a duration in seconds
             key = toml_key(item.name)
             if value is None:
-                value = "off" if key == "every" else "auto"
+                value = "off" if key in _OFF_KEYS else "auto"
             elif isinstance(value, float) and item.name.endswith("_s"):
                 value = format_duration(value)
             elif isinstance(value, Path):
