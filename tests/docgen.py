@@ -281,6 +281,8 @@ count the whole history of the job (they start from `events.jsonl` when the daem
 they match `rvsup history`; a new daemon (a restart of rvsup, a requeued allocation) starts
 them again from the history, which Prometheus's `rate()` and `increase()` read as a reset.
 
+## Goodput
+
 The goodput figures are the ones `rvsup history` prints (`supervisor/record/goodput.py`): the
 wall time, from the first attempt's launch to the last one's end (now while it runs), is split
 into goodput, the time spent on training steps that were kept, and badput by source, following
@@ -298,7 +300,11 @@ Google's ml-goodput-measurement:
   classification, the teardown, health checks, the wait for a requeued allocation.
 
 An attempt's mean step time is its time after start-up, less its save and hang time, over the
-steps it finished; goodput plus the six sources is the wall time exactly.
+steps it finished; goodput plus the six sources is the wall time exactly. `rvsup history
+--plot` draws the same figures ([history-plot.md](history-plot.md)). They are gauges, not
+counters: they are folded again from the history every `interval`, and a failure moves time
+that counted as goodput to wasted progress (the steps since the last checkpoint are redone).
+Each counter also has the `_created` sample prometheus-client adds.
 """
 
 
@@ -306,6 +312,7 @@ def metrics() -> str:
     """docs/metrics.md: every metric of ``[metrics]``."""
     lines = _header("Metrics for Prometheus", "`supervisor/service/metrics_catalog.py`")
     lines.append(_METRICS_INTRO)
+    lines += ["## Every metric", ""]
     lines += ["| metric | type | labels | what |", "|---|---|---|---|"]
     for name, (kind, text, labels) in METRICS.items():
         shown = ", ".join(f"`{label}`" for label in labels) or "-"
