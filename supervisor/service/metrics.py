@@ -35,7 +35,7 @@ from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError, split_listen
 from supervisor.loops import SYSTEM_CLOCK, Clock
 from supervisor.record.entries import Entry
-from supervisor.record.goodput import BADPUT_SOURCES, goodput_of
+from supervisor.record.goodput import BADPUT_SOURCES, Goodput, goodput_of
 from supervisor.record.history import format_timestamp
 from supervisor.record.schema import (
     CheckpointCommitted,
@@ -65,6 +65,7 @@ class JobMetrics:
         self._ranks: set[str] = set()
         self._server: Any = None
         self._write_failed = False
+        self._reported = ""
 
     # ------------------------------------------------------------------ serving
 
@@ -133,7 +134,11 @@ class JobMetrics:
     def refresh(self, status: Mapping[str, Any]) -> None:
         """Set the gauges from the supervisor's view (``state``, ``attempt``, ``restarts_used``,
         ``max_restarts``, ``ranks``: ``rank``, ``last_step``, ``age_s``; ``step_s``) and fold
-        the goodput again."""
+        the goodput again (on this thread: the loop folds it in a worker thread)."""
+        self._set_live(status)
+        self.set_goodput(goodput_of(self._entries, self._now()))
+
+    def _set_live(self, status: Mapping[str, Any]) -> None:
         m = self._m
         for state in JobState:
             m["rvsup_state"].labels(state=state.value).set(state.value == status.get("state"))
@@ -154,8 +159,13 @@ class JobMetrics:
         self._ranks = seen
         if status.get("step_s") is not None:
             m["rvsup_step_seconds"].set(status["step_s"])
-        now = datetime.datetime.fromtimestamp(self.clock.wall(), datetime.timezone.utc)
-        good = goodput_of(self._entries, now)
+
+    def _now(self) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.clock.wall(), datetime.timezone.utc)
+
+    def set_goodput(self, good: Goodput) -> None:
+        """Set the goodput gauges from a fold of the history."""
+        m = self._m
         m["rvsup_steps_redone"].set(good.steps_redone)
         m["rvsup_wall_seconds"].set(good.wall_s)
         m["rvsup_goodput_seconds"].set(good.goodput_s)
@@ -178,14 +188,29 @@ class JobMetrics:
             self._write_failed = False
 
     async def run(self, view: Callable[[], Mapping[str, Any]]) -> None:
-        """Refresh from ``view()`` every ``interval`` until cancelled (the file is written in a
-        worker thread); once more, with the file, when cancelled at the job's end."""
+        """Refresh from ``view()`` every ``interval`` until cancelled: the live gauges on the
+        loop, the goodput folded and the file written in a worker thread; once more, with the
+        file, when cancelled at the job's end. A failure to refresh is reported, never the end
+        of the job."""
         try:
             while True:
-                self.refresh(view())
-                if self.cfg.metrics.textfile is not None:
-                    await asyncio.to_thread(self.write_textfile)
+                try:
+                    self._set_live(view())
+                    entries, now = tuple(self._entries), self._now()
+                    self.set_goodput(await asyncio.to_thread(goodput_of, entries, now))
+                    if self.cfg.metrics.textfile is not None:
+                        await asyncio.to_thread(self.write_textfile)
+                except Exception as exc:  # noqa: BLE001 -- metrics must not end the training
+                    self._report(f"rvsup: the metrics were not refreshed: {exc!r}")
                 await self.clock.sleep(self.cfg.metrics.interval_s)
         finally:
-            self.refresh(view())
+            try:
+                self.refresh(view())
+            except Exception as exc:  # noqa: BLE001 -- the job has ended: say so, end quietly
+                self._report(f"rvsup: the metrics were not refreshed: {exc!r}")
             self.write_textfile()  # the job's last word; the loop has nothing else to do now
+
+    def _report(self, text: str) -> None:
+        if text != self._reported:
+            print(text, file=sys.stderr)
+        self._reported = text

@@ -145,6 +145,32 @@ def test_the_loop_writes_the_text_file_and_a_last_one_when_cancelled(tmp_path: P
     assert got[("rvsup_state", (("state", "succeeded"),))] == 1
 
 
+def test_a_failed_refresh_is_reported_and_the_loop_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A view that raises is reported once on stderr; the loop keeps refreshing after it."""
+    m = JobMetrics(config(tmp_path, textfile="job.prom", interval="0.02s"), clock=Clock())
+    calls = []
+
+    def view() -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise KeyError("ranks")
+        return {**VIEW, "attempt": len(calls)}
+
+    async def main() -> None:
+        task = asyncio.create_task(m.run(view))
+        await asyncio.sleep(0.4)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(calls) > 5
+    assert capsys.readouterr().err.count("the metrics were not refreshed: KeyError('ranks')") == 1
+    assert samples((tmp_path / "job.prom").read_text())[("rvsup_attempt", ())] == len(calls)
+
+
 def test_endpoint_serves_and_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     """/metrics answers on the listen address; a second exporter on the same port is refused
     with the address and the reason."""
