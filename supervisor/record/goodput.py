@@ -226,4 +226,15 @@ def goodput_to_json(g: Goodput) -> dict[str, object]:
         "goodput": None if g.fraction is None else round(g.fraction, 4),
         "badput_s": {source: round(s, 3) for source, s in g.badput_s.items()},
         "steps_redone": g.steps_redone,
+        "attempts": [
+            {
+                "attempt": a.attempt,
+                "steps_done": a.steps_done,
+                "steps_redone": a.steps_redone,
+                "step_s": None if a.step_s is None else round(a.step_s, 6),
+                "goodput_s": round(a.goodput_s, 3),
+                "badput_s": {source: round(s, 3) for source, s in a.badput_s.items()},
+            }
+            for a in g.attempts
+        ],
     }
