@@ -50,7 +50,8 @@ def value(base: str, promql: str) -> float | None:
 )
 def test_prometheus_sees_the_restarts_the_history_records(tmp_path: Path) -> None:
     """Prometheus scraping `[metrics] listen` every second saw 2 restarts and 2 crashes, the
-    attempts, steps and goodput, as the history records them."""
+    attempts, steps and goodput, as the history records them; the text file ends with the job's
+    end."""
     job_port, prom_port = free_port(), free_port()
     job = write_job(
         tmp_path,
@@ -60,6 +61,7 @@ def test_prometheus_sees_the_restarts_the_history_records(tmp_path: Path) -> Non
     )
     job.write_text(
         job.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{job_port}"\ninterval = "0.5s"\n'
+        'textfile = "metrics/job.prom"\n'
     )
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -111,5 +113,9 @@ def test_prometheus_sees_the_restarts_the_history_records(tmp_path: Path) -> Non
         assert redone is not None and redone > 0
         saved = value(base, f'max_over_time(rvsup_checkpoints_total{{tier="storage"}}{window})')
         assert saved is not None and saved > 0
+        # the text file's last version is the job's end, written once more as it ended
+        final = (tmp_path / "metrics" / "job.prom").read_text()
+        assert 'rvsup_state{state="succeeded"} 1.0' in final
+        assert f"rvsup_restarts_total {float(restarts)}" in final
         prom.terminate()
         prom.wait(timeout=30)
