@@ -6,7 +6,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from supervisor.record import history
 from supervisor.record.entries import Entry
 from supervisor.record.goodput import (
     BADPUT_SOURCES,
@@ -180,3 +183,57 @@ def test_rendered_line_and_json() -> None:
         "startup": 5.0,
         "checkpoint_save": 1.0,
     }
+
+
+attempt_shapes = st.tuples(
+    st.floats(0, 10),  # start-up
+    st.integers(0, 40),  # steps finished
+    st.floats(0.01, 2),  # step time
+    st.integers(1, 15),  # checkpoint every
+    st.sampled_from(["crash", "hang", "oom"]),
+    st.floats(0, 5),  # from the first sign to the line
+    st.floats(0, 5),  # backoff
+    st.floats(0, 5),  # from the backoff's end to the next launch
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(attempt_shapes, min_size=1, max_size=4), st.booleans())
+def test_any_history_adds_up_to_its_wall_time(
+    shapes: list[tuple[float, int, float, int, str, float, float, float]], ends: bool
+) -> None:
+    """Whatever the attempts, every part is >= 0, goodput plus badput is the wall time (first
+    launch to last end), and the steps redone are the rows'."""
+    entries: list[Entry] = []
+    t, resume = 0.0, 0
+    for n, (startup, steps, step_s, every, kind, after, wait, gap) in enumerate(shapes, 1):
+        last = n == len(shapes)
+        entries += [at(t, n, attempt_started(resume)), at(t + startup, n, loaded(resume))]
+        t += startup
+        newest = resume - 1
+        for step in range(resume, resume + steps):
+            t += step_s
+            if (step + 1) % every == 0:
+                entries.append(at(t, n, saved(step, 0.0)))
+                newest = step
+        last_step = resume + steps - 1 if steps else None
+        if last and ends:
+            entries.append(at(t, n, JobSucceeded(last_step=last_step)))
+            break
+        if last:
+            break
+        entries.append(at(t + after, n, failed(kind, last_step, detect_s=1.0, noticed_s=t)))
+        entries.append(at(t + after, n, backoff(wait)))
+        t += after + wait + gap
+        resume = newest + 1
+    end = T0 + timedelta(seconds=t + 1.0)
+    g = goodput_of(entries, end)
+    parts = [g.goodput_s, *g.badput_s.values()]
+    assert all(p >= -1e-6 for p in parts), g
+    assert sum(parts) == pytest.approx(g.wall_s, abs=1e-5)
+    rows = history.attempt_rows(entries)
+    last_end = rows[-1].ended or end
+    assert g.wall_s == pytest.approx((last_end - rows[0].started).total_seconds(), abs=1e-5)
+    assert g.steps_redone == sum(
+        min(r.steps_lost, a.steps_done) for r, a in zip(rows, g.attempts, strict=True)
+    )
