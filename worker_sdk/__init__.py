@@ -164,7 +164,7 @@ def resume(
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
     rt.external = external
-    if loaded.step is not None and not external:
+    if loaded.step is not None:
         from .checkpoint import rng as _rng
         from .runtime.loader_rng import LoaderWindow
 

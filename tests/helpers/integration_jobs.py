@@ -17,9 +17,11 @@ from tests.helpers.jobs import write_job_file
 __all__ = ["framework_job", "run_to_end", "stop_and_resume"]
 
 
-def framework_job(tmp: Path, worker: str, total: int, env: Mapping[str, str] | None = None) -> Path:
-    """``worker`` (a file of tests/helpers) for ``total`` steps, a checkpoint every 5 steps; its
-    output in ``tmp/out``, its final state in ``tmp/final.pt``."""
+def framework_job(
+    tmp: Path, worker: str, total: int, env: Mapping[str, str] | None = None, *, every: int = 5
+) -> Path:
+    """``worker`` (a file of tests/helpers) for ``total`` steps, a checkpoint every ``every``
+    steps; its output in ``tmp/out``, its final state in ``tmp/final.pt``."""
     return write_job_file(
         tmp,
         command=[sys.executable, str(Path(__file__).with_name(worker))],
@@ -33,7 +35,7 @@ def framework_job(tmp: Path, worker: str, total: int, env: Mapping[str, str] | N
         },
         tables={
             "launch": 'nproc_per_node = 2\nterm_timeout = "5s"\nstop_timeout = "60s"',
-            "checkpoint": "every_steps = 5",
+            "checkpoint": f"every_steps = {every}",
             "heartbeat": 'interval = "0.2s"\nstartup_timeout = "180s"\nhang_timeout = "90s"',
             "restart": 'max_restarts = 2\nbackoff = "0.1s"\nbackoff_max = "1s"',
         },
