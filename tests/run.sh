@@ -28,7 +28,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   # torch first and pinned: the CPU build this machine has (anything else pulls CUDA wheels)
   "$VENV/bin/pip" install -q torch==2.13.0
 fi
-"$VENV/bin/pip" install -q -e '.[test,data]' # data: torchdata, which needs the torch above
+# data: torchdata; integrations: transformers, accelerate, lightning (all pinned to keep the torch above)
+"$VENV/bin/pip" install -q -e '.[test,data,integrations]'
 
 # A Python 3.10 interpreter (the oldest rvsup supports), or nothing.
 python310() {
