@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ class RvsupCallback(Callback):
         self.resume_from: str | None = None
         """The checkpoint file ``fit`` resumed from (None: a fresh start)."""
         self._keep = max(1, int(os.environ.get(p.ENV_KEEP_LAST) or 3))
+        self._last_step = -1  # the optimizer step last reported (gradient accumulation: once)
+        self._validation: AbstractContextManager[None] | None = None
 
     def folder(self, trainer: Trainer) -> Path:
         """Where the callback has Lightning save the checkpoints rvsup asks for."""
@@ -94,9 +97,10 @@ class RvsupCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After every batch: heartbeat at the optimizer step; a checkpoint when rvsup wants one."""
-        if not self.enabled or trainer.global_step < 1:
-            return
         step = trainer.global_step - 1
+        if not self.enabled or step < 0 or step == self._last_step:
+            return
+        self._last_step = step
         if not worker_sdk.step(step):
             return
         path = self.folder(trainer) / f"step-{step:010d}.ckpt"
@@ -106,6 +110,17 @@ class RvsupCallback(Callback):
         worker_sdk.checkpointed(step, path)
         if trainer.is_global_zero:
             self._prune(trainer)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A validation between steps is a phase, not a hang."""
+        if self.enabled and self._validation is None and trainer.state.fn == "fit":
+            self._validation = worker_sdk.phase("validation")
+            self._validation.__enter__()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._validation is not None:
+            self._validation.__exit__(None, None, None)
+            self._validation = None
 
     def _remove_unmarked(self, trainer: Trainer, resume_from: str | None) -> None:
         newest = -1
