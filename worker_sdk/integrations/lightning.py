@@ -97,8 +97,10 @@ class RvsupCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After every batch: heartbeat at the optimizer step; a checkpoint when rvsup wants one."""
+        if not self.enabled:
+            return
         step = trainer.global_step - 1
-        if not self.enabled or step < 0 or step == self._last_step:
+        if step < 0 or step == self._last_step:
             return
         self._last_step = step
         if not worker_sdk.step(step):
