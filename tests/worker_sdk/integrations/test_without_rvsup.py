@@ -1,10 +1,12 @@
 """The integrations' callbacks in one process: without rvsup they do nothing; Lightning's SLURM
-auto-requeue is found and turned off with a warning that names why."""
+auto-requeue is found and turned off with a warning that names why; a Trainer's checkpoint no
+marker names is removed before training."""
 
 from __future__ import annotations
 
 import importlib.util
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,18 @@ def test_the_transformers_callback_does_nothing_without_rvsup() -> None:
     callback.on_init_end(None, None, None)  # type: ignore[arg-type]
     callback.on_step_end(None, None, None)  # type: ignore[arg-type]
     callback.on_save(None, None, None)  # type: ignore[arg-type]
+
+
+@TRANSFORMERS
+def test_trainer_folders_no_marker_names_are_removed_before_training(tmp_path: Path) -> None:
+    """Resuming from checkpoint-15: checkpoint-20 (a save a kill interrupted: no marker) is
+    removed, the older folders and other files stay; on a fresh start every checkpoint-N goes."""
+    from worker_sdk.integrations.transformers import _remove_unmarked
+
+    for name in ("checkpoint-10", "checkpoint-15", "checkpoint-20", "runs"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-20" / "model.safetensors").write_bytes(b"torn")
+    _remove_unmarked(tmp_path, str(tmp_path / "checkpoint-15"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-15", "runs"]
+    _remove_unmarked(tmp_path, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
