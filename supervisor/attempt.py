@@ -229,7 +229,9 @@ class Attempt:
                 self.exits.exiting(msg.rank, reason, now)
             case m.Sync():
                 self.saves.answer(identity, msg.rank, body)
-            case m.CheckpointCommitted():
+            case m.CheckpointCommitted() | m.CheckpointExternal():
+                # external: rvsup's marker of the framework's own checkpoint (its manifest
+                # names it; the watchdog and a restarted daemon read it from there too)
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
             case m.CheckpointFailed(step, reason):
                 self.checkpoints.failures.append((msg.rank, step, reason))

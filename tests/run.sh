@@ -30,7 +30,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   # torch first and pinned: the CPU build this machine has (anything else pulls CUDA wheels)
   "$VENV/bin/pip" install -q torch==2.13.0
 fi
-"$VENV/bin/pip" install -q -e '.[test,data,metrics,plot]' # data: torchdata, which needs the torch above
+# data: torchdata, which needs the torch above; integrations: transformers, accelerate, lightning
+# (pinned to keep that torch)
+"$VENV/bin/pip" install -q -e '.[test,data,metrics,plot,integrations]'
 
 # A Python 3.10 interpreter (the oldest rvsup supports), or nothing.
 python310() {

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .checkpoint.checkpointer import Stateful
     from .runtime.runtime import Runtime
 
-__all__ = ["UsageError", "phase", "protocol", "resume", "step"]
+__all__ = ["UsageError", "checkpointed", "phase", "protocol", "resume", "step"]
 
 _current: Runtime | None = None
 _monotonic = time.monotonic
@@ -56,6 +56,7 @@ def resume(
     keep_last: int | None = None,
     async_save: bool | None = None,
     total_steps: int | None = None,
+    external: bool = False,
 ) -> tuple[int, Any]:
     """Register what to checkpoint, restore the newest complete checkpoint; return (start_step, extra).
 
@@ -86,6 +87,13 @@ def resume(
     batches before ``start_step``) resumes bit-exactly: until the first ``step()``, every
     iterator made and every batch fetched sees the RNG states the uninterrupted run had there.
     Where that cannot be made exact, the first ``step()`` warns and says what to change.
+
+    ``external=True``: bring your own checkpoint (a framework that saves its own, see
+    docs/integrations.md). Pass no objects: rvsup saves none of yours. ``step()`` returns True
+    when a checkpoint is due (its schedule, a stop at a common step); the script saves its
+    own and calls :func:`checkpointed`. Returns ``(start_step, path)``: ``path`` is what this
+    rank gave ``checkpointed()`` for the newest checkpoint every rank reported durable (load
+    it; ``start_step`` is its step + 1), or None on a fresh start.
     """
     global _current
     if _current is not None:
@@ -95,6 +103,11 @@ def resume(
     ):
         raise ValueError(
             f"total_steps must be a whole number of steps above 0, not {total_steps!r}"
+        )
+    if external and objects:
+        raise UsageError(
+            "worker_sdk.resume(external=True) registers nothing: the framework saves its own "
+            "checkpoints; pass no objects (or drop external=True for rvsup to save them)"
         )
     from .checkpoint.checkpointer import Checkpointer, LoadResult
     from .runtime.exit_hooks import install_excepthook
@@ -150,6 +163,7 @@ def resume(
         warnings.warn(note, RuntimeWarning, stacklevel=2)
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
+    rt.external = external
     if loaded.step is not None:
         from .checkpoint import rng as _rng
         from .runtime.loader_rng import LoaderWindow
@@ -164,8 +178,11 @@ def resume(
     return start, loaded.extra
 
 
-def step(step: int, extra: Any = None, loss: Any = None) -> None:
+def step(step: int, extra: Any = None, loss: Any = None) -> bool:
     """Mark iteration ``step`` (0-based) finished: heartbeat, save or stop when one is due.
+
+    Returns True only under ``resume(external=True)``, when the script is to checkpoint
+    ``step`` itself now and then call :func:`checkpointed`.
 
     ``loss``, optional, is the step's loss: a Python float or a 0-d tensor. Under rvsup it is
     watched for anomalies (a loss that is not finite, a spike): a float is checked at every
@@ -189,7 +206,30 @@ def step(step: int, extra: Any = None, loss: Any = None) -> None:
         if loss.__class__ is float and not _NEG_INF < loss < _INF:
             rt.loss_not_finite(step, loss, step)
     if step >= rt.next_save_step or now >= rt.next_due:
-        rt.slow_path(step, extra, now)
+        return rt.slow_path(step, extra, now)
+    return False
+
+
+def checkpointed(step: int, path: str | os.PathLike[str]) -> None:
+    """Bring your own checkpoint: this rank's part of the framework's checkpoint of ``step``
+    (finished step, resumed at ``step + 1``) at ``path`` is durable (written and fsynced).
+
+    Every rank calls it at the same step (it is a collective, like a save). Once every rank
+    has, rvsup commits a small marker of it (the ranks' RNG states and paths, atomically):
+    the restart budget, the no-progress rule and the history count it as a checkpoint, and
+    the next attempt's ``resume(external=True)`` returns ``(step + 1, path)``. A stop asked
+    at ``step`` (preemption, time limit, ``rvsup stop``) leaves the process here, after the
+    marker. Without rvsup and without a checkpoint directory it does nothing.
+    """
+    rt = _current
+    if rt is None:
+        raise RuntimeError("call worker_sdk.resume(external=True) before worker_sdk.checkpointed()")
+    if not rt.external:
+        raise UsageError(
+            "worker_sdk.checkpointed() marks the framework's own checkpoints: call "
+            "worker_sdk.resume(external=True) instead of registering objects"
+        )
+    rt.checkpointed(step, os.fspath(path))
 
 
 @contextmanager

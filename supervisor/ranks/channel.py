@@ -120,7 +120,13 @@ class RankTable:
                 st.total_steps = body.total_steps
                 st.resume_step = body.step
                 st.last_step = max(st.last_step, body.step - 1)
-            case m.Heartbeat() | m.Sync() | m.CheckpointCommitted() | m.Exiting():
+            case (
+                m.Heartbeat()
+                | m.Sync()
+                | m.CheckpointCommitted()
+                | m.CheckpointExternal()
+                | m.Exiting()
+            ):
                 if isinstance(body, m.Heartbeat) and body.longest_step_s > 0:
                     self._add_step_time(st, body.longest_step_s)
                 if body.step > st.last_step:

@@ -1,5 +1,9 @@
 """The supervisor's view of the checkpoint directory.
 
+A checkpoint of mode "external" is rvsup's marker of a framework's own checkpoint (bring your own
+checkpoint: ``worker_sdk.checkpointed``): rank 0 reports it with CKPT_EXTERNAL, and it is tracked,
+counted and pruned as any other; its manifest names the framework's checkpoint.
+
 Two sources say that a checkpoint was committed: rank 0's CKPT_COMMITTED message (immediate, carries
 the save's duration, works on a shared file system whose changes this node's inotify never sees),
 and a watchdog observer of the directory (sees the atomic rename even when the rank dies before its
@@ -47,6 +51,7 @@ class Commit:
     format: int
     mode: str | None = None  # "sync" | "async", from the manifest
     blocked_s: float | None = None
+    external: str | None = None  # mode "external": the framework's checkpoint it marks
 
 
 @dataclass(slots=True)
@@ -76,6 +81,7 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
         format=commit.format,
         mode=commit.mode,
         blocked_s=commit.blocked_s,
+        external=commit.external,
     )
 
 
@@ -164,6 +170,7 @@ class CommitTracker:
             info.format,
             mode=info.mode,
             blocked_s=info.blocked_s,
+            external=info.external,
         )
 
 

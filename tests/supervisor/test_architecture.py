@@ -193,6 +193,29 @@ def test_the_daemon_imports_only_the_contract(path: Path) -> None:
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}; use worker_sdk.contract"
 
 
+# What the integrations (worker_sdk/integrations/: the callbacks of Hugging Face's and Lightning's
+# Trainers) may import of worker_sdk: its public calls (the package itself), the contract and each
+# other. The daemon never imports them (they are not in _DAEMON_MAY_IMPORT).
+_INTEGRATIONS = ROOT / "worker_sdk" / "integrations"
+_INTEGRATIONS_MAY_IMPORT = ("worker_sdk.contract", "worker_sdk.integrations")
+
+
+@pytest.mark.parametrize(
+    "path", sorted(_INTEGRATIONS.glob("*.py")), ids=lambda p: str(p.relative_to(_INTEGRATIONS))
+)
+def test_the_integrations_use_only_the_sdks_public_calls(path: Path) -> None:
+    """A callback is what a user could write: ``worker_sdk.resume/step/checkpointed`` and the
+    contract's names, nothing of the runtime's or the checkpoints' insides."""
+    bad = {
+        name
+        for name in _sdk_modules_imported(path)
+        if name != "worker_sdk"
+        and not any(name == ok or name.startswith(f"{ok}.") for ok in _INTEGRATIONS_MAY_IMPORT)
+    }
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+    assert not any(ok.startswith("worker_sdk.integrations") for ok in _DAEMON_MAY_IMPORT)
+
+
 def test_the_daemon_launches_only_spawn_entry_points() -> None:
     """Every worker_sdk module the daemon names in a string (to run it with ``python -m``) is
     one of the spawn entry points, and each of those exists."""

@@ -149,8 +149,13 @@ class Checkpointer:
         return self._plans[1]
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, objects: Sequence[Stateful], extra: Any) -> SaveResult:
-        """Checkpoint finished step ``step``; rank 0 commits it once every part is durable."""
+    def save(
+        self, step: int, objects: Sequence[Stateful], extra: Any, *, external: str | None = None
+    ) -> SaveResult:
+        """Checkpoint finished step ``step``; rank 0 commits it once every part is durable.
+
+        ``external``: the framework's own checkpoint of ``step`` that this one marks durable
+        (bring your own checkpoint: mode "external", its path in the manifest)."""
         began = time.monotonic()
         plan = self.plan(objects)
         final = self.directory / committed_name(step)
@@ -197,7 +202,7 @@ class Checkpointer:
             assert snap is not None
             commit_error: Exception | None = None
             try:
-                nbytes = self._commit(step, tmp, snap, tables).nbytes
+                nbytes = self._commit(step, tmp, snap, tables, external).nbytes
                 committed = True
             except Exception as e:
                 commit_error = e
@@ -360,7 +365,12 @@ class Checkpointer:
         return ([] if ok else [self.rank]), [mine]
 
     def _commit(
-        self, step: int, tmp: Path, snap: _Snapshot, tables: Sequence[Sequence[int]]
+        self,
+        step: int,
+        tmp: Path,
+        snap: _Snapshot,
+        tables: Sequence[Sequence[int]],
+        external: str | None = None,
     ) -> CheckpointInfo:
         checksums: dict[str, int] = {}
         if snap.sharded is not None:
@@ -377,8 +387,9 @@ class Checkpointer:
             keep_last=self.keep_last,
             attempt_tag=self.attempt_tag,
             replace=final in self._unloadable,
-            mode="sync",
+            mode="sync" if external is None else "external",
             blocked_s=time.monotonic() - snap.began,
+            external=external,
         )
         self._unloadable.discard(final)
         return info

@@ -38,6 +38,7 @@ def commit(
     mode: str,
     blocked_s: float,
     before_rename: Callable[[], None] | None = None,
+    external: str | None = None,
 ) -> CheckpointInfo:
     """Commit the complete temporary directory ``tmp`` as the checkpoint of ``step``.
 
@@ -64,6 +65,7 @@ def commit(
         "files": files,
         "checksums": dict(checksums),
         "objects": [{"class": cls, "state": where} for cls, where in objects],
+        **({} if external is None else {"external": external}),
     }
     write_bytes_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     layout.fsync_dir(tmp)
@@ -92,6 +94,7 @@ def commit(
         tuple(objects),
         mode=mode,
         blocked_s=blocked_s,
+        external=external,
     )
 
 

@@ -60,7 +60,9 @@ DCP_DIR: Final = "dcp"
 DCP_METADATA: Final = "dcp/.metadata"
 FORMAT: Final = 2  # what this release writes
 FORMATS: Final = frozenset({1, 2})  # what it loads
-SAVE_MODES: Final = ("sync", "async")  # a manifest's "mode"
+SAVE_MODES: Final = ("sync", "async", "external")  # a manifest's "mode"
+# "external": a marker of the framework's own checkpoint (bring your own checkpoint): the rank
+# files hold only RNG states and the path the script reported; the manifest's "external" names it
 STATE_SHARED: Final = "shared"  # an object's state lives in shared.pt
 STATE_DCP: Final = "dcp"  # an object's state lives in dcp/ (torch.distributed.checkpoint)
 STATE_RANK: Final = "rank"  # each rank's own state of the object lives in its rank file
@@ -85,6 +87,7 @@ class CheckpointInfo:
     checksums: tuple[tuple[str, int], ...] = ()  # format 2: CRC-32 of the files in dcp/
     mode: str | None = None  # "sync" | "async": how it was saved (None: before this was recorded)
     blocked_s: float | None = None  # how long the training loop was blocked by the save
+    external: str | None = None  # mode "external": the framework's checkpoint it marks durable
 
 
 class CorruptCheckpointError(Exception):
@@ -267,6 +270,7 @@ def validate(path: Path) -> CheckpointInfo:
             raise CorruptCheckpointError(f"{name} is {st.st_size} bytes, {MANIFEST} says {size}")
     mode = manifest.get("mode")
     blocked = manifest.get("blocked_s")
+    external = manifest.get("external")
     return CheckpointInfo(
         step,
         path,
@@ -278,6 +282,7 @@ def validate(path: Path) -> CheckpointInfo:
         checksums,
         mode=mode if mode in SAVE_MODES else None,
         blocked_s=float(blocked) if _is_number(blocked) else None,
+        external=external if mode == "external" and isinstance(external, str) else None,
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "Body",
     "CheckpointBegin",
     "CheckpointCommitted",
+    "CheckpointExternal",
     "CheckpointFailed",
     "CheckpointSkipped",
     "Continue",
@@ -108,6 +109,19 @@ class CheckpointCommitted:
     nbytes: int | None = None
     mode: str | None = None  # "sync" | "async"
     blocked_s: float | None = None  # how long training waited for it
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointExternal:
+    """Rank 0: every rank reported the framework's own checkpoint of ``step`` durable
+    (``worker_sdk.checkpointed``), and rvsup's marker of it (``path``) is committed."""
+
+    KIND: ClassVar = Kind.CKPT_EXTERNAL
+    step: int
+    seconds: float
+    path: str  # rvsup's marker (a committed checkpoint of mode "external")
+    external: str  # the framework's checkpoint, as the script named it
+    nbytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +255,7 @@ Body: TypeAlias = (
     | Sync
     | CheckpointBegin
     | CheckpointCommitted
+    | CheckpointExternal
     | CheckpointFailed
     | CheckpointSkipped
     | Loaded
@@ -285,6 +300,14 @@ def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
             _int(d.get("bytes")),
             _str(d.get("mode")),
             _number(d.get("blocked_s")),
+        )
+    if kind is Kind.CKPT_EXTERNAL:
+        return CheckpointExternal(
+            step,
+            msg.value,
+            str(d.get("path", "")),
+            str(d.get("external", "")),
+            _int(d.get("bytes")),
         )
     if kind is Kind.CKPT_FAILED:
         return CheckpointFailed(step, str(d.get("reason")))
@@ -362,6 +385,9 @@ def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  
                 "blocked_s": body.blocked_s,
             }
             return Kind.CKPT_COMMITTED, body.step, body.seconds, 0, payload
+        case CheckpointExternal(step, seconds, path, external, nbytes):
+            payload = {"path": path, "external": external, "bytes": nbytes}
+            return Kind.CKPT_EXTERNAL, step, seconds, 0, payload
         case CheckpointFailed(step, reason):
             return Kind.CKPT_FAILED, step, 0.0, 0, {"reason": reason}
         case CheckpointSkipped(path, reason):

@@ -147,6 +147,10 @@ class Kind(enum.IntEnum):
     # (comma-separated, those that differ from the majority: all when there is none), since
     # (the step after the last check that agreed)
     REPLICAS_DIVERGED = 14
+    # from rank 0: step; value: seconds; payload: path (rvsup's marker), external (the
+    # framework's own checkpoint), bytes. Every rank reported that checkpoint durable
+    # (worker_sdk.checkpointed) and rvsup's marker of it is committed: "bring your own checkpoint"
+    CKPT_EXTERNAL = 15
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

@@ -53,6 +53,7 @@ class Runtime:
         "channel",
         "checkpointer",
         "comm_wait",
+        "external",
         "extra_default",
         "hb_due",
         "hb_step",
@@ -66,6 +67,7 @@ class Runtime:
         "periodic_next",
         "rank",
         "replicas",
+        "requested",
         "save_due_t",
         "saver",
         "settings",
@@ -97,6 +99,10 @@ class Runtime:
         self.rank = rank
         self.world_size = world_size
         self.extra_default: Any = None
+        # bring your own checkpoint (resume(external=True)): a due save is asked of the script
+        # (step() returns True), which saves and calls worker_sdk.checkpointed()
+        self.external = False
+        self.requested = -1  # the step step() last asked the script to checkpoint
         self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
         self.window: LoaderWindow | None = None  # until the first step() after a resume
         self.saver: AsyncSaver | None = None
@@ -194,8 +200,10 @@ class Runtime:
         self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
 
     # ------------------------------------------------------------------ the slow path
-    def slow_path(self, step: int, extra: Any, now: float) -> None:
-        """Heartbeat, coordinated-save handshake and saves; called only when one is due."""
+    def slow_path(self, step: int, extra: Any, now: float) -> bool:
+        """Heartbeat, coordinated-save handshake and saves; called only when one is due.
+
+        True when the script is asked to checkpoint ``step`` itself (external mode)."""
         if self.window is not None:
             self._close_window()
         saver = self.saver
@@ -213,6 +221,7 @@ class Runtime:
             self._save(step, extra)
         in_flight = saver is not None and saver.in_flight is not None
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
+        return self.requested == step
 
     def _close_window(self) -> None:
         assert self.window is not None
@@ -288,6 +297,9 @@ class Runtime:
                     return
 
     def _save(self, step: int, extra: Any) -> None:
+        if self.external:
+            self._ask(step)
+            return
         ck = self.checkpointer
         if ck is not None:
             if self.channel is not None:
@@ -319,6 +331,42 @@ class Runtime:
         self._set_periodic(step)
         self.t_last = now  # the save is not a training step
         if coordinated:
+            self._leave_if_stopping(step)
+
+    # ------------------------------------------------------------------ external checkpoints
+    def _ask(self, step: int) -> None:
+        """External mode: a save is due at ``step``; the script makes it (step() returns True)."""
+        if self.sync_save_at < step:  # the script did not checkpoint the coordinated step
+            self.sync_save_at = _NEVER
+            self._leave_if_stopping(step)  # a stop leaves on the previous checkpoint
+        if self.channel is not None:
+            self.channel.send(m.CheckpointBegin(step))  # its save is not taken for a hang
+        self.requested = step
+        if self.save_due_t != math.inf and self.settings.every_s:
+            self.save_due_t = time.monotonic() + self.settings.every_s
+        self._set_periodic(step)  # a coordinated step not checkpointed is caught at the next
+
+    def checkpointed(self, step: int, path: str) -> None:
+        """Every rank calls it once its own part of the framework's checkpoint of ``step`` is
+        durable: rvsup commits its marker (RNG states and ``path``), rank 0 reports it, and a
+        stop asked at ``step`` leaves here."""
+        ck = self.checkpointer
+        self.t_last = time.monotonic()  # the save is not a training step
+        if ck is None:
+            return
+        try:
+            result = ck.save(step, (), path, external=path)
+        except SaveError as e:
+            save_reports.save_failed(self.channel, self.rank, step, str(e))
+        else:
+            if result.committed:
+                save_reports.external(
+                    self.channel, step, result.seconds, result.path, path, result.nbytes
+                )
+        self.t_last = time.monotonic()
+        if step >= self.sync_save_at:
+            self.sync_save_at = _NEVER
+            self._set_periodic(step)
             self._leave_if_stopping(step)
 
     def _finish_async(self, *, close: bool) -> None:

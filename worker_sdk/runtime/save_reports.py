@@ -15,7 +15,7 @@ from .channel import Channel
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import Outcome
 
-__all__ = ["committed", "outcome", "save_failed"]
+__all__ = ["committed", "external", "outcome", "save_failed"]
 
 
 def save_failed(channel: Channel | None, rank: int, step: int, reason: str) -> None:
@@ -59,3 +59,12 @@ def committed(
     if channel is not None:
         blocked = seconds if blocked_s is None else blocked_s
         channel.send(m.CheckpointCommitted(step, seconds, str(path), nbytes, mode, blocked))
+
+
+def external(
+    channel: Channel | None, step: int, seconds: float, marker: Path, path: str, nbytes: int
+) -> None:
+    """Rank 0 tells the supervisor that its marker of the framework's own checkpoint of ``step``
+    (``path``: every rank reported its part durable, ``worker_sdk.checkpointed``) is committed."""
+    if channel is not None:
+        channel.send(m.CheckpointExternal(step, seconds, str(marker), path, nbytes))

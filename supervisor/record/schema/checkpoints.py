@@ -43,9 +43,14 @@ class CheckpointCommitted(Event):
     format: int | None = None
     """Its manifest's format: 1 replicated state only, 2 with sharded state (``dcp/``)."""
     mode: str | None = None
-    """``"sync"`` (training waited for the commit) or ``"async"`` (written in the background)."""
+    """``"sync"`` (training waited for the commit), ``"async"`` (written in the background) or
+    ``"external"`` (rvsup did not write the checkpoint: ``path`` is rvsup's marker of a
+    framework's own checkpoint, named in ``external``; see docs/integrations.md)."""
     blocked_s: float | None = None
     """How long the training loop was blocked by the save (async: while the state was staged)."""
+    external: str | None = None
+    """Mode ``"external"``: the framework's own checkpoint every rank reported durable
+    (``worker_sdk.checkpointed``), as rank 0 named it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

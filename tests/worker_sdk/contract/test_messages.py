@@ -21,6 +21,7 @@ EXAMPLES: list[m.Body] = [
     m.Sync(9),
     m.CheckpointBegin(10),
     m.CheckpointCommitted(10, 1.5, "/ckpt/step-10", 1234, "async", 0.1),
+    m.CheckpointExternal(10, 0.5, "/ckpt/step-10", "own/step-10.pt", 4321),
     m.CheckpointFailed(11, "OSError: [Errno 28] No space left on device"),
     m.CheckpointSkipped("/ckpt/step-9", "torn"),
     m.Loaded(10, "/ckpt/step-9", 2, None),

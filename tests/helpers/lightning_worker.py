@@ -1,0 +1,87 @@
+"""A real Lightning ``Trainer`` under rvsup: a tiny LightningModule (an MLP with dropout),
+synthetic data, ``RvsupCallback`` added and ``trainer.fit(model)`` called, nothing else.
+Environment: TOTAL_STEPS, OUT (default_root_dir), FINAL (rank 0 saves the final weights and
+optimizer there), KILL_AT (rank 1 SIGKILLs itself after that optimizer step of the first
+attempt), STEP_SLEEP (seconds added to every step), LOADER ("plain": a DataLoader, the
+default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from worker_sdk.integrations.lightning import RvsupCallback
+
+
+class Regression(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss: torch.Tensor = nn.functional.mse_loss(self.net(x), y)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def train_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(96, 8, generator=g)
+        data = TensorDataset(x, x[:, :2].sum(dim=1, keepdim=True))
+        if os.environ.get("LOADER") == "stateful":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            return StatefulDataLoader(data, batch_size=4, shuffle=True)
+        return DataLoader(data, batch_size=4, shuffle=True)
+
+
+class Faults(Callback):
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if float(os.environ.get("STEP_SLEEP", "0")):
+            time.sleep(float(os.environ["STEP_SLEEP"]))
+        kill_at = int(os.environ.get("KILL_AT", "-1"))
+        first = os.environ.get("RVSUP_ATTEMPT", "1") == "1"
+        if first and trainer.global_rank == 1 and trainer.global_step == kill_at:
+            print(f"rank 1: killing itself after step {kill_at}", flush=True)
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    seed_everything(0, verbose=False)
+    model = Regression()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=int(os.environ["TOTAL_STEPS"]),
+        default_root_dir=os.environ["OUT"],
+        enable_checkpointing=False,  # rvsup says when (job.toml's [checkpoint])
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RvsupCallback(), Faults()],
+    )
+    trainer.fit(model)
+    if trainer.global_rank == 0 and os.environ.get("FINAL"):
+        optimizer = trainer.optimizers[0]
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.environ["FINAL"]
+        )
+
+
+if __name__ == "__main__":
+    main()

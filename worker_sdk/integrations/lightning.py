@@ -1,0 +1,154 @@
+"""Lightning's ``Trainer`` under rvsup: ``Trainer(..., callbacks=[RvsupCallback()])``, then
+``trainer.fit(model)``. Works with ``lightning`` and, when only it is installed,
+``pytorch_lightning``.
+
+Lightning's own checkpoints (``trainer.save_checkpoint``: weights, optimizers, schedulers, the
+loops' progress, callbacks' and data modules' state) are kept, and made atomic by rvsup:
+
+- **when**: after every optimizer step (``on_train_batch_end``) the callback calls
+  ``worker_sdk.step``; when rvsup wants a checkpoint (job.toml's ``[checkpoint]``, or a stop at
+  a common step) every rank calls ``trainer.save_checkpoint`` into
+  ``<default_root_dir>/rvsup/step-<N>.ckpt``;
+- **durable**: rank 0 fsyncs the file, every rank calls ``worker_sdk.checkpointed``; once all
+  have, rvsup commits its marker (a stop leaves the process there);
+- **resume**: in ``setup`` (before Lightning restores anything) the newest file a marker names
+  is loaded as if given to ``fit(ckpt_path=...)``; newer files (a save a kill interrupted) are
+  removed, never resumed. A ``ckpt_path`` the script passes itself wins.
+
+Lightning's SLURM auto-requeue (``SLURMEnvironment(auto_requeue=True)``, on by default on SLURM)
+would requeue the job a second time and its SIGTERM handler would end the ranks before rvsup's
+checkpoint: under rvsup it is turned off (with a warning), and Lightning's signal handlers are
+put back to what they were before ``fit``. Without rvsup the callback does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import warnings
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+try:
+    from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # only the older package name is installed
+    from lightning_fabric.plugins.environments.slurm import (  # type: ignore[assignment]
+        SLURMEnvironment,
+    )
+    from pytorch_lightning import LightningModule, Trainer  # type: ignore[assignment]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+
+import worker_sdk
+from worker_sdk.contract import protocol as p
+
+from ._common import active, fsync_tree
+
+__all__ = ["REQUEUE_WARNING", "RvsupCallback"]
+
+REQUEUE_WARNING = (
+    "rvsup: Lightning's SLURM auto-requeue is turned off: rvsup stops every rank at a common "
+    "step, checkpoints and requeues the job itself (Lightning's SIGUSR1 handler would requeue "
+    "it a second time, its SIGTERM handler end the ranks before that checkpoint)"
+)
+_FILE = re.compile(r"^step-(\d{10})\.ckpt$")
+
+
+class RvsupCallback(Callback):
+    """Supervision by rvsup for a Lightning ``Trainer``: add it, call ``trainer.fit(model)``."""
+
+    def __init__(self) -> None:
+        self.enabled = active()
+        self.resume_from: str | None = None
+        """The checkpoint file ``fit`` resumed from (None: a fresh start)."""
+        self._keep = max(1, int(os.environ.get(p.ENV_KEEP_LAST) or 3))
+        self._last_step = -1  # the optimizer step last reported (gradient accumulation: once)
+        self._validation: AbstractContextManager[None] | None = None
+
+    def folder(self, trainer: Trainer) -> Path:
+        """Where the callback has Lightning save the checkpoints rvsup asks for."""
+        return Path(trainer.default_root_dir) / "rvsup"
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Before Lightning restores a checkpoint (the process group is up): turn its requeue
+        off, pre-load the newest checkpoint rvsup marked."""
+        if not self.enabled or stage != "fit":
+            return
+        disable_auto_requeue(trainer)
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        _, path = worker_sdk.resume(external=True, total_steps=total)
+        self.resume_from = path
+        if trainer.is_global_zero:
+            self._remove_unmarked(trainer, path)
+        if path is not None and trainer.ckpt_path is None:
+            # what fit(ckpt_path=path) does first; Lightning restores from it next
+            trainer._checkpoint_connector.resume_start(path)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning has just installed its signal handlers: rvsup's own stop is the one that
+        counts, so put back those the process had."""
+        if self.enabled:
+            trainer._signal_connector.teardown()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """After every batch: heartbeat at the optimizer step; a checkpoint when rvsup wants one."""
+        if not self.enabled:
+            return
+        step = trainer.global_step - 1
+        if step < 0 or step == self._last_step:
+            return
+        self._last_step = step
+        if not worker_sdk.step(step):
+            return
+        path = self.folder(trainer) / f"step-{step:010d}.ckpt"
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            fsync_tree(path)
+        worker_sdk.checkpointed(step, path)
+        if trainer.is_global_zero:
+            self._prune(trainer)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A validation between steps is a phase, not a hang."""
+        if self.enabled and self._validation is None and trainer.state.fn == "fit":
+            self._validation = worker_sdk.phase("validation")
+            self._validation.__enter__()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._validation is not None:
+            self._validation.__exit__(None, None, None)
+            self._validation = None
+
+    def _remove_unmarked(self, trainer: Trainer, resume_from: str | None) -> None:
+        newest = -1
+        if resume_from is not None and (m := _FILE.match(Path(resume_from).name)):
+            newest = int(m.group(1))
+        folder = self.folder(trainer)
+        if not folder.is_dir():
+            return
+        for entry in folder.iterdir():
+            m = _FILE.match(entry.name)
+            if m and int(m.group(1)) > newest:
+                print(f"rvsup: removing {entry}: no checkpoint marker names it", file=sys.stderr)
+                entry.unlink(missing_ok=True)
+
+    def _prune(self, trainer: Trainer) -> None:
+        """Keep as many files as rvsup keeps markers ([checkpoint] keep_last), the newest."""
+        files = sorted(e for e in self.folder(trainer).iterdir() if _FILE.match(e.name))
+        for old in files[: -self._keep]:
+            old.unlink(missing_ok=True)
+
+
+def disable_auto_requeue(trainer: Trainer) -> bool:
+    """Turn Lightning's SLURM auto-requeue off, with a warning naming why; whether it was on."""
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        environment.auto_requeue = False
+        warnings.warn(REQUEUE_WARNING, RuntimeWarning, stacklevel=2)
+        return True
+    return False
