@@ -46,6 +46,8 @@ __all__ = [
     "JobStopped",
     "JobSucceeded",
     "Level",
+    "MemorySnapshots",
+    "MemoryTierOff",
     "MessagesDropped",
     "NodeExcluded",
     "ProcessesEnded",
@@ -131,6 +133,9 @@ class AttemptStarted(Event):
     resharded_from: int | None = None
     """The number of ranks that wrote the checkpoint it resumes from, when that differs from its
     own (the state is resharded); None otherwise."""
+    source: str | None = None
+    """Where the checkpoint it resumes from is: ``memory`` (a snapshot of the memory tier,
+    docs/memory-tier.md), ``replica`` (a buddy node's copy) or ``storage``; None from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +208,9 @@ class CheckpointLoaded(Event):
     """The checkpoint loaded; None when the ranks start from scratch."""
     world_size: int | None = None
     """The number of ranks that wrote it; None when unknown or from scratch."""
+    source: str | None = None
+    """Where it was: ``memory``, ``replica`` or ``storage`` (as ``attempt_started``'s); None
+    from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -590,6 +598,37 @@ class AttemptClosed(Event):
     """The last step any of its ranks on this node finished (their step slots), if known."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemorySnapshots(Event):
+    """The memory tier's snapshots of one attempt, summed up once as it ends (docs/memory-tier.md);
+    not one event per snapshot."""
+
+    NAME = "memory_snapshots"
+    LEVEL = "info"
+    DIGITS = types.MappingProxyType({"blocked_s": 4})
+    count: int
+    """Snapshots completed (committed for every rank)."""
+    blocked_s: float
+    """How long ``step()`` was blocked by them, in all (rank 0's)."""
+    bytes: int | None
+    """The newest snapshot's size; None when unknown."""
+    interval: int | None
+    """Steps between snapshots: the configured number, or the one ``"auto"`` chose last."""
+    newest_step: int | None
+    """The newest complete snapshot's step; None when there is none."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryTierOff(Event):
+    """The memory tier stopped for the rest of the attempt (a full ``/dev/shm``, a memory
+    limit): storage checkpoints go on; or it is off for the job (several nodes)."""
+
+    NAME = "memory_tier_off"
+    LEVEL = "warning"
+    reason: str
+    """Why."""
+
+
 _CLASSES: Final = (
     JobStarted,
     AttemptStarted,
@@ -619,6 +658,8 @@ _CLASSES: Final = (
     TimeLeftUnknown,
     SupervisorError,
     AttemptClosed,
+    MemorySnapshots,
+    MemoryTierOff,
 )
 EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
     {cls.NAME: cls for cls in _CLASSES}
