@@ -40,6 +40,7 @@ from supervisor.ranks.checkpoints import (
 from supervisor.ranks.coordinated import Saves
 from supervisor.ranks.exits import EXIT_GRACE_S, ExitBook
 from supervisor.ranks.hang_check import HangCheck
+from supervisor.ranks.snapshots import SnapshotBook
 from supervisor.ranks.stragglers import StragglerReports
 from supervisor.ranks.training import PruneGuard, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
@@ -90,8 +91,10 @@ class Attempt:
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
         losses: LossWatch | None = None,
+        snapshots: SnapshotBook | None = None,
     ) -> None:
         self.cfg = cfg
+        self.snapshots = snapshots  # the memory tier's summary (supervisor/ranks/snapshots.py)
         self.number = number
         self.losses = losses
         self.plan = plan
@@ -233,11 +236,8 @@ class Attempt:
                 # external: rvsup's marker of the framework's own checkpoint (its manifest
                 # names it; the watchdog and a restarted daemon read it from there too)
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
-            case m.CheckpointFailed(step, reason):
-                self.checkpoints.failures.append((msg.rank, step, reason))
-                self.events.log(trouble_event(msg.rank, body))
-            case m.CheckpointSkipped():
-                self.events.log(trouble_event(msg.rank, body))
+            case m.CheckpointFailed() | m.CheckpointSkipped() | m.Snapshots():
+                self._on_save_report(msg.rank, body)
             case m.Loaded() if not self.checkpoints.loaded_logged:
                 self._on_loaded(body)
             case m.Failure():
@@ -248,6 +248,18 @@ class Attempt:
             if self._guard.due():
                 onset = self.losses.earliest_onset(self.world_size, self.evidence.anomaly)
                 self._guard.update(onset, self.tracker.newest_step)
+
+    def _on_save_report(
+        self, rank: int, body: m.CheckpointFailed | m.CheckpointSkipped | m.Snapshots
+    ) -> None:
+        """A save that failed, a checkpoint passed over at load, the memory tier's summary."""
+        if isinstance(body, m.Snapshots):
+            if self.snapshots is not None and (off := self.snapshots.heard(body)) is not None:
+                self.events.log(off)
+            return
+        if isinstance(body, m.CheckpointFailed):
+            self.checkpoints.failures.append((rank, body.step, body.reason))
+        self.events.log(trouble_event(rank, body))
 
     def _on_loaded(self, body: m.Loaded) -> None:
         """What the ranks resumed from (every rank loads the one checkpoint they all agreed

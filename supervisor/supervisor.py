@@ -30,6 +30,7 @@ from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.snapshots import MemoryTier, SnapshotBook
 from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
@@ -138,6 +139,8 @@ class Supervisor:
             cfg, events=events, nodes=launches, health=health, budget=lambda: self.budget
         )
         self._requeue_away = requeue_away
+        self.memory = MemoryTier(cfg)  # the memory tier's snapshots on this node
+        self.snapshots = SnapshotBook()  # what the current attempt's ranks say of them
 
     # ------------------------------------------------------------------ state
     def fold(self, event: Event) -> None:
@@ -161,7 +164,13 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the attempt loop
     async def run(self) -> ExitCode:
-        """Attempts until the job succeeds, gives up or stops; the exit status."""
+        """Attempts until the job succeeds, gives up or stops; the exit status. The job's
+        memory snapshots on this node go with its end (docs/memory-tier.md)."""
+        code = await self._attempts()
+        self.memory.remove()
+        return code
+
+    async def _attempts(self) -> ExitCode:
         ended = await self._nodes_round("start")
         if ended is not None:
             return ended
@@ -288,23 +297,36 @@ class Supervisor:
             resume_at=self.budget.skip_to,
             resume_before=self.budget.resume_before,
         )
-        plan = self.launches.plan(n, rank_env)
-        self.events.attempt = n
         newest = self.tracker.newest_step
+        before = self.budget.resume_before
+        choice = self.memory.choose(newest, nnodes=1, resume_before=before)
+        rank_env.update(self.memory.environment(choice))
+        plan = self.launches.plan(n, rank_env)
+        if plan.nnodes > 1:  # the ranks ignore the memory tier across nodes (phase A)
+            choice = self.memory.choose(newest, nnodes=plan.nnodes, resume_before=before)
+        self.events.attempt = n
+        self.snapshots = SnapshotBook()
         saved_by = self.tracker.newest_world_size
         world_size = plan.nnodes * plan.nproc_per_node
-        resume_step = max(0 if newest is None else newest + 1, self.budget.skip_to or 0)
+        resume_step = max(choice.resume_step, self.budget.skip_to or 0)
         self.losses.begin_attempt(resume_step)
+        if choice.source == "memory":
+            assert choice.step is not None
+            loaded_from: str | None = str(self.memory.path_of(choice.step))
+            saved_by = world_size  # a snapshot is of this node's ranks, as many as now
+        else:
+            loaded_from = None if newest is None else str(self.tracker.path_of(newest))
         self.events.log(
             AttemptStarted(
                 resume_step=resume_step,
-                checkpoint=None if newest is None else str(self.tracker.path_of(newest)),
+                checkpoint=loaded_from,
                 launcher=plan.argv,
                 nnodes=plan.nnodes,
                 nproc_per_node=plan.nproc_per_node,
                 slurm_job_id=self.slurm_ids.job_id,
                 restart_count=self.slurm_ids.restart_count,
                 resharded_from=saved_by if saved_by not in (None, world_size) else None,
+                source=choice.source,
             )
         )
         self.current = Attempt(
@@ -321,11 +343,14 @@ class Supervisor:
             clock=self.clock,
             liveness=self.liveness,
             losses=self.losses,
+            snapshots=self.snapshots,
         )
         dropped_before = dict(self.channel.dropped)
         try:
             return await self.current.run()
         finally:
+            if (summary := self.snapshots.summary()) is not None:
+                self.events.log(summary)
             self.straggler_nodes.update(self.current.stragglers.to_exclude)
             self.current = None
             self._log_cold_starts()

@@ -136,6 +136,7 @@ def resume(
         if warning is not None:
             warnings.warn(warning, RuntimeWarning, stacklevel=2)
     checkpointer = None
+    memory = None
     if settings.checkpoint_dir is not None:
         checkpointer = Checkpointer(
             settings.checkpoint_dir,
@@ -144,7 +145,14 @@ def resume(
             attempt_tag=settings.attempt_tag,
             keep_last=settings.keep_last,
         )
-        loaded = checkpointer.load_latest(objects, extra)
+        from .checkpoint.memory.load import load
+        from .checkpoint.memory.tier import from_environment
+
+        # the memory tier's writer starts now: its start-up overlaps the restore
+        memory = from_environment(
+            rank=rank, world_size=world_size, attempt_tag=settings.attempt_tag
+        )
+        loaded = load(checkpointer, objects, extra)  # the memory tier's snapshot, else storage
     else:
         loaded = LoadResult(step=None, path=None, extra=extra, skipped=())
     channel = None
@@ -164,6 +172,9 @@ def resume(
     rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
     rt.external = external
+    if memory is not None:
+        memory.channel = channel
+        rt.memory = memory
     if loaded.step is not None:
         from .checkpoint import rng as _rng
         from .runtime.loader_rng import LoaderWindow

@@ -275,7 +275,19 @@ def _read_checkpoint(t: _Table) -> CheckpointSection:
         every_s=t.read("every", "30m", duration_or("off", off=True)),
         keep_last=t.read("keep_last", 3, integer(1)),
         async_save=t.read("async", False, boolean),
+        memory_every_steps=t.read("memory_every_steps", "auto", _steps_auto_or_off),
+        memory_dir=t.read("memory_dir", "/dev/shm", path_text),
     )
+
+
+def _steps_auto_or_off(value: Any) -> int | None:
+    """``"auto"`` (None), ``"off"`` (0) or a number of steps >= 0 (0: off)."""
+    if value == "off":
+        return 0
+    try:
+        return count_or_auto(value)
+    except InvalidValueError as exc:
+        raise InvalidValueError(str(exc).replace('"auto"', '"auto", "off"', 1)) from exc
 
 
 def _read_heartbeat(t: _Table) -> HeartbeatSection:

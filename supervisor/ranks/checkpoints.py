@@ -87,7 +87,12 @@ def commit_event(commit: Commit) -> CheckpointCommitted:
 
 def loaded_event(body: m.Loaded) -> CheckpointLoaded:
     """The history's line for a ``LOADED`` message: what the ranks resumed from."""
-    return CheckpointLoaded(resume_step=body.step, checkpoint=body.path, world_size=body.world_size)
+    return CheckpointLoaded(
+        resume_step=body.step,
+        checkpoint=body.path,
+        world_size=body.world_size,
+        source=body.source,
+    )
 
 
 def trouble_event(

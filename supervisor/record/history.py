@@ -90,6 +90,11 @@ class AttemptRow:
     """Slurm's restart count of the allocation the attempt ran in."""
     steps_skipped: int = 0
     """Steps a rollback after this attempt skipped (never trained on)."""
+    source: str | None = None
+    """Where the attempt's state came from: ``memory``, ``replica`` or ``storage`` (None: from
+    scratch, or not recorded)."""
+    redone_from: str | None = None
+    """The ``source`` of the next attempt: where the steps lost were run again from."""
 
 
 # ---------------------------------------------------------------- folding into rows
@@ -103,6 +108,7 @@ class _Attempt:
     first_seen: datetime
     started: datetime | None = None
     resume_step: int | None = None
+    source: str | None = None
     slurm_job_id: str | None = None
     restart_count: int | None = None
     checkpoint_step: int | None = None
@@ -168,9 +174,11 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
     if isinstance(event, AttemptStarted):
         acc.started = at
         acc.resume_step = event.resume_step
+        acc.source = event.source
         acc.slurm_job_id = event.slurm_job_id or acc.slurm_job_id
     elif isinstance(event, CheckpointLoaded):  # what the ranks really loaded
         acc.resume_step = event.resume_step
+        acc.source = event.source or (acc.source if event.checkpoint else None)
     elif isinstance(event, CheckpointCommitted):
         if acc.checkpoint_step is None or event.step >= acc.checkpoint_step:
             acc.checkpoint_step, acc.checkpoint_at = event.step, at
@@ -227,6 +235,7 @@ def _row(acc: _Attempt, *, is_last: bool) -> AttemptRow:
         slurm_job_id=acc.slurm_job_id,
         restart_count=acc.restart_count,
         steps_skipped=acc.steps_skipped,
+        source=acc.source,
     )
 
 
@@ -257,7 +266,11 @@ def _outcome(acc: _Attempt, *, is_last: bool) -> str:
 def _with_steps_lost(row: AttemptRow, following: AttemptRow | None) -> AttemptRow:
     if following is None or following.resume_step is None or row.last_step is None:
         return row
-    return replace(row, steps_lost=max(0, row.last_step - (following.resume_step - 1)))
+    return replace(
+        row,
+        steps_lost=max(0, row.last_step - (following.resume_step - 1)),
+        redone_from=following.source,
+    )
 
 
 # ---------------------------------------------------------------- presenting
@@ -296,7 +309,7 @@ def render_table(rows: Sequence[AttemptRow]) -> str:
             _opt_text(row.resume_step),
             _opt_text(row.last_step),
             _opt_text(row.checkpoint_step),
-            str(row.steps_lost),
+            _steps_lost(row),
             f"{row.seconds_lost:.1f}s",
             row.slurm_job_id or "-",
             " ".join((row.detail or "-").split()),
@@ -329,6 +342,13 @@ def rows_to_json(rows: Sequence[AttemptRow]) -> list[dict[str, Any]]:
 
 def _local(value: datetime) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _steps_lost(row: AttemptRow) -> str:
+    """The steps the next attempt ran again, and where it resumed from (``3 (memory)``)."""
+    if row.redone_from is None:
+        return str(row.steps_lost)
+    return f"{row.steps_lost} ({row.redone_from})"
 
 
 def _opt_text(value: int | None) -> str:

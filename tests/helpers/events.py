@@ -21,6 +21,8 @@ from supervisor.record.schema import (
     JobStarted,
     JobStopped,
     JobSucceeded,
+    MemorySnapshots,
+    MemoryTierOff,
     MessagesDropped,
     NodeExcluded,
     ProcessesEnded,
@@ -168,4 +170,6 @@ SAMPLES: list[Event] = [
     TimeLeftUnknown(error="squeue"),
     SupervisorError(error="KeyError: 3", traceback="Traceback (most recent call last): ..."),
     AttemptClosed(outcome="supervisor lost", last_seen="2026-01-01T00:00:09.000000Z", last_step=41),
+    MemorySnapshots(count=40, blocked_s=0.0123, bytes=4096, interval=1, newest_step=41),
+    MemoryTierOff(reason="OSError: [Errno 28] No space left on device"),
 ]

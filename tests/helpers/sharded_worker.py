@@ -15,6 +15,12 @@ Environment:
   ``killwriting:<rank>:<step>`` (once the rank's writer process has written its part of that
   step, before it tells rank 0's writer) and ``killrename:0:<step>`` (once rank 0's writer has
   written the manifest, before the rename): the writer is frozen there, the rank kills itself.
+- The memory tier (``RVSUP_MEMORY_DIR`` set): ``STEP_SLEEP`` seconds per step; the first step
+  after the resume waits until the memory tier's first snapshot is complete (its writer has
+  started); ``SNAPSHOT_BEFORE_KILL=s``: from step s on every step waits until no snapshot is
+  being written (so that its snapshot is taken), and a ``kill`` until one of step s or later is;
+  ``killwriting`` waits before its step until no snapshot is being written (so that the step's
+  snapshot is taken, not put off).
 """
 
 from __future__ import annotations
@@ -97,6 +103,34 @@ def kill_once_writer_paused() -> None:
     raise RuntimeError("the writer never paused")
 
 
+def wait_for_snapshot(lowest: int) -> None:
+    """Wait (at most 40 s) until the memory tier holds a complete snapshot of ``lowest`` or later."""
+    directory = os.environ.get("RVSUP_MEMORY_DIR")
+    if not directory:
+        return
+    from worker_sdk.contract import layout
+
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        info = layout.latest(Path(directory))
+        if info is not None and info.step >= lowest:
+            return
+        time.sleep(0.02)
+
+
+def wait_until_memory_idle() -> None:
+    """Wait (at most 40 s) until no snapshot is being written (no temporary directory left in
+    the memory tier's directory): the next snapshot is not put off."""
+    directory = os.environ.get("RVSUP_MEMORY_DIR")
+    if not directory:
+        return
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if not any(n.startswith(".tmp-step-") for n in os.listdir(directory)):
+            return
+        time.sleep(0.02)
+
+
 def build(kind: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The (wrapped) model to train and give to resume(), and its optimizer."""
     torch.manual_seed(0)
@@ -171,9 +205,17 @@ def main() -> None:
         dump(out, model, opt, sched, extra)
         dist.destroy_process_group()
         return
+    step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
+    snapshot_from = int(os.environ.get("SNAPSHOT_BEFORE_KILL", "-1"))
     for step in range(start, total):
+        if step == start + 1:
+            wait_for_snapshot(start)
         if f is not None and f[0] == "kill" and f[1] == rank and f[2] == step:
+            wait_for_snapshot(snapshot_from)
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == paused_kill_step or 0 <= snapshot_from <= step:
+            wait_until_memory_idle()
+        time.sleep(step_sleep)
         x = torch.randn(8, 16)
         loss = nn.functional.mse_loss(model(x), x[:, :5])
         opt.zero_grad()

@@ -55,6 +55,7 @@ class LoadResult:
     resharded_from: int | None = None  # saved_world_size, when it is not this job's
     own_part: bool = True  # this rank got its own RNG states and extra (False: a new rank)
     notes: tuple[str, ...] = ()  # what resume() warns about (per-rank state on a new world size)
+    source: str | None = None  # "memory" (a snapshot of the memory tier) | "storage"; None: fresh
 
 
 class _UnloadableError(Exception):
@@ -97,13 +98,24 @@ class Restorer:
         self.unloadable: set[Path] = set()  # committed but failed to load: replaced when saved
 
     # ------------------------------------------------------------------ load
-    def load_latest(self, objects: Sequence[Stateful], extra: Any) -> LoadResult:
-        """Restore the newest checkpoint every rank can read; fresh start if there is none."""
+    def load_latest(
+        self,
+        objects: Sequence[Stateful],
+        extra: Any,
+        *,
+        steps: tuple[int, int] | None = None,
+        source: str = "storage",
+    ) -> LoadResult:
+        """Restore the newest checkpoint every rank can read; fresh start if there is none.
+        ``steps`` (lowest, highest): only checkpoints of those steps are candidates (the
+        memory tier's snapshots newer than storage's and not newer than the one chosen)."""
         plan = self.plan(objects)
         valid, scan_skipped = layout.scan(self.directory)
         before = os.environ.get(ENV_RESUME_BEFORE)
         if before:  # rolled back: checkpoints from the anomaly's onset on may hold the damage
             valid = [info for info in valid if info.step < int(before)]
+        if steps is not None:
+            valid = [info for info in valid if steps[0] <= info.step <= steps[1]]
         skipped = list(scan_skipped)
         for info in [*valid, None]:
             self._agree_on_choice(info)
@@ -142,6 +154,7 @@ class Restorer:
                 resharded_from=info.world_size if info.world_size != self.world_size else None,
                 own_part=own,
                 notes=read.notes,
+                source=source,
             )
         raise AssertionError("unreachable")  # pragma: no cover
 

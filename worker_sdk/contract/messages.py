@@ -33,6 +33,7 @@ __all__ = [
     "RankExit",
     "ReplicasDiverged",
     "SaveAt",
+    "Snapshots",
     "Sync",
     "SyncCancel",
     "SyncRequest",
@@ -151,6 +152,20 @@ class Loaded:
     path: str | None
     world_size: int | None = None  # the ranks that wrote it
     resharded_from: int | None = None  # that number when it differs from this job's
+    source: str | None = None  # "memory" | "storage"; None on a fresh start
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshots:
+    """Rank 0's summary of the memory tier's snapshots in this attempt (docs/memory-tier.md)."""
+
+    KIND: ClassVar = Kind.SNAPSHOTS
+    newest: int  # the newest complete snapshot's step; -1: none yet
+    blocked_s: float  # step() blocked by snapshots so far
+    count: int | None  # snapshots completed so far
+    nbytes: int | None  # of the newest
+    interval: int | None  # steps between snapshots (chosen, when "auto")
+    failed: str | None = None  # why the tier is off for the rest of the attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +280,7 @@ Body: TypeAlias = (
     | RankExit
     | LossNonFinite
     | ReplicasDiverged
+    | Snapshots
     | SyncRequest
     | Continue
     | SaveAt
@@ -320,6 +336,7 @@ def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
             None if path is None else str(path),
             _int(d.get("world_size")),
             _int(d.get("resharded_from")),
+            _str(d.get("source")),
         )
     if kind is Kind.FAILURE:
         return Failure(
@@ -349,6 +366,15 @@ def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
         text = str(d.get("ranks", ""))
         ranks = tuple(int(r) for r in text.split(",") if r.isdecimal())
         return ReplicasDiverged(step, ranks, _int(d.get("since")))
+    if kind is Kind.SNAPSHOTS:
+        return Snapshots(
+            step,
+            msg.value,
+            _int(d.get("count")),
+            _int(d.get("bytes")),
+            _int(d.get("interval")),
+            _str(d.get("failed")),
+        )
     stop = bool(msg.flags & FLAG_STOP)
     if kind is Kind.SYNC_REQUEST:
         return SyncRequest(stop)
@@ -392,8 +418,13 @@ def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  
             return Kind.CKPT_FAILED, step, 0.0, 0, {"reason": reason}
         case CheckpointSkipped(path, reason):
             return Kind.CKPT_SKIPPED, -1, 0.0, 0, {"path": path, "reason": reason}
-        case Loaded(step, path, world_size, resharded_from):
-            payload = {"path": path, "world_size": world_size, "resharded_from": resharded_from}
+        case Loaded(step, path, world_size, resharded_from, source):
+            payload = {
+                "path": path,
+                "world_size": world_size,
+                "resharded_from": resharded_from,
+                "source": source,
+            }
             return Kind.LOADED, step, 0.0, 0, payload
         case Failure(step, kind, type_, message):
             return Kind.FAILURE, step, 0.0, 0, {"kind": kind, "type": type_, "message": message}
@@ -415,6 +446,14 @@ def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  
         case ReplicasDiverged(step, ranks, since):
             payload = {"ranks": ",".join(map(str, ranks)), "since": since}
             return Kind.REPLICAS_DIVERGED, step, 0.0, 0, payload
+        case Snapshots():
+            payload = {
+                "count": body.count,
+                "bytes": body.nbytes,
+                "interval": body.interval,
+                "failed": body.failed,
+            }
+            return Kind.SNAPSHOTS, body.newest, body.blocked_s, 0, payload
         case SyncRequest(stop):
             return Kind.SYNC_REQUEST, -1, 0.0, FLAG_STOP if stop else 0, None
         case SaveAt(step, stop):

@@ -98,6 +98,12 @@ ENV_RESUME_BEFORE: Final = "RVSUP_RESUME_BEFORE"
 ENV_RESUME_AT: Final = "RVSUP_RESUME_AT"  # start no earlier than this step (the skip)
 # set by resume() for the script: steps between the loaded checkpoint and the start it returned
 ENV_SKIPPED_STEPS: Final = "RVSUP_SKIPPED_STEPS"
+# the memory tier (docs/memory-tier.md): this node's snapshot directory of the job (absent: off),
+# the interval ("auto" or a number of steps), and the snapshot step the supervisor chose to
+# resume from (absent: none newer than the storage checkpoints)
+ENV_MEMORY_DIR: Final = "RVSUP_MEMORY_DIR"
+ENV_MEMORY_EVERY: Final = "RVSUP_MEMORY_EVERY"
+ENV_MEMORY_RESUME: Final = "RVSUP_MEMORY_RESUME"
 ENV_VERIFY_EVERY: Final = "RVSUP_VERIFY_EVERY"  # compare the DDP replicas every N steps; 0: never
 
 # ---------------------------------------------------------------- reserved rank exit codes
@@ -132,7 +138,8 @@ class Kind(enum.IntEnum):
     EXITING = 8  # step; payload: reason; the rank leaves cleanly after a requested stop
     CKPT_BEGIN = 9  # step: a save started; hang detection allows for it
     # step: resume step; payload: path (or null on a fresh start), world_size (ranks that wrote
-    # it, or null), resharded_from (that number when it differs from this job's, else null)
+    # it, or null), resharded_from (that number when it differs from this job's, else null),
+    # source ("memory" | "storage", null on a fresh start)
     LOADED = 10
     RANK_EXIT = 11  # from the rank's waiting parent; payload: pid, code, signal, host, last_step
     # step: the save that failed; payload: reason. A background write failed, or a synchronous
@@ -151,6 +158,10 @@ class Kind(enum.IntEnum):
     # framework's own checkpoint), bytes. Every rank reported that checkpoint durable
     # (worker_sdk.checkpointed) and rvsup's marker of it is committed: "bring your own checkpoint"
     CKPT_EXTERNAL = 15
+    # from rank 0, at most once a second: the memory tier's snapshots so far in this attempt;
+    # step: the newest complete one (-1: none); value: step() blocked by them (s); payload:
+    # count, bytes (of the newest), interval (steps), failed (why the tier is off, or null)
+    SNAPSHOTS = 16
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

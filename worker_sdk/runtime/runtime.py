@@ -35,6 +35,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import AsyncSaver
+    from worker_sdk.checkpoint.memory.tier import MemoryTier
 
     from .loader_rng import LoaderWindow
     from .replicas import ReplicaCheck
@@ -61,6 +62,7 @@ class Runtime:
         "loss",
         "loss_reported",
         "max_dt",
+        "memory",
         "next_due",
         "next_save_step",
         "objects",
@@ -106,6 +108,7 @@ class Runtime:
         self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
         self.window: LoaderWindow | None = None  # until the first step() after a resume
         self.saver: AsyncSaver | None = None
+        self.memory: MemoryTier | None = None  # snapshots in host memory (checkpoint/memory)
         if checkpointer is not None and settings.async_save:
             from worker_sdk.checkpoint.background.async_save import AsyncSaver
 
@@ -180,11 +183,20 @@ class Runtime:
                 self.channel.send(m.CheckpointSkipped(str(path), reason))
             loaded_from = str(loaded.path) if loaded.path else None
             self.channel.send(
-                m.Loaded(start, loaded_from, loaded.saved_world_size, loaded.resharded_from)
+                m.Loaded(
+                    start,
+                    loaded_from,
+                    loaded.saved_world_size,
+                    loaded.resharded_from,
+                    loaded.source if loaded.path else None,
+                )
             )
         self._dump_file = arm_stack_dumps(self.settings, self.rank)
         if self.saver is not None:
             self.saver.start()
+        if self.memory is not None:
+            self.memory.start(start - 1)
+            self.next_save_step = self._next_slow_step()
         self.t_last = time.monotonic()
         if self.window is not None:
             self.next_due = 0.0  # the first step() closes the window
@@ -197,7 +209,12 @@ class Runtime:
         else:
             # save after step s when (s + 1) % n == 0: the checkpoint resumes at a multiple of n
             self.periodic_next = ((last_finished + 1) // n + 1) * n - 1
-        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+        self.next_save_step = self._next_slow_step()
+
+    def _next_slow_step(self) -> int:
+        """The next step whose step() takes the slow path: a save, a check or a snapshot."""
+        snapshot = _NEVER if self.memory is None else self.memory.next_step
+        return min(self.periodic_next, self.sync_save_at, self.verify_next, snapshot)
 
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> bool:
@@ -219,6 +236,10 @@ class Runtime:
             self._verify(step)
         if step >= min(self.periodic_next, self.sync_save_at) or now >= self.save_due_t:
             self._save(step, extra)
+        if self.memory is not None and step >= self.memory.next_step:
+            self.memory.snapshot(step, self.objects, extra)
+            self.next_save_step = self._next_slow_step()
+            self.t_last = time.monotonic()  # the snapshot is not a training step
         in_flight = saver is not None and saver.in_flight is not None
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
         return self.requested == step
@@ -259,7 +280,7 @@ class Runtime:
         if report is not None and self.rank == 0 and self.channel is not None:
             self.channel.send(report)
         self.verify_next = self.replicas.next_step
-        self.next_save_step = min(self.periodic_next, self.sync_save_at, self.verify_next)
+        self.next_save_step = self._next_slow_step()
 
     def loss_not_finite(self, step: int, value: float, since: int) -> None:
         """Report a loss that is not finite at once (the first only: the attempt ends)."""
@@ -293,7 +314,7 @@ class Runtime:
                         self._leave_if_stopping(step)
                         return
                     self.sync_save_at = at
-                    self.next_save_step = min(self.periodic_next, at, self.verify_next)
+                    self.next_save_step = self._next_slow_step()
                     return
 
     def _save(self, step: int, extra: Any) -> None:
@@ -420,6 +441,9 @@ class Runtime:
         self.shutdown()
 
     def shutdown(self) -> None:
+        if self.memory is not None:
+            self.memory.close()
+            self.memory = None
         if self.window is not None:  # no step() came: put DataLoader.__iter__ back
             self.window.close()
             self.window = None

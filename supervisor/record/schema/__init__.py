@@ -16,7 +16,8 @@ skipped and counted as invalid (the rules: :mod:`supervisor.record.typed_json`);
 version does not know is skipped and counted as unknown.
 
 The classes live by topic in this package's modules (:mod:`.base`, :mod:`.lifecycle`,
-:mod:`.checkpoints`, :mod:`.failures`, :mod:`.nodes`, :mod:`.processes`); import them from here.
+:mod:`.checkpoints`, :mod:`.failures`, :mod:`.nodes`, :mod:`.processes`, :mod:`.memory`);
+import them from here.
 
 Pure: no I/O and no clock (the rules import it).
 """
@@ -50,6 +51,7 @@ from supervisor.record.schema.lifecycle import (
     RestartScheduled,
     StopRequested,
 )
+from supervisor.record.schema.memory import MemorySnapshots, MemoryTierOff
 from supervisor.record.schema.nodes import (
     HealthChecked,
     NodeExcluded,
@@ -88,6 +90,8 @@ __all__ = [
     "JobStopped",
     "JobSucceeded",
     "Level",
+    "MemorySnapshots",
+    "MemoryTierOff",
     "MessagesDropped",
     "NodeExcluded",
     "ProcessesEnded",
@@ -134,6 +138,8 @@ _CLASSES: Final = (
     TimeLeftUnknown,
     SupervisorError,
     AttemptClosed,
+    MemorySnapshots,
+    MemoryTierOff,
 )
 EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
     {cls.NAME: cls for cls in _CLASSES}

@@ -95,6 +95,9 @@ class CheckpointLoaded(Event):
     """The checkpoint loaded; None when the ranks start from scratch."""
     world_size: int | None = None
     """The number of ranks that wrote it; None when unknown or from scratch."""
+    source: str | None = None
+    """Where it was: ``memory``, ``replica`` or ``storage`` (as ``attempt_started``'s); None
+    from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

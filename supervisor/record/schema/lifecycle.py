@@ -68,6 +68,9 @@ class AttemptStarted(Event):
     resharded_from: int | None = None
     """The number of ranks that wrote the checkpoint it resumes from, when that differs from its
     own (the state is resharded); None otherwise."""
+    source: str | None = None
+    """Where the checkpoint it resumes from is: ``memory`` (a snapshot of the memory tier,
+    docs/memory-tier.md), ``replica`` (a buddy node's copy) or ``storage``; None from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -417,3 +418,33 @@ def test_the_resume_step_is_what_the_ranks_loaded() -> None:
     first, second = rows(lines)
     assert second.resume_step == 100
     assert first.steps_lost == 51  # 150 - (100 - 1)
+
+
+def test_steps_lost_are_shown_next_to_the_source_resumed_from(local_tz: None) -> None:
+    """A crash followed by a resume from a memory snapshot: the row counts the steps redone and
+    says they were redone from memory (the table: ``1 (memory)``); the next row's source is
+    what its ranks loaded."""
+    crash = FailureDetected(
+        kind="crash",
+        ranks=(1,),
+        exit_codes=(),
+        signals=("SIGKILL",),
+        last_step=24,
+        detail="rank 1 killed by SIGKILL at step 24",
+        diagnostics=None,
+        detect_s=0.01,
+        hang_timeout_s=None,
+        noticed_at=None,
+        nodes=(),
+    )
+    lines = [
+        ev(0, 1, attempt_started(0)),
+        ev(10, 1, crash),
+        ev(11, 2, dataclasses.replace(attempt_started(24), source="memory")),
+        ev(11.5, 2, CheckpointLoaded(resume_step=24, checkpoint="shm/23", source="memory")),
+        ev(20, 2, JobSucceeded(last_step=59)),
+    ]
+    first, second = rows(lines)
+    assert (first.steps_lost, first.redone_from, first.source) == (1, "memory", None)
+    assert (second.source, second.resume_step) == ("memory", 24)
+    assert " 1 (memory) " in render_table([first, second]).splitlines()[1]

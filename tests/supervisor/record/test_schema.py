@@ -36,7 +36,16 @@ from tests.helpers.events import SAMPLES
 ROOT = Path(__file__).resolve().parents[3]
 COMMON = ("timestamp", "event", "level", "job", "attempt")
 ADDED_SINCE_0_1 = frozenset(
-    {"resharded_from", "world_size", "format", "mode", "blocked_s", "containment", "node_ranks"}
+    {
+        "resharded_from",
+        "world_size",
+        "format",
+        "mode",
+        "blocked_s",
+        "containment",
+        "node_ranks",
+        "source",
+    }
     | {"external"}  # checkpoint_committed: a framework's own checkpoint (docs/integrations.md)
 )
 """Optional fields added after 0.1: null (or an empty map) when an old line is read back."""

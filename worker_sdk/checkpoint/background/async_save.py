@@ -130,6 +130,14 @@ class AsyncSaver:
             arena.close()
         self._arenas.clear()
 
+    def abandon(self) -> None:
+        """Stop the writer now, without waiting for the save in flight (which is then never
+        committed), and free the arenas."""
+        self.in_flight = None
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self._writer_gone()
+
     # ------------------------------------------------------------------ internals
     def _receive(self) -> Outcome | None:
         assert self.in_flight is not None

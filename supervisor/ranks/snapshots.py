@@ -1,0 +1,114 @@
+"""The memory tier, the daemon's side: where a job's snapshots live on this node, which are
+complete, which one the next attempt resumes from, and what the ranks say of them.
+
+The daemon never reads a snapshot's data: it reads the manifests (``worker_sdk.contract.layout``,
+the same validation the ranks apply before they load) to learn which snapshots are complete for
+every rank, and names the chosen one to the ranks (``RVSUP_MEMORY_RESUME``); the ranks verify
+its checksums as they load it.
+
+Ownership: the snapshot directory is the job's, on this node's tmpfs
+(``[checkpoint] memory_dir``, ``/dev/shm`` by default): ``rvsup-<uid>-<digest of run_dir>``. The
+ranks' writer processes write into it; tmpfs files outlive whoever wrote them, so a rank's death
+(kill -9 included) does not take its snapshots away. The ranks make it (mode 0700); the daemon removes
+it when the job ends (succeeded, gave up, stopped). A daemon killed before that leaves it; the
+next ``rvsup start`` of the job uses the complete snapshots in it (the rule below), and its end
+removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from supervisor.config.model import JobConfig
+from supervisor.record.schema import MemorySnapshots, MemoryTierOff
+from supervisor.rules.resume_source import ResumeChoice, choose
+from worker_sdk.contract import layout
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+
+__all__ = ["MemoryTier", "SnapshotBook", "snapshot_dir"]
+
+
+def snapshot_dir(cfg: JobConfig) -> Path:
+    """This job's snapshot directory on this node."""
+    digest = hashlib.sha256(str(cfg.job.run_dir).encode()).hexdigest()[:16]
+    return Path(cfg.checkpoint.memory_dir) / f"rvsup-{os.getuid()}-{digest}"
+
+
+class SnapshotBook:
+    """What rank 0 said of one attempt's snapshots (its newest ``SNAPSHOTS`` message)."""
+
+    def __init__(self) -> None:
+        self.last: m.Snapshots | None = None
+        self.off_reason: str | None = None
+
+    def heard(self, body: m.Snapshots) -> MemoryTierOff | None:
+        """Keep the newest summary; the event to log when the tier has just gone off."""
+        if body.count is not None and (self.last is None or (self.last.count or 0) <= body.count):
+            self.last = body
+        if body.failed is not None and self.off_reason is None:
+            self.off_reason = body.failed
+            return MemoryTierOff(reason=body.failed[:2000])
+        return None
+
+    def summary(self) -> MemorySnapshots | None:
+        """The attempt's summary event; None when no snapshot was reported."""
+        last = self.last
+        if last is None:
+            return None
+        return MemorySnapshots(
+            count=last.count or 0,
+            blocked_s=last.blocked_s,
+            bytes=last.nbytes,
+            interval=last.interval,
+            newest_step=None if last.newest < 0 else last.newest,
+        )
+
+
+class MemoryTier:
+    """The job's memory tier on this node: on or off, its directory, the resume choice."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        self.every = cfg.checkpoint.memory_every_steps  # None: "auto"; 0: off
+        self.directory = snapshot_dir(cfg)
+
+    def usable(self, nnodes: int = 1) -> bool:
+        """Whether the next attempt takes snapshots: configured, and on one node."""
+        return self.every != 0 and nnodes == 1
+
+    def complete_steps(self) -> list[int]:
+        """The steps of the snapshots complete for every rank (their manifests check out)."""
+        return [info.step for info in layout.scan(self.directory)[0]]
+
+    def choose(
+        self, storage: int | None, *, nnodes: int, resume_before: int | None
+    ) -> ResumeChoice:
+        """Where the next attempt resumes from (:func:`supervisor.rules.resume_source.choose`)."""
+        on = self.usable(nnodes)
+        steps = self.complete_steps() if on else []
+        return choose(storage, steps, resume_before=resume_before, memory_on=on)
+
+    def environment(self, choice: ResumeChoice) -> dict[str, str]:
+        """The RVSUP_MEMORY_* variables of the next attempt (none when the tier is off; the
+        ranks ignore them when they run on several nodes)."""
+        if not self.usable():
+            return {}
+        env = {
+            p.ENV_MEMORY_DIR: str(self.directory),
+            p.ENV_MEMORY_EVERY: "auto" if self.every is None else str(self.every),
+        }
+        if choice.source == "memory" and choice.step is not None:
+            env[p.ENV_MEMORY_RESUME] = str(choice.step)
+        return env
+
+    def path_of(self, step: int) -> Path:
+        return self.directory / layout.committed_name(step)
+
+    def remove(self) -> None:
+        """The job has ended: its snapshots go (best effort)."""
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.directory)

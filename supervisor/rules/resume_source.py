@@ -1,0 +1,53 @@
+"""Where the next attempt resumes from: a memory snapshot or storage. Pure, table-tested.
+
+The memory tier (docs/memory-tier.md) keeps the newest snapshots of every rank's state in host
+memory. A snapshot counts only when it is complete for every rank (committed: every rank's part
+written and checksummed, the manifest renamed into place: ``worker_sdk.contract.layout``), and it
+is used only when it is newer than the newest storage checkpoint, and not from the onset of a
+loss anomaly on (the rollback's ``resume_before``), as a storage checkpoint would not be. The
+ranks verify the chosen snapshot's checksums as they load it and fall back to an older one, then
+to storage (``worker_sdk.checkpoint.memory.load``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ResumeChoice", "Source", "choose"]
+
+Source = Literal["memory", "storage"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeChoice:
+    """The checkpoint the next attempt resumes from: its source and step (None: from scratch)."""
+
+    source: Source | None
+    step: int | None
+
+    @property
+    def resume_step(self) -> int:
+        """The first step the attempt runs (before a rollback's skip)."""
+        return 0 if self.step is None else self.step + 1
+
+
+def choose(
+    storage: int | None,
+    snapshots: Iterable[int],
+    *,
+    resume_before: int | None = None,
+    memory_on: bool = True,
+) -> ResumeChoice:
+    """The newest of ``storage`` (its newest checkpoint step, None: none) and the complete
+    ``snapshots``' steps, a snapshot winning only when strictly newer; none from
+    ``resume_before`` on; snapshots only when ``memory_on`` (one node, the tier not off)."""
+    usable = sorted(
+        (s for s in snapshots if resume_before is None or s < resume_before), reverse=True
+    )
+    if memory_on and usable and (storage is None or usable[0] > storage):
+        return ResumeChoice("memory", usable[0])
+    if storage is None:
+        return ResumeChoice(None, None)
+    return ResumeChoice("storage", storage)

@@ -1,0 +1,128 @@
+"""The memory tier under rvsup (real torchrun, 2 DDP ranks on CPU/gloo): a crash resumes from the
+newest complete snapshot in host memory, bit-identically and with fewer steps redone than storage
+allows; a full tmpfs turns the tier off with an event and the job finishes; a killed daemon's
+snapshots are used by the next start; the job's end removes them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.config import load_config
+from supervisor.ranks.snapshots import snapshot_dir
+from tests.helpers.harness import events, named, running, rvsup, status, wait_for, write_job
+from tests.helpers.states import assert_same_state, load_final
+from worker_sdk.contract import layout
+
+pytestmark = pytest.mark.process
+
+# storage every 50 steps: a crash before step 49 has no storage checkpoint to resume from
+_CHECKPOINT = 'every_steps = 50\nmemory_every_steps = 1\nmemory_dir = "{shm}"'
+
+
+def _job(tmp_path: Path, shm: Path) -> tuple[Path, Path, Path]:
+    """The trainer's job with the memory tier in ``shm``; in attempt 1 a declared phase of 20 s
+    at step 3 gives the snapshot writers time to start (they import torch) on a loaded machine."""
+    final = tmp_path / "final.pt"
+    job = write_job(
+        tmp_path,
+        env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "phase:*:3:1", "PHASE_S": "20"},
+        checkpoint=_CHECKPOINT.format(shm=shm),
+    )
+    return job, final, snapshot_dir(load_config(job))
+
+
+def _newest_snapshot(directory: Path, lowest: int) -> int | None:
+    info = layout.latest(directory)
+    return info.step if info is not None and info.step >= lowest else None
+
+
+def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final: Path) -> None:
+    """SIGKILL of rank 1 once a snapshot of step 5 or later is complete: the next attempt
+    resumes from memory (attempt_started and checkpoint_loaded say so), redoes fewer steps than
+    storage (none saved yet: all of them), ends bit-identical, and the job's end removes the
+    snapshots; the history shows the steps lost next to the source."""
+    job, final, shm_dir = _job(tmp_path, tmp_path / "shm")
+    with running(job) as proc:
+        wait_for(lambda: _newest_snapshot(shm_dir, 5), timeout=240, what="a snapshot")
+        st = status(job)
+        assert st is not None
+        victim = next(r for r in st["ranks"] if r["rank"] == 1)
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    evs = events(tmp_path / "run")
+    (failure,) = named(evs, "failure_detected")
+    first, second = named(evs, "attempt_started")
+    assert first["source"] is None
+    assert second["source"] == "memory" and second["resume_step"] >= 6
+    assert second["checkpoint"].startswith(str(shm_dir))
+    loaded = named(evs, "checkpoint_loaded")[-1]
+    assert (loaded["source"], loaded["resume_step"]) == ("memory", second["resume_step"])
+    redone = failure["last_step"] - (second["resume_step"] - 1)
+    assert 0 <= redone < failure["last_step"] + 1  # storage-only: every step again
+    summaries = named(evs, "memory_snapshots")
+    assert summaries[0]["attempt"] == 1 and summaries[0]["count"] >= 1
+    assert summaries[0]["interval"] == 1
+    assert_same_state(load_final(reference_final), load_final(final))
+    assert not shm_dir.exists()
+    table = rvsup("history", str(job)).stdout
+    assert f"{redone} (memory)" in table
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs (root only): too small for any snapshot."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_tmpfs_turns_the_tier_off_and_the_job_finishes(
+    tmp_path: Path, tiny_tmpfs: Path, reference_final: Path
+) -> None:
+    """memory_dir on a tmpfs too small for a snapshot: a memory_tier_off event (no space), the
+    storage checkpoints go on, the job succeeds bit-identical."""
+    job, final, _ = _job(tmp_path, tiny_tmpfs)
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    (off,) = named(evs, "memory_tier_off")
+    assert "space" in off["reason"].lower(), off
+    assert named(evs, "checkpoint_committed")
+    assert named(evs, "job_succeeded")
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
+def test_a_killed_daemons_snapshots_are_used_by_the_next_start(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """SIGKILL of the daemon once a snapshot of step 5 or later is complete (its ranks die with
+    it): the snapshots stay, and the next rvsup start resumes from the newest, bit-identical."""
+    job, final, shm_dir = _job(tmp_path, tmp_path / "shm")
+    with running(job) as proc:
+        wait_for(lambda: _newest_snapshot(shm_dir, 5), timeout=240, what="a snapshot")
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        psutil.wait_procs(tree, timeout=30)
+    newest = _newest_snapshot(shm_dir, 5)
+    assert newest is not None
+    res = rvsup("start", str(job), timeout=180)
+    assert res.returncode == 0, res.stderr
+    second = named(events(tmp_path / "run"), "attempt_started")[-1]
+    assert second["source"] == "memory" and second["resume_step"] >= newest + 1
+    assert_same_state(load_final(reference_final), load_final(final))
+    assert not shm_dir.exists()

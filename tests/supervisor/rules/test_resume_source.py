@@ -1,0 +1,39 @@
+"""The resume-source rule (supervisor.rules.resume_source), from a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.rules.resume_source import ResumeChoice, choose
+
+CASES = [
+    # storage, snapshots, resume_before, memory_on -> source, step
+    (None, [], None, True, None, None),
+    (19, [], None, True, "storage", 19),
+    (None, [23, 24], None, True, "memory", 24),
+    (19, [23, 24], None, True, "memory", 24),
+    (19, [24, 23], None, True, "memory", 24),
+    (19, [19], None, True, "storage", 19),  # not strictly newer: storage wins
+    (19, [17, 18], None, True, "storage", 19),  # older snapshots are never chosen
+    (19, [23, 24], 24, True, "memory", 23),  # a rollback: none from the onset on
+    (19, [23, 24], 23, True, "storage", 19),
+    (None, [23, 24], 5, True, None, None),
+    (19, [23, 24], None, False, "storage", 19),  # the tier is off (several nodes, "off")
+    (None, [23], None, False, None, None),
+]
+
+
+@pytest.mark.parametrize(("storage", "snapshots", "before", "on", "source", "step"), CASES, ids=str)
+def test_choose(
+    storage: int | None,
+    snapshots: list[int],
+    before: int | None,
+    on: bool,
+    source: str | None,
+    step: int | None,
+) -> None:
+    """The newest of storage and the complete snapshots, a snapshot only when strictly newer,
+    none from a rollback's onset on, no snapshot when the tier is off."""
+    choice = choose(storage, snapshots, resume_before=before, memory_on=on)
+    assert choice == ResumeChoice(source, step)  # type: ignore[arg-type]
+    assert choice.resume_step == (0 if step is None else step + 1)

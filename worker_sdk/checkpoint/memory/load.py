@@ -1,0 +1,98 @@
+"""Resuming from the memory tier: the snapshot the supervisor chose, verified, else storage.
+
+The supervisor names the newest snapshot complete for every rank (``RVSUP_MEMORY_RESUME``).
+The ranks load the newest snapshot they can all read among those newer than the newest storage
+checkpoint and not newer than the one named: each file is checked against the manifest (sizes)
+and its checksums (the CRC-32 of every record of the ``.pt`` files, of every DCP file), and a bad
+one is passed over with its reason, exactly as a storage checkpoint is. None left: storage.
+
+A restore that fails halfway (an object refused its state after others took theirs) is agreed
+on by every rank, the snapshot is discarded (so that the next attempt does not choose it again),
+and the ranks load storage's newest, which sets every object again. Without one to fall back to,
+the ranks cannot undo what the half restore changed: they fail, and the next attempt starts
+from what is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, Stateful
+from worker_sdk.checkpoint.collectives import all_gather_ints
+from worker_sdk.checkpoint.restore import Restorer, group_active
+from worker_sdk.contract import layout
+from worker_sdk.contract import protocol as p
+
+from .tier import on_one_node
+
+__all__ = ["load"]
+
+
+def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) -> LoadResult:
+    """Restore from the memory tier when the supervisor chose a snapshot, else from storage."""
+    directory = os.environ.get(p.ENV_MEMORY_DIR)
+    chosen = os.environ.get(p.ENV_MEMORY_RESUME)
+    if (
+        not directory
+        or not chosen
+        or not chosen.isdecimal()
+        or not on_one_node(checkpointer.world_size)
+    ):
+        return checkpointer.load_latest(objects, extra)
+    floor = _newest_storage_step(checkpointer.directory)
+    lowest = 0 if floor is None else floor + 1
+    restorer = Restorer(
+        Path(directory),
+        rank=checkpointer.rank,
+        world_size=checkpointer.world_size,
+        plan=checkpointer.plan,
+    )
+    result: LoadResult | None = None
+    error = ""
+    try:
+        result = restorer.load_latest(objects, extra, steps=(lowest, int(chosen)), source="memory")
+    except Exception as e:  # noqa: BLE001 - any failure of the restore falls back to storage
+        error = f"{type(e).__name__}: {e}"
+    failed = _failed_ranks(checkpointer, not error)
+    if not failed:
+        assert result is not None
+        if result.step is not None:
+            return result
+        storage = checkpointer.load_latest(objects, extra)
+        return _with_skipped(storage, result.skipped)
+    where = Path(directory) / layout.committed_name(int(chosen))
+    reason = f"the restore failed on rank(s) {failed}" + (f": {error}" if error else "")
+    if checkpointer.rank == 0:
+        for info in layout.scan(Path(directory))[0]:
+            if lowest <= info.step <= int(chosen):
+                with contextlib.suppress(OSError):
+                    layout.discard(info.path)
+    if floor is None:
+        raise RuntimeError(
+            f"rvsup: the restore from the memory snapshot {where} failed halfway ({reason}) "
+            "and there is no storage checkpoint to restore instead"
+        )
+    return _with_skipped(checkpointer.load_latest(objects, extra), ((where, reason),))
+
+
+def _newest_storage_step(directory: Path) -> int | None:
+    valid, _ = layout.scan(directory)
+    before = os.environ.get(p.ENV_RESUME_BEFORE)
+    steps = [info.step for info in valid if not before or info.step < int(before)]
+    return steps[0] if steps else None
+
+
+def _failed_ranks(checkpointer: Checkpointer, ok: bool) -> list[int]:
+    if not group_active(checkpointer.rank, checkpointer.world_size):
+        return [] if ok else [checkpointer.rank]
+    return [r for r, (flag,) in enumerate(all_gather_ints([int(ok)])) if not flag]
+
+
+def _with_skipped(result: LoadResult, skipped: Sequence[tuple[Path, str]]) -> LoadResult:
+    import dataclasses
+
+    return dataclasses.replace(result, skipped=(*skipped, *result.skipped))

@@ -1,0 +1,220 @@
+"""The memory tier, a rank's side: snapshots into host shared memory between storage checkpoints.
+
+A snapshot is a checkpoint of the same objects, RNG states and ``extra`` as a storage one, in
+the same layout and through the same code (:class:`~worker_sdk.checkpoint.checkpointer.Checkpointer`
+and its background writer), written into this node's snapshot directory of the job (tmpfs,
+``/dev/shm`` by default), keeping the newest two. ``step()`` is blocked only while the state is
+captured and copied into the staging arena; the writer process writes, checksums and commits
+it (manifest, atomic rename) in the background. A snapshot is complete only once it is
+committed.
+
+Every snapshot starts with one small all-gather of four numbers per rank (whether its previous
+snapshot worked, whether its writer is still busy with it, how long that one blocked, the
+training time per step since): the ranks take the same decisions from the same numbers, so
+they snapshot at the same steps, put a snapshot off by one step together while some writer is
+busy (never waiting for it), and stop together when any of them cannot (a full ``/dev/shm``, a
+memory limit). ``"auto"`` picks the next interval
+from them (:func:`.interval.choose`). Between snapshots nothing runs: the runtime's per-step
+comparison of the step with the next step that needs its slow path covers them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
+from worker_sdk.checkpoint.background.writer import mark_failed
+from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.checkpoint.collectives import all_gather_ints
+from worker_sdk.checkpoint.restore import group_active
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+from worker_sdk.contract.layout import temp_name
+
+from . import interval as _interval
+
+if TYPE_CHECKING:
+    from worker_sdk.runtime.channel import Channel
+
+__all__ = ["KEEP", "MemoryTier", "from_environment", "on_one_node"]
+
+KEEP: Final = 2  # snapshots kept per node (the newest complete ones)
+_NEVER: Final = sys.maxsize
+_REPORT_EVERY_S: Final = 1.0
+_US: Final = 1_000_000
+
+
+class MemoryTier:
+    """This rank's snapshots: when the next is due, taking it, and the summary rank 0 reports."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        attempt_tag: str,
+        every: int | None,
+        channel: Channel | None,
+    ) -> None:
+        self.checkpointer = Checkpointer(
+            directory, rank=rank, world_size=world_size, attempt_tag=attempt_tag, keep_last=KEEP
+        )
+        self.saver = AsyncSaver(self.checkpointer)
+        self.rank = rank
+        self.world_size = world_size
+        self.every = every  # None: "auto"
+        self.interval = every or 1
+        self.channel = channel
+        self.next_step = _NEVER
+        self.count = 0
+        self.blocked_s = 0.0  # all snapshots' so far
+        self.last_blocked_s = 0.0  # the newest one's
+        self.nbytes = 0
+        self.newest = -1
+        self.failed: str | None = None  # why this rank's last snapshot failed (or the tier is off)
+        self.off = False
+        self._mark = (time.monotonic(), -1)  # (end of the last snapshot, its step)
+        self._reported = -_REPORT_EVERY_S
+        self._pending_s = 0.0  # tries since the last snapshot that found a writer busy
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        """Start the writer at once: its start-up (importing torch) overlaps the restore."""
+        try:
+            self.saver.start()
+        except OSError as e:
+            self.failed = f"cannot start the snapshot writer: {e}"
+
+    def start(self, last_finished: int) -> None:
+        """The first snapshot is of the attempt's first step."""
+        self._mark = (time.monotonic(), last_finished)
+        self.next_step = last_finished + 1
+
+    def snapshot(self, step: int, objects: Sequence[Stateful], extra: Any) -> None:
+        """Take the snapshot of finished step ``step`` (every rank at the same step)."""
+        began = time.monotonic()
+        if self.saver.in_flight is not None:
+            self._heard(self.saver.poll())
+        busy = self.saver.in_flight is not None
+        steps = step - self._mark[1]
+        step_s = (began - self._mark[0] - self._pending_s) / steps if steps > 0 else 0.0
+        mine = [
+            0 if self.failed else 1,
+            int(busy),
+            int(self.last_blocked_s * _US),
+            int(step_s * _US),
+        ]
+        rows = all_gather_ints(mine) if self._group_active() else [mine]
+        bad = [r for r, row in enumerate(rows) if not row[0]]
+        if bad:
+            self._turn_off(bad)
+            return
+        if any(row[1] for row in rows):  # a writer is still at the previous one: next step
+            self.next_step = step + 1
+            self._pending_s += time.monotonic() - began
+            return
+        if self.every is None:
+            blocked = max(row[2] for row in rows) / _US
+            self.interval = _interval.choose(blocked, max(row[3] for row in rows) / _US)
+        try:
+            previous = self.saver.submit(step, objects, extra)
+        except Exception as e:  # noqa: BLE001 - a full /dev/shm, a memory limit: off at the next snapshot
+            self.failed = f"{type(e).__name__}: {e}"
+            tmp = self.checkpointer.directory / temp_name(step, self.checkpointer.attempt_tag)
+            mark_failed(tmp, self.rank, self.failed)  # rank 0's writer stops waiting for us
+        else:
+            self._heard(previous)
+        end = time.monotonic()
+        self.last_blocked_s = end - began + self._pending_s  # the tries it waited included
+        self.blocked_s += self.last_blocked_s
+        self._pending_s = 0.0
+        self._mark = (end, step)
+        self.next_step = step + self.interval
+        if end - self._reported >= _REPORT_EVERY_S:
+            self._report(end)
+
+    def close(self) -> None:
+        """At the rank's end: the summary is sent and the writer stops; a snapshot still being
+        written is abandoned (nothing resumes from it now)."""
+        if self.saver.in_flight is not None:
+            self._heard(self.saver.poll())
+        if self.saver.in_flight is not None:
+            self.saver.abandon()
+        else:
+            self.saver.close()
+        self._report(time.monotonic())
+        self.next_step = _NEVER
+
+    # ------------------------------------------------------------------ internals
+    def _heard(self, outcome: Outcome | None) -> None:
+        if outcome is None:
+            return
+        if outcome.failed is not None:
+            self.failed = outcome.failed
+        elif outcome.committed or self.rank != 0:
+            self.count += 1
+            self.newest = outcome.step
+            self.nbytes = outcome.nbytes or self.nbytes
+
+    def _turn_off(self, ranks: list[int]) -> None:
+        """Storage only for the rest of the attempt (every rank decides it at the same step)."""
+        self.off = True
+        self.next_step = _NEVER
+        why = self.failed or f"rank(s) {ranks} could not take their snapshot"
+        print(
+            f"rvsup: rank {self.rank}: memory snapshots are off for this attempt, storage "
+            f"checkpoints go on: {why}",
+            file=sys.stderr,
+        )
+        self.saver.abandon()
+        self._report(time.monotonic())
+
+    def _report(self, now: float) -> None:
+        self._reported = now
+        if self.channel is None or (self.rank != 0 and self.failed is None):
+            return  # rank 0 sums up; a rank that failed says why (the daemon logs the first)
+        self.channel.send(
+            m.Snapshots(
+                self.newest,
+                self.blocked_s,
+                self.count,
+                self.nbytes,
+                self.interval,
+                self.failed if self.off else None,  # None: off for another rank's failure
+            )
+        )
+
+    def _group_active(self) -> bool:
+        return group_active(self.rank, self.world_size)
+
+
+def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryTier | None:
+    """The memory tier the supervisor asked for (``RVSUP_MEMORY_DIR``, which a script run
+    without rvsup may set too), or None."""
+    directory = os.environ.get(p.ENV_MEMORY_DIR)
+    if not directory or not on_one_node(world_size):
+        return None
+    raw = os.environ.get(p.ENV_MEMORY_EVERY, "auto")
+    every = None if raw == "auto" else int(raw)
+    if every is not None and every <= 0:
+        return None
+    return MemoryTier(
+        Path(directory),
+        rank=rank,
+        world_size=world_size,
+        attempt_tag=attempt_tag,
+        every=every,
+        channel=None,
+    )
+
+
+def on_one_node(world_size: int) -> bool:
+    """Whether every rank runs on this node (torchrun's LOCAL_WORLD_SIZE): the memory tier's
+    snapshots are per node, and replication to a buddy node is not built yet."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or world_size) == world_size
