@@ -213,7 +213,8 @@ class Rvsup(Tool):
     name: str = "rvsup"
     hang_timeout: str = "auto"
     on_oom: str = "restart"
-    backoff: str = "0s"
+    backoff: str | None = None  # None: the shipped [restart] defaults
+    first_backoff: str | None = None
     script: Path = WORKLOAD  # what every rank runs
     nproc: int = WORLD
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
@@ -241,9 +242,13 @@ native_stacks = {json.dumps(self.native_stacks)}
 
 [restart]
 max_restarts = {spec.max_restarts}
-backoff = {json.dumps(self.backoff)}
 on_oom = {json.dumps(self.on_oom)}
-"""
+{self._backoff_lines()}"""
+
+    def _backoff_lines(self) -> str:
+        """The backoff keys set (none: the shipped defaults)."""
+        keys = (("backoff", self.backoff), ("first_backoff", self.first_backoff))
+        return "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys if v is not None)
 
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
         job = workdir / "job.toml"
@@ -256,7 +261,8 @@ on_oom = {json.dumps(self.on_oom)}
     def describe(self) -> str:
         return (
             f"{self.name}: hang_timeout={self.hang_timeout}, on_oom={self.on_oom}, "
-            f"backoff={self.backoff}, zygote={self.zygote}"
+            f"backoff={self.backoff or 'default'}, first_backoff={self.first_backoff or 'default'}, "
+            f"zygote={self.zygote}"
         )
 
 
