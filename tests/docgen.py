@@ -223,7 +223,7 @@ def _event_section(name: str, cls: type[schema.Event]) -> Iterator[str]:
 
 def events() -> str:
     """docs/events.md: every event of events.jsonl, its fields and their types."""
-    lines = _header("The history's events", "`supervisor/record/schema.py`")
+    lines = _header("The history's events", "`supervisor/record/schema/`")
     lines += [
         "`<run_dir>/events.jsonl` holds one JSON object per line, appended and fsynced, kept",
         "across requeues and restarts of rvsup; the events are a public contract. Every line has",
