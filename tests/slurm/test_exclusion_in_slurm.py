@@ -178,11 +178,12 @@ def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
 ) -> None:
     """The ranks run in a UTS namespace whose host name is an FQDN (``node2.rvsup.test``), not
     Slurm's node name: the two crashes on node2 are attributed to ``node2``, node2 is excluded by
-    that name, and attempt 3 runs on node1 and node3 and succeeds."""
+    that name, attempt 3 runs on node1 and node3 (its ranks' hosts, as their hellos name them,
+    are node1 and node3) and succeeds."""
     job = write_trainer_job(
         tmp_path,
         name="fqdn-node",
-        total=TOTAL,
+        total=100,
         # gloo binds to the address the host name resolves to: this one resolves to none
         env={"BAD_NODE": "node2.rvsup.test:2", "STEP_SLEEP": "0.05", "GLOO_SOCKET_IFNAME": "eth0"},
         nnodes="2",
@@ -195,7 +196,18 @@ def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
     assert plain in text
     job.job_toml.write_text(text.replace(plain, f"command = {json.dumps(command)}"))
     job_id = _sbatch(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
+    try:
+        running = wait_until(
+            lambda: ranks_past(job, 5) if len(job.named("attempt_started")) >= 3 else None,
+            timeout=START_S * 2,
+            what="attempt 3 past step 5",
+        )
+    except BaseException:
+        slurm_cluster.scancel(job_id)
+        slurm_cluster.wait_gone(job_id, timeout=60)
+        raise
     _finish(slurm_cluster, job, job_id)
+    assert {r["host"] for r in running["ranks"]} == {"node1", "node3"}, running["ranks"]
     failures = [(f["kind"], f["nodes"]) for f in job.named("failure_detected")]
     assert failures == [("crash", ["node2"])] * 2, job.output_text()[-3000:]
     (excluded,) = job.named("node_excluded")
