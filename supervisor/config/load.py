@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar, cast, get_args
 
 from supervisor.config.durations import format_duration
+from supervisor.config.metrics import read_metrics
 from supervisor.config.model import (
     AnomalySection,
     CheckpointSection,
@@ -34,6 +35,7 @@ from supervisor.config.model import (
     JobConfig,
     JobSection,
     LaunchSection,
+    MetricsSection,
     RequeueMode,
     RestartSection,
     SlurmSection,
@@ -98,6 +100,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
     "health": HealthSection,
+    "metrics": MetricsSection,
 }
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
@@ -374,9 +377,12 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
     anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
     health = _read_health(_Table(issues, "health", tables["health"]))
+    metrics = read_metrics(_Table(issues, "metrics", tables["metrics"]), job.workdir)
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health)
+    return JobConfig(
+        absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health, metrics
+    )
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:

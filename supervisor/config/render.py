@@ -17,6 +17,8 @@ __all__ = ["BARE_KEY", "render_config"]
 
 BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 """A TOML key written without quotes."""
+_OFF_KEYS: Final = frozenset({"every", "listen", "textfile"})
+"""Keys whose None job.toml writes ``"off"`` (the others' is ``"auto"``)."""
 
 
 def _toml(value: str | int | float | tuple[str, ...] | Mapping[str, str]) -> str:
@@ -44,7 +46,7 @@ def render_config(cfg: JobConfig) -> str:
             # every float is a duration in seconds
             key = toml_key(item.name)
             if value is None:
-                value = "off" if key == "every" else "auto"
+                value = "off" if key in _OFF_KEYS else "auto"
             elif isinstance(value, float) and item.name.endswith("_s"):
                 value = format_duration(value)
             elif isinstance(value, Path):
