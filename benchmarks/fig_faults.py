@@ -83,7 +83,7 @@ def crash(ctx: Context) -> Table:
     t = Table(
         "crash",
         f"1. Crash: kill -9 of rank 1 at step {p.fault_step} ({p.steps} steps, checkpoint every "
-        f"{p.ckpt_every}; rvsup backoff 0 s)",
+        f"{p.ckpt_every}; rvsup's shipped [restart] defaults: the first restart at once)",
         list(tools),
     )
     t.row("detection latency (kill -> noticed)", _unavailable_row(tools, dict(detect)))

@@ -6,6 +6,12 @@ newest sample when a heartbeat is due. Measured here: a small DDP training step 
 backward with its all-reduce, optimizer step) with the reducer sampling every step against
 torch's default, interleaved in batches so that drift of a shared machine hits both alike; and
 one read of the newest sample (``worker_sdk.runtime.stragglers.CommWait.read``).
+
+Under FSDP the SDK times the blocking collectives FSDP calls through ``torch.distributed``
+(``worker_sdk.runtime.stragglers.timed``): measured here, what the timer adds to one call
+(a timed no-op against the no-op, interleaved), to be multiplied by the collectives of a step
+(FSDP: about three per sharded unit: its forward all-gather, its backward all-gather and its
+reduce-scatter).
 """
 
 from __future__ import annotations
@@ -64,4 +70,31 @@ def measure_straggler_cost(directory: Path, batches: int, per_batch: int) -> dic
     finally:
         torch.set_num_threads(threads)
         dist.destroy_process_group()
-    return {"sampled_every_us": every, "sampled_default_us": default, "read_us": reads}
+    return {
+        "sampled_every_us": every,
+        "sampled_default_us": default,
+        "read_us": reads,
+        "timed_call_ns": _timer_cost(batches, per_batch * 100),
+    }
+
+
+def _noop(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def _timer_cost(batches: int, calls: int) -> list[float]:
+    """ns the collective timer adds to one call: a timed no-op less the no-op, per batch."""
+    from worker_sdk.runtime.stragglers import timed
+
+    wrapped = timed(_noop, [0.0])
+    out = []
+    for _ in range(batches):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            _noop(1, group=None)
+        t1 = time.perf_counter_ns()
+        for _ in range(calls):
+            wrapped(1, group=None)
+        t2 = time.perf_counter_ns()
+        out.append(((t2 - t1) - (t1 - t0)) / calls)
+    return out

@@ -213,7 +213,8 @@ class Rvsup(Tool):
     name: str = "rvsup"
     hang_timeout: str = "auto"
     on_oom: str = "restart"
-    backoff: str = "0s"
+    backoff: str | None = None  # None: the shipped [restart] defaults
+    first_backoff: str | None = None
     script: Path = WORKLOAD  # what every rank runs
     nproc: int = WORLD
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
@@ -242,9 +243,13 @@ native_stacks = {json.dumps(self.native_stacks)}
 {self._hang_timeout_max_line()}
 [restart]
 max_restarts = {spec.max_restarts}
-backoff = {json.dumps(self.backoff)}
 on_oom = {json.dumps(self.on_oom)}
-"""
+{self._backoff_lines()}"""
+
+    def _backoff_lines(self) -> str:
+        """The backoff keys set (none: the shipped defaults)."""
+        keys = (("backoff", self.backoff), ("first_backoff", self.first_backoff))
+        return "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys if v is not None)
 
     def _hang_timeout_max_line(self) -> str:
         if self.hang_timeout_max is None:
@@ -262,7 +267,8 @@ on_oom = {json.dumps(self.on_oom)}
     def describe(self) -> str:
         return (
             f"{self.name}: hang_timeout={self.hang_timeout}, on_oom={self.on_oom}, "
-            f"backoff={self.backoff}, zygote={self.zygote}"
+            f"backoff={self.backoff or 'default'}, first_backoff={self.first_backoff or 'default'}, "
+            f"zygote={self.zygote}"
         )
 
 

@@ -314,6 +314,7 @@ def _read_heartbeat(t: _Table) -> HeartbeatSection:
 
 def _read_restart(t: _Table) -> RestartSection:
     max_restarts = t.read("max_restarts", 5, integer(0))
+    first_backoff = t.read("first_backoff", "0s", duration())
     backoff = t.read("backoff", "5s", duration())
     backoff_max = t.read("backoff_max", "5m", duration())
     max_no_progress = t.read("max_no_progress", 2, integer(1))
@@ -324,7 +325,7 @@ def _read_restart(t: _Table) -> RestartSection:
         minimum, got = format_duration(backoff), format_duration(backoff_max)
         t.report("backoff_max", f"must be at least restart.backoff ({minimum}), got {got}")
     return RestartSection(
-        max_restarts, backoff, backoff_max, max_no_progress, on_oom, on_node_failure
+        max_restarts, backoff, backoff_max, max_no_progress, on_oom, on_node_failure, first_backoff
     )
 
 

@@ -99,7 +99,7 @@ def _straggler_lines(answer: dict[str, Any]) -> list[str]:
         where = f" on {s['node']}" if s.get("node") else ""
         lines.append(
             f"straggler: rank {s['rank']}{where}, {s['slower']:.1f}x slower than the others: "
-            f"they wait {_ms(s['lost_s'])} for it every {_ms(s['step_s'])} step "
+            f"they wait {_ms(s['lost_per_step_s'])} for it every {_ms(s['step_s'])} step "
             f"(named {s['since_s']:.0f}s ago)"
         )
     lines += [

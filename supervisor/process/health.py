@@ -22,6 +22,7 @@ from supervisor.config import JobConfig
 from supervisor.process import health_probe
 from supervisor.rules.health import Needs, Probe, Verdict, judge_round, parse_probe
 from supervisor.slurm.commands import Allocation, srun_argv
+from worker_sdk.contract.protocol import node_name
 
 __all__ = ["HealthChecks", "directory_size", "needs_of"]
 
@@ -77,7 +78,7 @@ class HealthChecks:
         """The name a probe in this process reports."""
         if self.alloc is not None:
             return self.alloc.this_node
-        return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        return node_name(os.environ.get("SLURMD_NODENAME"), socket.gethostname())
 
     async def check(self, nodes: tuple[str, ...], newest: Path | None) -> list[Verdict]:
         """Every node's verdict, in ``nodes`` order (``nodes``: where the job may run next)."""

@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any
 
+from worker_sdk.contract.protocol import node_name
+
 __all__ = ["measure", "run_command"]
 
 _OUTPUT_BYTES = 4000
@@ -115,7 +117,7 @@ def _kill_group(pgid: int) -> None:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Everything this node measures, as the probe's JSON object (module docstring)."""
     start = time.monotonic()
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = node_name(os.environ.get("SLURMD_NODENAME"), socket.gethostname())
     error, free = _checkpoint(str(spec["checkpoint_dir"]))
     gpus, gpus_skipped = _gpus()
     out: dict[str, Any] = {

@@ -57,13 +57,14 @@ class StragglerReports:
         if self.exclude and self.node is not None:
             self.to_exclude[self.node] = (
                 f"rank {s.rank} was a straggler: {s.slower:.1f}x slower, the others waited "
-                f"{s.lost_s * 1000:.0f} ms per {s.step_s * 1000:.0f} ms step"
+                f"{s.lost_per_step_s * 1000:.0f} ms per {s.step_s * 1000:.0f} ms step"
             )
         return StragglerDetected(
             rank=s.rank,
             node=self.node,
             slower=s.slower,
             lost_s=s.lost_s,
+            lost_per_step_s=s.lost_per_step_s,
             step_s=s.step_s,
             window_s=named.window_s,
             samples=named.samples,
@@ -79,7 +80,8 @@ class StragglerReports:
             "rank": s.rank,
             "node": self.node,
             "slower": round(s.slower, 2),
-            "lost_s": round(s.lost_s, 4),
+            "lost_s": round(s.lost_s, 3),
+            "lost_per_step_s": round(s.lost_per_step_s, 4),
             "step_s": round(s.step_s, 4),
             "since_s": round(now - since, 1),
             "exclude_node": self.exclude and self.node is not None,

@@ -20,8 +20,9 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
   called deterministic in the note or reason; that failure may lie before a requeue or a
   restart of rvsup (the budget carries it over).
 
-The delay before a restart grows exponentially with the restarts already charged and is
-capped; see :func:`backoff_s`.
+The job's first charged restart starts at once (``first_backoff``, default 0 s: a one-off fault,
+the common case, costs no waiting); from the second on the delay grows exponentially with the
+restarts already charged and is capped; see :func:`backoff_s`.
 """
 
 from __future__ import annotations
@@ -68,24 +69,30 @@ class RestartPolicy:
 
     - ``max_restarts`` (default 5, >= 0): restarts charged before giving up; preemptions
       are never charged.
-    - ``backoff`` (default ``"5s"``, >= 0): first delay, doubled each time, with jitter.
+    - ``backoff`` (default ``"5s"``, >= 0): delay before the second charged restart,
+      doubled for each one after it, with jitter.
     - ``backoff_max`` (default ``"5m"``, >= backoff): the longest delay.
     - ``max_no_progress`` (default 2, >= 1): restarts in a row without a new checkpoint
       before giving up.
     - ``on_oom`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
     - ``on_node_failure`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
+    - ``first_backoff`` (default ``"0s"``, >= 0): delay before the job's first charged
+      restart (at once: a one-off fault costs no waiting; a deterministic failure takes
+      ``backoff``).
     """
 
     max_restarts: int
     """Charged restarts allowed for the whole job, across allocations."""
     backoff_s: float
-    """Delay before the first restart; doubled for each charged restart already used."""
+    """Delay before the second charged restart; doubled for each one used after the first."""
     backoff_max_s: float
     """Cap on the delay."""
     max_no_progress: int
     """Give up at this many charged attempts in a row without a new checkpoint (>= 1)."""
     on_oom: OnFailure = "restart"
     on_node_failure: OnFailure = "restart"
+    first_backoff_s: float = 0.0
+    """Delay before the first charged restart (of a failure that is not deterministic)."""
 
     def __post_init__(self) -> None:
         """Reject values that make no sense (the config layer reports them per key first)."""
@@ -93,8 +100,8 @@ class RestartPolicy:
             raise ValueError("max_restarts must be >= 0")
         if self.max_no_progress < 1:
             raise ValueError("max_no_progress must be >= 1")
-        if self.backoff_s < 0 or self.backoff_max_s < 0:
-            raise ValueError("backoff_s and backoff_max_s must be >= 0")
+        if self.backoff_s < 0 or self.backoff_max_s < 0 or self.first_backoff_s < 0:
+            raise ValueError("first_backoff_s, backoff_s and backoff_max_s must be >= 0")
         for name in ("on_oom", "on_node_failure"):
             if getattr(self, name) not in _ON_FAILURE_CHOICES:
                 raise ValueError(f'{name} must be "restart" or "fail"')
@@ -133,19 +140,27 @@ class Requeue:
 Decision: TypeAlias = Restart | GiveUp | Requeue
 
 
-def backoff_s(n: int, policy: RestartPolicy, jitter: float) -> float:
+def backoff_s(
+    n: int, policy: RestartPolicy, jitter: float, *, deterministic: bool = False
+) -> float:
     """The delay before a restart when ``n`` charged restarts were already used.
 
-    ``d = min(backoff_max_s, backoff_s * 2**n)``; the delay is ``d/2 + jitter * d/2``:
-    random like "full jitter" (restarts of many jobs spread out) but never below ``d/2``.
-    ``jitter`` is drawn by the caller from [0, 1).
+    The first (``n = 0``) of a failure that is not ``deterministic``: ``d = first_backoff_s``
+    (0 by default: at once). Otherwise ``d = min(backoff_max_s, backoff_s * 2**(n - 1))``
+    (``n - 1`` no less than 0): ``backoff_s`` before the second restart, doubled for each after
+    it. The delay is ``d/2 + jitter * d/2``: random like "full jitter" (restarts of many jobs
+    spread out) but never below ``d/2``. ``jitter`` is drawn by the caller from [0, 1).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, not {n}")
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), not {jitter}")
-    grown = policy.backoff_s * 2.0**n if n < _MAX_DOUBLINGS else float("inf")
-    d = min(policy.backoff_max_s, grown)
+    if n == 0 and not deterministic:
+        d = policy.first_backoff_s
+    else:
+        k = max(0, n - 1)
+        grown = policy.backoff_s * 2.0**k if k < _MAX_DOUBLINGS else float("inf")
+        d = min(policy.backoff_max_s, grown)
     return d / 2 + jitter * d / 2
 
 
@@ -200,7 +215,7 @@ def decide(
             f"no progress: {streak} {_plural(streak, 'restart')} in a row without a new checkpoint"
             f"{suffix}"
         )
-    delay = backoff_s(budget.restarts_used, policy, jitter)
+    delay = backoff_s(budget.restarts_used, policy, jitter, deterministic=deterministic)
     number = budget.restarts_used + 1
     note = f"restart {number} of {policy.max_restarts} in {delay:.1f}s after {failure.kind}"
     if deterministic:

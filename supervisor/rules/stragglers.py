@@ -8,22 +8,25 @@ from DDP's own runtime statistics (``worker_sdk.runtime.stragglers``) and sends 
 (``comm_wait_s``, one sample per heartbeat at most); durations only, so nodes' clocks need not
 agree.
 
-The rule (:func:`judge`), over a window of recent samples:
+The rule (:func:`judge`), over a window of recent samples (one per heartbeat that carries a wait:
+the wait per step, and the seconds per step since the rank's previous heartbeat):
 
 - each rank's wait is the median of its samples (a checkpoint save or a hiccup in a few of them
   does not move it); a rank with fewer than :data:`MIN_SAMPLES` is not judged;
 - the candidate is the rank that waits least; the others' wait is the median of the other ranks'
-  waits; their difference, ``lost_s``, is how much longer every step is because of the candidate;
-- it is a straggler when ``lost_s`` is at least :data:`MIN_SHARE` of the step time (and at least
-  :data:`MIN_LOST_S`): a job whose ranks are all equally slow has no straggler, since every rank
-  waits equally little.
+  waits; their difference is how much longer every step is because of the candidate;
+- it is a straggler when that difference is at least :data:`MIN_SHARE` of the step time (and at
+  least :data:`MIN_LOST_S`): a job whose ranks are all equally slow has no straggler, since every
+  rank waits equally little.
 
-``slower`` says how much slower the straggler works than the others: its time outside the wait
-(``step_s - wait``) over theirs. :class:`StragglerWatch` keeps the windows (:data:`WINDOW_S`),
-judges them, and names a straggler once the rule has found the same rank for
-:data:`CONFIRM_S` (a rank descheduled for a few seconds is not named); it says when a straggler
-is first named, when another rank becomes it, and forgets it once the rule has found none
-for a whole window.
+What the event says is taken from the same samples: ``slower`` is the straggler's compute time
+per step (the step less the wait, the median of its samples) over the median of the other ranks'
+compute times; ``lost_s`` is the time the other ranks spent waiting for it over the window (the
+median of the other ranks' summed waits, each sample's wait times the steps it covers, less the
+straggler's own). :class:`StragglerWatch` keeps the windows (:data:`WINDOW_S`), judges them, and
+names a straggler once the rule has found the same rank for :data:`CONFIRM_S` (a rank
+descheduled for a few seconds is not named); it says when a straggler is first named, when
+another rank becomes it, and forgets it once the rule has found none for a whole window.
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ __all__ = [
     "MIN_SHARE",
     "WINDOW_S",
     "Named",
+    "Sample",
     "Straggler",
     "StragglerWatch",
     "judge",
-    "step_time",
 ]
 
 WINDOW_S = 20.0
@@ -58,62 +61,75 @@ MIN_SHARE = 0.2
 """The others must wait at least this share of a step for the candidate."""
 MIN_LOST_S = 0.005
 """...and at least this long per step (tiny steps' scheduling noise is not a straggler)."""
-_BUSY_FLOOR = 0.01  # of the step: the others' time outside the wait, for ``slower``
+_BUSY_FLOOR = 0.01  # of the step: the least compute time per step ``slower`` divides by
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One heartbeat's figures of a rank."""
+
+    wait_s: float
+    """Seconds it waited for the others per step."""
+    step_s: float
+    """Seconds per step since its previous heartbeat."""
+    steps: int = 1
+    """The steps since its previous heartbeat."""
+
+    @property
+    def busy_s(self) -> float:
+        """Its compute time per step: the step less the wait."""
+        return max(0.0, self.step_s - self.wait_s)
 
 
 @dataclass(frozen=True, slots=True)
 class Straggler:
-    """A rank the others wait for."""
+    """A rank the others wait for, with the figures of the window it was judged over."""
 
     rank: int
     wait_s: float
-    """Its median wait per sampled step."""
+    """Its median wait per step."""
     others_wait_s: float
-    """The median of the other ranks' median waits."""
+    """The median of the other ranks' median waits per step."""
     step_s: float
-    """The step time over the window."""
+    """The step time: the median over the ranks of their median seconds per step."""
+    slower: float
+    """Its compute time per step over the median of the others' (3.0: three times as long)."""
+    lost_s: float
+    """Seconds the other ranks spent waiting for it over the window (the median rank)."""
 
     @property
-    def lost_s(self) -> float:
-        """How much longer every step is because of it: what the others wait for it."""
+    def lost_per_step_s(self) -> float:
+        """How much longer every step is because of it: what the others wait for it per step."""
         return self.others_wait_s - self.wait_s
 
-    @property
-    def slower(self) -> float:
-        """Its time outside the wait over the others' (3.0: it takes three times as long)."""
-        busy_others = max(self.step_s - self.others_wait_s, _BUSY_FLOOR * self.step_s)
-        return max(self.step_s - self.wait_s, busy_others) / busy_others
 
-
-def judge(waits: Mapping[int, Sequence[float]], step_s: float) -> Straggler | None:
-    """The straggler among ranks whose waits (seconds, per sampled step) are ``waits``, when
-    steps last ``step_s`` seconds; None when there is none (module docstring)."""
-    medians = {r: statistics.median(w) for r, w in waits.items() if len(w) >= MIN_SAMPLES}
-    if len(medians) < 2 or not step_s > 0:
+def judge(samples: Mapping[int, Sequence[Sample]]) -> Straggler | None:
+    """The straggler among ranks whose recent samples are ``samples``; None when there is none
+    (module docstring)."""
+    judged = {r: v for r, v in samples.items() if len(v) >= MIN_SAMPLES}
+    if len(judged) < 2:
         return None
-    rank = min(medians, key=lambda r: (medians[r], r))
-    others = statistics.median(v for r, v in medians.items() if r != rank)
-    found = Straggler(rank, medians[rank], others, step_s)
-    if found.lost_s < MIN_LOST_S or found.lost_s < MIN_SHARE * step_s:
+    waits = {r: statistics.median(x.wait_s for x in v) for r, v in judged.items()}
+    step_s = statistics.median(statistics.median(x.step_s for x in v) for v in judged.values())
+    if not step_s > 0:
         return None
-    return found
-
-
-def step_time(progress: Mapping[int, Sequence[tuple[float, int]]]) -> float | None:
-    """The median over ranks of each rank's seconds per step, from its ``(time, step)`` pairs
-    (oldest first); None when no rank made progress."""
-    rates = []
-    for pairs in progress.values():
-        (t0, s0), (t1, s1) = pairs[0], pairs[-1]
-        if s1 > s0 and t1 > t0:
-            rates.append((t1 - t0) / (s1 - s0))
-    return statistics.median(rates) if rates else None
+    rank = min(waits, key=lambda r: (waits[r], r))
+    others = [r for r in judged if r != rank]
+    others_wait = statistics.median(waits[r] for r in others)
+    lost_per_step = others_wait - waits[rank]
+    if lost_per_step < MIN_LOST_S or lost_per_step < MIN_SHARE * step_s:
+        return None
+    busy = {r: statistics.median(x.busy_s for x in v) for r, v in judged.items()}
+    busy_others = max(statistics.median(busy[r] for r in others), _BUSY_FLOOR * step_s)
+    waited = {r: sum(x.wait_s * x.steps for x in v) for r, v in judged.items()}
+    lost = max(0.0, statistics.median(waited[r] for r in others) - waited[rank])
+    return Straggler(rank, waits[rank], others_wait, step_s, busy[rank] / busy_others, lost)
 
 
 @dataclass(slots=True)
 class _RankWindow:
-    progress: deque[tuple[float, int]] = field(default_factory=deque)  # (time, step)
-    waits: deque[tuple[float, float]] = field(default_factory=deque)  # (time, wait)
+    last: tuple[float, int] | None = None  # (time, step) of its previous heartbeat
+    samples: deque[tuple[float, Sample]] = field(default_factory=deque)  # (time, sample)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,24 +157,24 @@ class StragglerWatch:
         self._candidate: tuple[int, float] | None = None  # (rank, since when the rule finds it)
 
     def observe(self, rank: int, now: float, step: int, wait_s: float | None) -> None:
-        """A heartbeat of ``rank`` at ``step``, with its wait when it carried one."""
+        """A heartbeat of ``rank`` at ``step``, with its wait per step when it carried one."""
         w = self._ranks.setdefault(rank, _RankWindow())
-        w.progress.append((now, step))
-        if wait_s is not None and wait_s >= 0:
-            w.waits.append((now, wait_s))
+        last, w.last = w.last, (now, step)
+        if last is None or wait_s is None or not wait_s >= 0:
+            return
+        steps, seconds = step - last[1], now - last[0]
+        if steps > 0 and seconds > 0:
+            w.samples.append((now, Sample(wait_s, seconds / steps, steps)))
 
     def judge(self, now: float) -> Named | None:
         """Judge the window ending at ``now``: a :class:`Named` when a straggler is named that
         was not the one named before."""
         start = now - self.window_s
         for w in self._ranks.values():  # a rank's last MIN_SAMPLES stay: slow steps
-            while len(w.progress) > MIN_SAMPLES and w.progress[0][0] < start:
-                w.progress.popleft()
-            while len(w.waits) > MIN_SAMPLES and w.waits[0][0] < start:
-                w.waits.popleft()
-        waits = {r: [v for _, v in w.waits] for r, w in self._ranks.items()}
-        step_s = step_time({r: w.progress for r, w in self._ranks.items() if w.progress})
-        found = judge(waits, step_s) if step_s is not None else None
+            while len(w.samples) > MIN_SAMPLES and w.samples[0][0] < start:
+                w.samples.popleft()
+        samples = {r: [x for _, x in w.samples] for r, w in self._ranks.items()}
+        found = judge(samples)
         if found is None:
             self._candidate = None
             if self.current is not None and now - self._last_seen >= self.window_s:
@@ -172,6 +188,6 @@ class StragglerWatch:
         if before is not None and before.rank == found.rank:
             return None
         self.since = now
-        oldest = min(w.waits[0][0] for w in self._ranks.values() if len(w.waits) >= MIN_SAMPLES)
-        samples = min(n for v in waits.values() if (n := len(v)) >= MIN_SAMPLES)
-        return Named(found, now - oldest, samples)
+        judged = [w.samples for w in self._ranks.values() if len(w.samples) >= MIN_SAMPLES]
+        oldest = min(v[0][0] for v in judged)
+        return Named(found, now - oldest, min(len(v) for v in judged))

@@ -41,6 +41,7 @@ from supervisor.slurm.text import (
     parse_probe_failures,
     parse_time_left,
 )
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "Allocation",
@@ -156,7 +157,7 @@ def detect(env: Mapping[str, str] | None = None) -> Allocation | None:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
         return None
-    this_node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    this_node = p.node_name(env.get("SLURMD_NODENAME"), socket.gethostname())
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     nodes = _hostnames(nodelist) if nodelist else (this_node,)
     step_id = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))

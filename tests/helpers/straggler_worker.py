@@ -1,6 +1,8 @@
-"""The straggler tests' training script: a small DDP MLP trained for DURATION_S seconds.
+"""The straggler tests' training script: a small MLP trained for DURATION_S seconds.
 
-STEP_SLEEP=seconds: every rank sleeps this long in every step (between forward and backward).
+KIND: ``ddp`` (default), ``fsdp1`` or ``fsdp2`` (each linear layer and the root sharded, CPU).
+STEP_SLEEP=seconds: every rank sleeps this long in every step, inside its forward (between the
+two layers).
 SLOW_RANK=r, SLOW_FROM_S=t, SLOW_S=s: from t seconds after its first step on, rank r alone
 sleeps s seconds more in each step, and writes the wall-clock time it began (``time.time()``)
 into ONSET_FILE.
@@ -15,9 +17,38 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import worker_sdk
+
+
+class Pause(nn.Module):
+    """Sleeps ``seconds`` in its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.seconds:
+            time.sleep(self.seconds)
+        return x
+
+
+def wrap(model: nn.Sequential, kind: str) -> nn.Module:
+    """``model`` as DDP, FSDP1 or FSDP2."""
+    if kind == "fsdp2":
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if kind == "fsdp1":
+        return FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    return DistributedDataParallel(model)
 
 
 def main() -> None:
@@ -29,8 +60,9 @@ def main() -> None:
     slow_from = float(os.environ.get("SLOW_FROM_S", "0"))
     slow_s = float(os.environ.get("SLOW_S", "0"))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 1))
-    ddp = DistributedDataParallel(model)
+    pause = Pause()
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), pause, nn.Linear(128, 1))
+    ddp = wrap(model, os.environ.get("KIND", "ddp"))
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     start, _ = worker_sdk.resume(ddp, opt)
     began = time.monotonic()
@@ -39,16 +71,14 @@ def main() -> None:
     # every rank stops at the same step: rank 0 decides when the time is up
     go_on = torch.ones(1)
     while go_on.item() > 0:
-        x = torch.randn(32, 64)
-        loss = ddp(x).pow(2).mean()
-        pause = step_sleep
+        pause.seconds = step_sleep
         if rank == slow_rank and time.monotonic() - began >= slow_from:
             if not slowed:
                 slowed = True
                 Path(os.environ["ONSET_FILE"]).write_text(repr(time.time()))
-            pause += slow_s
-        if pause:
-            time.sleep(pause)
+            pause.seconds += slow_s
+        x = torch.randn(32, 64)
+        loss = ddp(x).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -163,7 +163,10 @@ def test_deterministic_failure_is_recognised_across_starts(tmp_path: Path) -> No
         tmp_path,
         total=8,
         env={"FAULT": "raise:1:3:1,raise:1:3:2"},
-        restart='max_restarts = 5\nbackoff = "4s"\nbackoff_max = "4s"\nmax_no_progress = 10',
+        restart=(
+            'max_restarts = 5\nfirst_backoff = "4s"\nbackoff = "4s"\nbackoff_max = "4s"\n'
+            "max_no_progress = 10"
+        ),
     )
     with running(job) as proc:
         wait_for(

@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers.harness import REPO, events, named, running, rvsup, status, wait_for
 from tests.helpers.states import assert_same_state, load_final
+from worker_sdk.contract import protocol as p
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
@@ -68,7 +69,7 @@ def test_a_killed_single_process_job_resumes_bit_identically(
     evs = events(tmp_path / "runs" / "single-process")
     (failure,) = named(evs, "failure_detected")
     assert (failure["kind"], failure["signals"], failure["last_step"]) == ("crash", ["SIGKILL"], 49)
-    assert failure["nodes"] == [socket.gethostname()], failure
+    assert failure["nodes"] == [p.node_name(None, socket.gethostname())], failure
     assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 40]
     assert not named(evs, "exit_aborted")
     assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.helpers.harness import TRAINER
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
     TrainerJob,
@@ -165,6 +168,52 @@ def test_rvsup_history_lists_the_excluded_node_and_why(
     assert "excluded node node2: 2 failures attributed to it" in text
     data = json.loads(rvsup("history", str(job.job_toml), "--json", timeout=30).stdout)
     assert data["excluded_nodes"] == {"node2": "2 failures attributed to it"}
+
+
+# ---------------------------------------------------------------------- a host named otherwise
+
+
+def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The ranks run in a UTS namespace whose host name is an FQDN (``node2.rvsup.test``), not
+    Slurm's node name: the two crashes on node2 are attributed to ``node2``, node2 is excluded by
+    that name, attempt 3 runs on node1 and node3 (its ranks' hosts, as their hellos name them,
+    are node1 and node3) and succeeds."""
+    job = write_trainer_job(
+        tmp_path,
+        name="fqdn-node",
+        total=100,
+        # gloo binds to the address the host name resolves to: this one resolves to none
+        env={"BAD_NODE": "node2.rvsup.test:2", "STEP_SLEEP": "0.05", "GLOO_SOCKET_IFNAME": "eth0"},
+        nnodes="2",
+        restart='max_restarts = 4\nbackoff = "0.1s"\nbackoff_max = "0.5s"\nmax_no_progress = 4',
+    )
+    fqdn = 'hostname "$SLURMD_NODENAME.rvsup.test" && exec "$0" "$@"'
+    command = ["unshare", "--uts", "sh", "-c", fqdn, sys.executable, str(TRAINER)]
+    text = job.job_toml.read_text()
+    plain = f"command = {json.dumps([sys.executable, str(TRAINER)])}"
+    assert plain in text
+    job.job_toml.write_text(text.replace(plain, f"command = {json.dumps(command)}"))
+    job_id = _sbatch(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
+    try:
+        running = wait_until(
+            lambda: ranks_past(job, 5) if len(job.named("attempt_started")) >= 3 else None,
+            timeout=START_S * 2,
+            what="attempt 3 past step 5",
+        )
+    except BaseException:
+        slurm_cluster.scancel(job_id)
+        slurm_cluster.wait_gone(job_id, timeout=60)
+        raise
+    _finish(slurm_cluster, job, job_id)
+    assert {r["host"] for r in running["ranks"]} == {"node1", "node3"}, running["ranks"]
+    failures = [(f["kind"], f["nodes"]) for f in job.named("failure_detected")]
+    assert failures == [("crash", ["node2"])] * 2, job.output_text()[-3000:]
+    (excluded,) = job.named("node_excluded")
+    assert excluded["node"] == "node2"
+    assert _attempt_nodes(job) == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
+    assert job.named("job_succeeded")
 
 
 # ---------------------------------------------------------------------- an unhealthy node

@@ -76,6 +76,19 @@ def read_step_slot(path: str | os.PathLike[str]) -> int | None:
 
 
 # ---------------------------------------------------------------- environment variables
+def node_name(slurmd_nodename: str | None, hostname: str) -> str:
+    """The name this node is known by in failures and exclusions: the name Slurm gives it
+    (``SLURMD_NODENAME``, set in every Slurm task's environment; what ``srun --exclude`` and
+    ``ExcNodeList`` take) where set, else the host name up to its first dot (an FQDN's short
+    name; an IP address stays whole)."""
+    if slurmd_nodename and slurmd_nodename.strip():
+        return slurmd_nodename.strip()
+    host = hostname.strip()
+    if not host or host.replace(".", "").isdigit() or ":" in host:
+        return host
+    return host.split(".", 1)[0] or host
+
+
 ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to
 ENV_SECRET_FILE: Final = "RVSUP_SECRET_FILE"  # 0600 file holding the per-job secret
 ENV_JOB: Final = "RVSUP_JOB"  # job name

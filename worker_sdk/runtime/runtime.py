@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .loader_rng import LoaderWindow
     from .replicas import ReplicaCheck
-    from .stragglers import CommWait
+    from .stragglers import WaitReader
 
 _NEVER = sys.maxsize
 FINAL_SAVE_PHASE = "final checkpoint"  # the phase a rank is in while it waits at exit for its save
@@ -129,7 +129,7 @@ class Runtime:
             None  # plain DDP compared (worker_sdk.runtime.replicas)
         )
         self.verify_next = _NEVER
-        self.comm_wait: CommWait | None = None  # DDP's all-reduce wait, for stragglers
+        self.comm_wait: WaitReader | None = None  # the wait for the others, for stragglers
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -163,9 +163,9 @@ class Runtime:
                 self.replicas = ReplicaCheck(every, modules, start - 1)
                 self.verify_next = self.replicas.next_step
         if self.channel is not None and self.world_size > 1:
-            from .stragglers import CommWait
+            from .stragglers import wait_of
 
-            self.comm_wait = CommWait.of(self.objects)
+            self.comm_wait = wait_of(self.objects)
         self._set_periodic(start - 1)
         if self.channel is not None:
             out, err = output_files()

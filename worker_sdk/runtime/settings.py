@@ -100,5 +100,5 @@ def resolve(
         heartbeat_interval_s=_float(e, p.ENV_HEARTBEAT_INTERVAL, 1.0),
         diagnostics_dir=Path(diag) if diag else None,
         dump_signal=_int(e, p.ENV_DUMP_SIGNAL, int(p.DUMP_SIGNAL)),
-        host=socket.gethostname(),
+        host=p.node_name(e.get("SLURMD_NODENAME"), socket.gethostname()),
     )

@@ -1,4 +1,4 @@
-"""How long this rank waited for the others in its last sampled DDP step (for stragglers).
+"""How long this rank waits for the others per step (for stragglers): DDP, FSDP1, FSDP2.
 
 Under DDP the ranks meet in the gradient all-reduce at the end of every backward pass; the rank
 the others wait for waits (almost) not at all. DDP's reducer already times each step's backward
@@ -14,19 +14,50 @@ Nothing is added to the step: the reducer times the steps it samples in C++ (fiv
 five CUDA events), and this module reads the newest sample only when a heartbeat is due (about
 20 µs for the dictionary DDP returns). The sampling rate is set at each read so that about two
 steps per heartbeat interval are sampled (on CUDA a sampled step's statistics synchronise on its
-events at the next forward; sampling one step in many keeps that rare). Anything other than plain
-DDP (FSDP, a model without DDP, a DDP without the logging interface in another torch) reads
-nothing: :meth:`CommWait.of` returns None.
+events at the next forward; sampling one step in many keeps that rare).
+
+FSDP (FSDP1's ``FullyShardedDataParallel``, FSDP2's ``fully_shard``) has no reducer: its ranks
+meet in the all-gather before each unit's forward and backward and in the reduce-scatter after
+each unit's backward, collectives FSDP calls from Python through ``torch.distributed``
+(``all_gather_single``, ``reduce_scatter_single``; FSDP1 on CPU ``all_gather``).
+:class:`CollectiveWait` wraps those module functions once per process with a timer: two reads
+of the monotonic clock (vDSO, no syscall) and an addition around each blocking call; nothing
+in ``step()``. The time a rank spends blocked in them, per step, is what it waits for the
+others plus the transfer itself, which is the same on every rank; the rank the others wait for
+waits least. Calls with ``async_op=True`` return at once and are not timed (their wait is in
+``Work.wait()``); on GPUs a collective does not block the host, so FSDP's waits are not seen
+there (see docs/stragglers.md, Limits).
+
+Anything else (a model without DDP or FSDP, a DDP without the logging interface in another
+torch) reads nothing: :func:`wait_of` returns None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
 
-__all__ = ["CommWait"]
+__all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "timed", "wait_of"]
 
 _NS = 1e-9
+TIMED = (
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "all_gather",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "all_reduce",
+)
+"""The ``torch.distributed`` collectives :class:`CollectiveWait` times (what FSDP1 and FSDP2
+call, and the all-reduce of gradient clipping)."""
+
+
+class WaitReader(Protocol):
+    """Reads this rank's wait per step when a heartbeat is due."""
+
+    def read(self, steps: int) -> float | None:
+        """Seconds waited per step lately; None when there is nothing new."""
 
 
 class CommWait:
@@ -75,3 +106,74 @@ class CommWait:
             return None
         self._iteration = iteration
         return max(0, comm - overlap) * _NS
+
+
+class CollectiveWait:
+    """The time this process is blocked in ``torch.distributed``'s collectives (:data:`TIMED`),
+    per step since the last read."""
+
+    __slots__ = ("_read_total",)
+
+    _total: ClassVar[list[float]] = [0.0]  # seconds blocked, over the process (the wrappers')
+    _installed: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._install()
+        self._read_total = CollectiveWait._total[0]
+
+    @classmethod
+    def _install(cls) -> None:
+        if cls._installed:
+            return
+        import torch.distributed as dist
+
+        for name in TIMED:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, timed(fn, cls._total))
+        cls._installed = True
+
+    @classmethod
+    def of(cls, objects: Sequence[object]) -> CollectiveWait | None:
+        """When an FSDP1 or FSDP2 module is among ``objects``; None otherwise."""
+        from torch import nn
+
+        from worker_sdk.checkpoint import parallel
+
+        kinds = (parallel.KIND_FSDP1, parallel.KIND_FSDP2)
+        if any(isinstance(o, nn.Module) and parallel.module_kind(o) in kinds for o in objects):
+            return cls()
+        return None
+
+    def read(self, steps: int) -> float | None:
+        """Seconds blocked in the collectives per step over the last ``steps`` steps; None
+        when no step was made."""
+        now = CollectiveWait._total[0]
+        blocked, self._read_total = now - self._read_total, now
+        return blocked / steps if steps > 0 else None
+
+
+def timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
+    """``fn`` that adds the seconds each blocking call takes to ``total[0]`` (a call with
+    ``async_op=True`` is passed through untimed)."""
+    clock = time.perf_counter
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("async_op"):
+            return fn(*args, **kwargs)
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total[0] += clock() - t0
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+def wait_of(objects: Sequence[object]) -> WaitReader | None:
+    """The wait reader for the parallelism among ``objects``: DDP's reducer, else FSDP's
+    collectives; None when there is neither."""
+    return CommWait.of(objects) or CollectiveWait.of(objects)

@@ -113,7 +113,7 @@ def send_report(channel: Channel | None, to: ReportTo, pid: int, status: int) ->
             pid,
             code if code >= 0 else None,
             -code if code < 0 else None,
-            socket.gethostname(),
+            p.node_name(os.environ.get("SLURMD_NODENAME"), socket.gethostname()),
             last_step,
         )
     )

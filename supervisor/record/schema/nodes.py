@@ -82,28 +82,35 @@ class SlowPhase(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StragglerDetected(Event):
-    """One rank makes the others wait: in DDP's gradient all-reduce, the other ranks wait for it
-    a share of every step (at least 20 %) over a recent window. Logged when it is first named
-    (again after another rank was, or after none was for a window); the job goes on."""
+    """One rank makes the others wait: in DDP's gradient all-reduce or FSDP's all-gathers and
+    reduce-scatters, the other ranks wait for it a share of every step (at least 20 %) over a
+    recent window. Logged when it is first named (again after another rank was, or after none was
+    for a window); the job goes on."""
 
     NAME = "straggler_detected"
     LEVEL = "warning"
     DIGITS: ClassVar[Mapping[str, int]] = {
         "slower": 2,
-        "lost_s": 4,
+        "lost_s": 3,
+        "lost_per_step_s": 4,
         "step_s": 4,
         "window_s": 1,
     }
     rank: int
     """The rank the others wait for."""
     node: str | None
-    """The node (host name) it runs on; None when its hello was not heard."""
+    """The node it runs on (its Slurm name, else its short host name); None when its hello was
+    not heard."""
     slower: float
-    """Its time per step outside the wait over the other ranks' (2.0: twice as long)."""
+    """Its compute time per step (the step less its wait) over the median of the other ranks'
+    (2.0: it computes twice as long)."""
     lost_s: float
+    """Seconds the other ranks spent waiting for it over the window (the median rank's wait
+    less its own)."""
+    lost_per_step_s: float
     """Seconds per step the other ranks wait for it (the median of theirs less its own)."""
     step_s: float
-    """Seconds per step over the window."""
+    """Seconds per step over the window (the median rank's median)."""
     window_s: float
     """The span of the samples judged, in seconds."""
     samples: int

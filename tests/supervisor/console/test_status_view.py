@@ -91,7 +91,8 @@ STRAGGLER = {
     "rank": 1,
     "node": "n2",
     "slower": 25.31,
-    "lost_s": 0.0502,
+    "lost_s": 0.958,
+    "lost_per_step_s": 0.0502,
     "step_s": 0.0523,
     "since_s": 12.4,
     "exclude_node": True,
@@ -113,7 +114,7 @@ STRAGGLER = {
             ],
         ),
         (
-            {"straggler": {**STRAGGLER, "node": None, "lost_s": 0.0031, "step_s": 0.0042}},
+            {"straggler": {**STRAGGLER, "node": None, "lost_per_step_s": 0.0031, "step_s": 0.0042}},
             [
                 (
                     "straggler: rank 1, 25.3x slower than the others: they wait 3.1 ms for it"

@@ -52,7 +52,7 @@ class Case:
 
 def restart(n_used: int, *, max_restarts: int = 5, kind: str = "crash") -> Restart:
     """The Restart that decide() gives with POLICY, jitter 0, n_used restarts used, no repeat."""
-    delay = min(300.0, 5.0 * 2**n_used) / 2
+    delay = 0.0 if n_used == 0 else min(300.0, 5.0 * 2 ** (n_used - 1)) / 2
     note = f"restart {n_used + 1} of {max_restarts} in {delay:.1f}s after {kind}"
     return Restart(delay, True, max_restarts - n_used - 1, False, note)
 
@@ -138,8 +138,19 @@ CASES = {
     "jitter-stretches-delay": Case(
         Budget(restarts_used=3),
         CRASH_30,
-        Restart(30.0, True, 1, False, "restart 4 of 5 in 30.0s after crash"),
+        Restart(15.0, True, 1, False, "restart 4 of 5 in 15.0s after crash"),
         jitter=0.5,
+    ),
+    "deterministic-first-restart-waits": Case(
+        Budget(charged_failure=deterministic_signature(CRASH_30)),
+        CRASH_30,
+        Restart(
+            2.5,
+            True,
+            4,
+            True,
+            "restart 1 of 5 in 2.5s after crash; deterministic: rank 1 fails at step 30 every time",
+        ),
     ),
 }
 
@@ -152,28 +163,53 @@ def test_decide(case: Case) -> None:
     assert got == case.expected
 
 
-D = [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0, 300.0, 300.0]  # capped at 300
+# the shipped defaults: the first restart at once, then 5 s doubled, capped at 300
+D = [0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0, 300.0]
 
 
 @pytest.mark.parametrize("n", range(11))
 @pytest.mark.parametrize("jitter", [0.0, 0.999])
 def test_backoff_values(n: int, jitter: float) -> None:
-    """Delay doubles per restart used, is capped, and lies in [d/2, d) with d the capped value."""
+    """The first restart waits first_backoff (0), the second backoff, doubled per restart used
+    after it, capped; the delay lies in [d/2, d) with d the capped value."""
     expected = {0.0: D[n] / 2, 0.999: D[n] * 0.9995}[jitter]
     assert backoff_s(n, POLICY, jitter) == pytest.approx(expected)
 
 
 def test_backoff_literal_values() -> None:
     """A few hand-computed delays, so that the table above is not only the formula again."""
-    assert backoff_s(0, POLICY, 0.0) == 2.5
-    assert backoff_s(3, POLICY, 0.0) == 20.0
-    assert backoff_s(6, POLICY, 0.0) == 150.0
+    assert backoff_s(0, POLICY, 0.999) == 0.0
+    assert backoff_s(1, POLICY, 0.0) == 2.5
+    assert backoff_s(4, POLICY, 0.0) == 20.0
+    assert backoff_s(7, POLICY, 0.0) == 150.0
     assert backoff_s(10, POLICY, 0.999) == pytest.approx(299.85)
+
+
+@pytest.mark.parametrize(
+    ("n", "first", "deterministic", "jitter", "expected"),
+    [
+        (0, 0.0, False, 0.5, 0.0),  # the default: the first restart at once
+        (0, 0.0, True, 0.0, 2.5),  # the same failure again: backoff, never at once
+        (0, 5.0, False, 0.0, 2.5),  # first_backoff = backoff: the schedule before it existed
+        (1, 5.0, False, 0.0, 2.5),  # ...its second restart waits backoff
+        (0, 2.0, False, 0.999, 1.999),  # first_backoff with its jitter
+        (1, 2.0, False, 0.0, 2.5),  # the second restart does not depend on first_backoff
+        (2, 0.0, True, 0.0, 5.0),  # deterministic or not, from the second on the same
+    ],
+)
+def test_backoff_first_restart(
+    n: int, first: float, deterministic: bool, jitter: float, expected: float
+) -> None:
+    """The job's first charged restart waits first_backoff unless the failure is
+    deterministic; every later one follows backoff."""
+    p = policy(first_backoff_s=first)
+    assert backoff_s(n, p, jitter, deterministic=deterministic) == pytest.approx(expected)
 
 
 def test_backoff_huge_n_is_capped_without_overflow() -> None:
     """A job with an absurd restart count still gets the capped delay, not an OverflowError."""
     assert backoff_s(10_000, POLICY, 0.0) == 150.0
+    assert backoff_s(64, POLICY, 0.0) == 150.0 and backoff_s(65, POLICY, 0.0) == 150.0
 
 
 @pytest.mark.parametrize(("n", "jitter"), [(-1, 0.0), (0, 1.0), (0, -0.1)])

@@ -10,46 +10,85 @@ from supervisor.rules.stragglers import (
     CONFIRM_S,
     MIN_SAMPLES,
     WINDOW_S,
-    Straggler,
+    Sample,
     StragglerWatch,
     judge,
-    step_time,
 )
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-FIVE = MIN_SAMPLES  # enough samples
+N = MIN_SAMPLES  # enough samples
+
+
+def _samples(wait: float, step: float, n: int = N, steps: int = 10) -> list[Sample]:
+    """``n`` heartbeats of ``steps`` steps each, every step ``step`` seconds long, of which the
+    rank waited ``wait``."""
+    return [Sample(wait, step, steps)] * n
 
 
 @pytest.mark.parametrize(
-    ("waits", "step_s", "expected"),
+    ("samples", "expected"),
     [
-        # 2 ranks: rank 1 sleeps 50 ms a step; rank 0 waits for it
-        ({0: [0.050] * FIVE, 1: [0.001] * FIVE}, 0.052, (1, 0.049)),
-        # 4 ranks, rank 2 slow, the others wait 30 ms of a 40 ms step
+        # 2 ranks compute 20 ms a step, rank 1 sleeps 60 ms more: an 80 ms step, rank 0 waits
+        # 60 ms of it; rank 1 computes 4x as long; over 10 beats of 10 steps rank 0 waited 6 s
+        ({0: _samples(0.06, 0.08), 1: _samples(0.0, 0.08)}, (1, 0.06, 4.0, 6.0)),
+        # 4 ranks, rank 2 slow: the others wait 30 ms of a 40 ms step (the median: 30 ms)
         (
-            {0: [0.03] * FIVE, 1: [0.031] * FIVE, 2: [0.0] * FIVE, 3: [0.029] * FIVE},
-            0.04,
-            (2, 0.03),
+            {
+                0: _samples(0.03, 0.04),
+                1: _samples(0.031, 0.04),
+                2: _samples(0.0, 0.04),
+                3: _samples(0.029, 0.04),
+            },
+            (2, 0.03, 4.0, 3.0),
         ),
         # every rank equally slow: nobody waits for anybody
-        ({0: [0.001] * FIVE, 1: [0.0012] * FIVE, 2: [0.0009] * FIVE}, 0.5, None),
+        ({r: _samples(0.001, 0.5) for r in range(3)}, None),
         # a gap below 20 % of the step is jitter, not a straggler
-        ({0: [0.015] * FIVE, 1: [0.0] * FIVE}, 0.1, None),
-        # ...above it, it is one
-        ({0: [0.025] * FIVE, 1: [0.0] * FIVE}, 0.1, (1, 0.025)),
+        ({0: _samples(0.015, 0.1), 1: _samples(0.0, 0.1)}, None),
+        # ...above it, it is one: 100 ms against 75 ms of compute
+        ({0: _samples(0.025, 0.1), 1: _samples(0.0, 0.1)}, (1, 0.025, 1.3333, 2.5)),
         # tiny steps: a gap of 1 ms is under the absolute floor
-        ({0: [0.001] * FIVE, 1: [0.0] * FIVE}, 0.002, None),
+        ({0: _samples(0.001, 0.002), 1: _samples(0.0, 0.002)}, None),
         # too few samples of a rank: it is not judged; one rank left is no comparison
-        ({0: [0.05] * FIVE, 1: [0.0] * (FIVE - 1)}, 0.06, None),
+        ({0: _samples(0.05, 0.06), 1: _samples(0.0, 0.06, N - 1)}, None),
         # the median: a few outliers (a checkpoint save) do not name the saving rank
-        ({0: [0.0, 0.0, 0.0, 0.5, 0.5, 0.0], 1: [0.0, 0.0, 0.0, 0.0, 0.0, 0.5]}, 0.05, None),
+        (
+            {
+                0: [Sample(w, 0.05) for w in (0.0,) * 7 + (0.5, 0.5, 0.0)],
+                1: [Sample(w, 0.05) for w in (0.0,) * 9 + (0.5,)],
+            },
+            None,
+        ),
         # a slow node: two of four ranks slow; the slowest of them is named
-        ({0: [0.04] * FIVE, 1: [0.04] * FIVE, 2: [0.001] * FIVE, 3: [0.0] * FIVE}, 0.05, (3, 0.04)),
+        (
+            {
+                0: _samples(0.04, 0.05),
+                1: _samples(0.04, 0.05),
+                2: _samples(0.001, 0.05),
+                3: _samples(0.0, 0.05),
+            },
+            (3, 0.04, 5.0, 4.0),
+        ),
         # no step time: nothing is judged
-        ({0: [0.05] * FIVE, 1: [0.0] * FIVE}, 0.0, None),
+        ({0: _samples(0.05, 0.0), 1: _samples(0.0, 0.0)}, None),
         # ties name the lowest rank
-        ({0: [0.0] * FIVE, 1: [0.0] * FIVE, 2: [0.05] * FIVE}, 0.06, (0, 0.0)),
+        (
+            {0: _samples(0.0, 0.06), 1: _samples(0.0, 0.06), 2: _samples(0.05, 0.06)},
+            (0, 0.0, 1.0, 0.0),
+        ),
+        # the window right after an onset: 4 beats of 20 ms steps before it, 6 of 80 ms after;
+        # the figures are those of the steps after it (the medians), and the time lost is
+        # what was lost after it (6 beats of 10 steps, 60 ms each)
+        (
+            {
+                0: _samples(0.0, 0.02, 4) + _samples(0.06, 0.08, 6),
+                1: _samples(0.0, 0.02, 4) + _samples(0.0, 0.08, 6),
+            },
+            (1, 0.06, 4.0, 3.6),
+        ),
+        # waits above the step (noise): the others' compute time is floored at 1 % of a step
+        ({0: _samples(0.2, 0.1), 1: _samples(0.0, 0.1)}, (1, 0.2, 100.0, 20.0)),
     ],
     ids=[
         "two-ranks",
@@ -63,50 +102,46 @@ FIVE = MIN_SAMPLES  # enough samples
         "slow-node",
         "no-step-time",
         "tie",
+        "just-after-onset",
+        "waits-above-step",
     ],
 )
 def test_judge(
-    waits: dict[int, list[float]], step_s: float, expected: tuple[int, float] | None
+    samples: dict[int, list[Sample]], expected: tuple[int, float, float, float] | None
 ) -> None:
     """The rank that waits least is the straggler when the others wait for it at least 20 % of
-    a step (and 2 ms); ``lost_s`` is the others' median wait less its own."""
-    found = judge(waits, step_s)
+    a step (and 5 ms); ``slower`` is its compute time over the others' median, ``lost_s`` the
+    time the others waited for it over the window."""
+    found = judge(samples)
     if expected is None:
         assert found is None
         return
     assert found is not None
-    rank, lost = expected
-    if lost == 0.0:  # the tie: the others' median is the middle one
+    rank, per_step, slower, lost = expected
+    if per_step == 0.0:  # the tie: the others' median is the middle one
         assert found.rank == rank
         return
-    assert (found.rank, round(found.lost_s, 4)) == (rank, lost)
+    assert found.rank == rank
+    assert found.lost_per_step_s == pytest.approx(per_step, abs=1e-4)
+    assert found.slower == pytest.approx(slower, rel=1e-3)
+    assert found.lost_s == pytest.approx(lost, rel=1e-3)
 
 
-@pytest.mark.parametrize(
-    ("straggler", "slower"),
-    [
-        (Straggler(1, 0.001, 0.050, 0.052), 25.5),
-        (Straggler(1, 0.0, 0.05, 0.1), 2.0),
-        (Straggler(1, 0.0, 0.2, 0.1), 100.0),  # waits above the step (noise): floored
-    ],
-)
-def test_slower_is_busy_time_over_the_others(straggler: Straggler, slower: float) -> None:
-    """``slower`` is the straggler's time outside the wait over the others'."""
-    assert straggler.slower == pytest.approx(slower)
-
-
-@pytest.mark.parametrize(
-    ("progress", "expected"),
-    [
-        ({0: [(0.0, 10), (2.0, 30)], 1: [(0.0, 10), (2.0, 30)]}, 0.1),
-        ({0: [(0.0, 10), (2.0, 30)], 1: [(0.0, 10), (2.0, 10)]}, 0.1),
-        ({0: [(1.0, 10)]}, None),
-    ],
-    ids=["two-ranks", "one-without-progress", "one-heartbeat"],
-)
-def test_step_time(progress: dict[int, list[tuple[float, int]]], expected: float | None) -> None:
-    """Seconds per step: the median over the ranks that made progress in the window."""
-    assert step_time(progress) == (None if expected is None else pytest.approx(expected))
+def test_watch_makes_samples_from_heartbeats() -> None:
+    """A heartbeat's sample is its wait with the seconds per step since the rank's previous
+    heartbeat; the first heartbeat, one without progress and one without a wait make none."""
+    watch = StragglerWatch()
+    watch.observe(0, 0.0, 0, 0.01)  # the first: nothing to measure the step time from
+    watch.observe(0, 1.0, 10, 0.03)
+    watch.observe(0, 1.5, 10, 0.03)  # no progress
+    watch.observe(0, 2.0, 30, None)  # no wait: progress only
+    watch.observe(0, 3.0, 40, 0.05)
+    for t in range(4, 4 + N):
+        watch.observe(1, float(t - 4), (t - 4) * 10, 0.0)
+    assert [x for _, x in watch._ranks[0].samples] == [
+        Sample(0.03, 0.1, 10),
+        Sample(0.05, 0.1, 10),
+    ]
 
 
 def _feed(watch: StragglerWatch, t0: float, t1: float, waits: dict[int, float]) -> None:
@@ -207,7 +242,7 @@ def test_reports_log_the_straggler_with_its_node(exclude: bool) -> None:
     events = []
     for i in range(60):
         t = i * 0.5
-        reports.heard(*_heartbeat(0, 10 * i, {"comm_wait_s": 0.45}), t)
+        reports.heard(*_heartbeat(0, 10 * i, {"comm_wait_s": 0.04}), t)
         reports.heard(*_heartbeat(1, 10 * i, {"comm_wait_s": 0.0, "loss": 1.0}), t)
         reports.heard(*_heartbeat(1, 10 * i, {"comm_wait_s": True}), t)
         if (event := reports.judge(t, nodes)) is not None:
@@ -215,8 +250,9 @@ def test_reports_log_the_straggler_with_its_node(exclude: bool) -> None:
     assert len(events) == 1, events
     event = events[0]
     assert (event.rank, event.node, event.exclude_node) == (1, "n2", exclude)
-    assert event.step_s == pytest.approx(0.05) and event.lost_s == pytest.approx(0.45)
-    assert event.slower == pytest.approx(100.0)  # the others' busy time is floored
+    assert event.step_s == pytest.approx(0.05) and event.lost_per_step_s == pytest.approx(0.04)
+    assert event.slower == pytest.approx(5.0)  # 50 ms of compute against 10 ms
+    assert event.lost_s == pytest.approx(0.4 * event.samples)  # 40 ms a step, 10 steps a beat
     assert reports.to_exclude.keys() == ({"n2"} if exclude else set())
     status = reports.status(30.0)
     assert status is not None and status["rank"] == 1 and status["node"] == "n2"

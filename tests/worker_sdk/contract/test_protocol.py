@@ -159,3 +159,36 @@ def test_secret_owner_only_modes_accepted(tmp_path: Path) -> None:
     for mode in (0o400, 0o700):
         path.chmod(mode)
         assert p.read_secret(str(path)) == secret
+
+
+@pytest.mark.parametrize(
+    ("slurmd_nodename", "hostname", "expected"),
+    [
+        ("node2", "node2", "node2"),  # Slurm's name and the host's agree
+        ("gpu-017", "gpu-017.cluster.example.org", "gpu-017"),  # the host is an FQDN
+        ("gpu017", "login-b3", "gpu017"),  # the host is named otherwise: Slurm's name wins
+        (" node2\n", "x", "node2"),  # stray whitespace
+        (None, "gpu-017.cluster.example.org", "gpu-017"),  # outside Slurm: the short name
+        ("", "worker7", "worker7"),  # set but empty: as if unset
+        ("   ", "worker7.lan", "worker7"),
+        (None, "10.0.0.5", "10.0.0.5"),  # an address stays whole
+        (None, "fe80::1", "fe80::1"),
+        (None, "", ""),
+    ],
+    ids=[
+        "same",
+        "fqdn",
+        "other-host-name",
+        "whitespace",
+        "no-slurm-fqdn",
+        "empty-slurm-name",
+        "blank-slurm-name",
+        "ipv4",
+        "ipv6",
+        "no-name",
+    ],
+)
+def test_node_name(slurmd_nodename: str | None, hostname: str, expected: str) -> None:
+    """Failures and exclusions name a node as Slurm does (SLURMD_NODENAME), else by its short
+    host name."""
+    assert p.node_name(slurmd_nodename, hostname) == expected
