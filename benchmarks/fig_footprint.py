@@ -178,12 +178,16 @@ def _cpu(usages: list[Usage]) -> list[float]:
 
 
 class _ScaleRvsup(Rvsup):
-    """rvsup whose single rank is the simulator."""
+    """rvsup whose single rank is the simulator. The simulator's process stays busy sending the
+    other ranks' heartbeats while one of them is silent: rvsup would take that for a rank busy in
+    a long step and wait up to hang_timeout_max (30 min by default) before calling it a hang, so
+    hang_timeout_max is the hang timeout here."""
 
     def __init__(self) -> None:
         super().__init__(
             name="rvsup",
             hang_timeout=f"{SCALE_HANG_S:g}s",
+            hang_timeout_max=f"{SCALE_HANG_S:g}s",
             script=REPO / "benchmarks" / "fake_ranks.py",
             nproc=1,
         )

@@ -218,6 +218,7 @@ class Rvsup(Tool):
     nproc: int = WORLD
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
     native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
+    hang_timeout_max: str | None = None  # None: rvsup's default
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])
@@ -238,12 +239,17 @@ every_steps = {spec.ckpt_every}
 [heartbeat]
 hang_timeout = {json.dumps(self.hang_timeout)}
 native_stacks = {json.dumps(self.native_stacks)}
-
+{self._hang_timeout_max_line()}
 [restart]
 max_restarts = {spec.max_restarts}
 backoff = {json.dumps(self.backoff)}
 on_oom = {json.dumps(self.on_oom)}
 """
+
+    def _hang_timeout_max_line(self) -> str:
+        if self.hang_timeout_max is None:
+            return ""
+        return f"hang_timeout_max = {json.dumps(self.hang_timeout_max)}\n"
 
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
         job = workdir / "job.toml"

@@ -4,7 +4,10 @@ Observation only: messages from the rank channel, process exits (through the att
 :class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. What it gathers toward its
 ending is an :class:`~supervisor.outcome.Evidence`, the checkpoints it saw a
 :class:`~supervisor.ranks.checkpoints.CheckpointsSeen`, the ranks' exits an
-:class:`~supervisor.ranks.exits.ExitBook`. It never decides whether to restart
+:class:`~supervisor.ranks.exits.ExitBook`; its hang check is a
+:class:`~supervisor.ranks.hang_check.HangCheck`, its saves a
+:class:`~supervisor.ranks.coordinated.Saves`, and :func:`~supervisor.outcome.result_of` builds
+its result. It never decides whether to restart
 (``rules.policy.decide``), and it keeps no job state of its own: it reads and changes the state
 of the :class:`JobOwner` (the supervisor), whose ``transition`` is the only way it changes.
 Its loops run under :func:`~supervisor.loops.run_beside`: a loop that raises ends the attempt
@@ -16,19 +19,16 @@ including cancellation, the attempt's whole process tree is torn down and reaped
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Protocol
 
 from supervisor.config import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
-from supervisor.outcome import AttemptResult, Ending, Evidence
-from supervisor.process import native
+from supervisor.outcome import AttemptResult, Ending, Evidence, result_of
 from supervisor.process.cgroup import ended_events
-from supervisor.process.diagnostics import read_flights, read_stacks, read_steps, read_stopped
+from supervisor.process.diagnostics import read_steps
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
-from supervisor.ranks import slow
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
 from supervisor.ranks.checkpoints import (
     CheckpointsSeen,
@@ -37,17 +37,16 @@ from supervisor.ranks.checkpoints import (
     loaded_event,
     trouble_event,
 )
-from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.ranks.coordinated import Saves
 from supervisor.ranks.exits import EXIT_GRACE_S, ExitBook
-from supervisor.ranks.silence import SilenceWatch
-from supervisor.ranks.slow import SlowWatch
+from supervisor.ranks.hang_check import HangCheck
 from supervisor.ranks.stragglers import StragglerReports
 from supervisor.ranks.training import PruneGuard, anomaly_event, anomaly_in
 from supervisor.record import rank_logs, rundir
 from supervisor.record.events import EventLog
-from supervisor.rules import culprits, failures, hangs
+from supervisor.rules import failures, hangs
 from supervisor.rules.anomalies import LossWatch
-from supervisor.rules.observation import Anomaly, Observation, RankExit, StopReason
+from supervisor.rules.observation import Anomaly, RankExit, StopReason
 from supervisor.rules.states import JobState
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
@@ -107,18 +106,23 @@ class Attempt:
         self.liveness = liveness or Liveness(clock)
         self.world_size = plan.nnodes * plan.nproc_per_node
         self.diag_dir = rundir.diagnostics_dir(cfg.job.run_dir, number)
-        self.sync: SaveRound | None = None
-        self.stop_reason: StopReason | None = None
-        hb = cfg.heartbeat
-        self.silence = SilenceWatch(
-            hb,
+        self.saves = Saves(
+            channel,
             ranks,
             world_size=self.world_size,
-            t0=clock.monotonic(),
-            # early native stacks; the hang rule's evidence window
-            lead_s=max(native.LEAD_S if hb.native_stacks else 0.0, slow.LEAD_S),
+            resend_after_s=2 * cfg.heartbeat.interval_s,
+            every_s=cfg.checkpoint.every_s,
         )
-        self.slow = SlowWatch(self.diag_dir, cap_s=hb.hang_timeout_max_s)
+        self.stop_reason: StopReason | None = None
+        self.hang_check = HangCheck(
+            cfg.heartbeat,
+            ranks,
+            tree,
+            events,
+            world_size=self.world_size,
+            diag_dir=self.diag_dir,
+            t0=clock.monotonic(),
+        )
         self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
         self.checkpoints = CheckpointsSeen(tracker.newest_step, clock.monotonic())
         self.exits = ExitBook(self.world_size)
@@ -136,7 +140,7 @@ class Attempt:
             self._guard.update(
                 self.losses.earliest_onset(self.world_size), self.tracker.newest_step
             )
-        self.silence.restart_clock(self.checkpoints.last_commit_t)
+        self.hang_check.silence.restart_clock(self.checkpoints.last_commit_t)
         loops = {"receive": self._receive_loop(), "tick": self._tick_loop()}
         if self.commits is not None:
             loops["watch"] = self._watch_loop()
@@ -151,21 +155,14 @@ class Attempt:
                 # dump its stacks goes on training while the diagnostics are collected
                 self.refresh_steps()
                 self.evidence.steps_final = True
-                diagnostics = await self.tree.collect_stacks(
-                    self.diag_dir, native_stacks=self.cfg.heartbeat.native_stacks
-                )
-                self.evidence.verdict = culprits.judge(
-                    read_stacks(self.diag_dir, self.world_size),
-                    read_stopped(self.diag_dir, self.world_size),
-                    read_flights(self.diag_dir, self.world_size),
-                )
+                diagnostics, self.evidence.verdict = await self.hang_check.diagnose()
             if ending in (Ending.FAILED, Ending.HANG) and self.stop_reason is None:
                 lost = await self.tree.lost_nodes()
             steps = {st.rank: st.last_step for st in self.ranks}
             for aborted in self.exits.aborted(self.tree.exits, steps, self.tree.stderr_tail):
                 self.events.log(aborted)
         finally:
-            self._log_slow_phase(self.clock.monotonic(), finished=False)
+            self.hang_check.close_phase(self.clock.monotonic(), finished=False)
             for name in loops:
                 self.liveness.forget(name)
             if self._settling is not None:
@@ -186,7 +183,7 @@ class Attempt:
     @property
     def hang_timeout_s(self) -> float | None:
         """The hang timeout in force (None: the automatic one has seen no step yet)."""
-        return self.silence.timeout_s
+        return self.hang_check.silence.timeout_s
 
     def request_stop(self, reason: StopReason) -> None:
         """Checkpoint at a common step, then let the ranks exit (deadline: launch.stop_timeout)."""
@@ -200,7 +197,7 @@ class Attempt:
             self._finish(Ending.STOPPED)
             return
         self.job.transition(JobState.STOPPING)
-        self._begin_sync(stop=True, now=now)
+        self.saves.begin(stop=True, now=now)
 
     # ------------------------------------------------------------------ observation
     async def _receive_loop(self) -> None:
@@ -219,20 +216,19 @@ class Attempt:
         match body:
             case m.Hello():
                 self.tree.watch_rank(msg.pid, msg.rank, st.host)
-                self._note_logs(msg.rank, body)
-                self._ask_to_sync(msg.rank, now)
+                rank_logs.note_hello(
+                    self.cfg.job.run_dir, self.number, msg.rank, body.stdout, body.stderr
+                )
+                self.saves.ask(msg.rank, now)
             case m.Heartbeat():
                 self.stragglers.heard(msg.rank, body, now)
-                if self.state is JobState.STARTING and self._all_started():
+                if self.state is JobState.STARTING and self.ranks.started(self.world_size):
                     self.job.transition(JobState.RUNNING)
-                self._ask_to_sync(msg.rank, now)
+                self.saves.ask(msg.rank, now)
             case m.Exiting(_, reason):
                 self.exits.exiting(msg.rank, reason, now)
             case m.Sync():
-                if self.sync is None:
-                    answer_without_round(self.channel, identity, msg.rank)
-                else:
-                    self.sync.answer(self.channel, identity, msg.rank, body)
+                self.saves.answer(identity, msg.rank, body)
             case m.CheckpointCommitted():
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
             case m.CheckpointFailed(step, reason):
@@ -271,24 +267,12 @@ class Attempt:
         self.evidence.noticed(now, self.clock.wall())
         self._finish(Ending.FAILED)
 
-    def _ask_to_sync(self, rank: int, now: float) -> None:
-        """In a coordinated save, ask ``rank`` to report its step (unless asked recently)."""
-        if self.sync is not None:
-            self.sync.ask(self.channel, self.ranks, rank, now)
-
     def _on_exit_report(self, msg: p.Message, report: m.RankExit) -> None:
         """A rank's waiting parent says how the rank ended (and its last step)."""
         self._exact_step(msg.rank, report.last_step)
         ended = exit_from_report(msg)
         if ended is not None and self.tree.record(ended):
             self._on_rank_exit(ended)
-
-    def _note_logs(self, rank: int, hello: m.Hello) -> None:
-        """Record which files hold the rank's output (``rvsup logs``), as its hello says."""
-        out, err = hello.stdout, hello.stderr
-        if out is not None and err is not None and out[:1] == err[:1] == "/":
-            with contextlib.suppress(OSError):  # the logs are a convenience, never a failure
-                rank_logs.note(self.cfg.job.run_dir, self.number, rank, out, err)
 
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node
@@ -297,11 +281,8 @@ class Attempt:
             self._exact_step(rank, step)
 
     def _exact_step(self, rank: int, step: object) -> None:
-        if self.evidence.steps_final or not isinstance(step, int) or isinstance(step, bool):
-            return
-        for st in self.ranks:
-            if st.rank == rank and step > st.last_step:
-                st.last_step = step
+        if not self.evidence.steps_final:
+            self.ranks.exact_step(rank, step)
 
     def _on_rank_exit(self, ended: RankExit) -> None:
         """A rank's end, seen here or reported by its parent (each told once)."""
@@ -319,10 +300,6 @@ class Attempt:
         else:
             self._sign_of_failure(self.clock.monotonic())
 
-    def _all_started(self) -> bool:
-        started = [st for st in self.ranks if st.first_step_t is not None]
-        return len(started) >= self.world_size
-
     async def _watch_loop(self) -> None:
         assert self.commits is not None
         while True:
@@ -338,8 +315,7 @@ class Attempt:
         self.ranks.commit_seen(commit.step)
         self.checkpoints.last_commit_t = self.clock.monotonic()
         self.events.log(commit_event(commit))
-        if self.sync is not None and not self.sync.stop and self.sync.committed_by(commit.step):
-            self.sync = None
+        if self.saves.finished_by(commit.step):
             self.job.transition(JobState.RUNNING)
 
     def _sign_of_failure(self, now: float) -> None:
@@ -392,24 +368,8 @@ class Attempt:
     def _check_hang(self, now: float) -> None:
         if self._is_ending() or self.stop_reason is not None:
             return
-        found = self.silence.check(now, finishing=self.tree.any_left_cleanly())
+        found = self.hang_check.check(now)
         if found is None:
-            self.tree.hang_averted()
-            self._log_slow_phase(now, finished=True)
-            return
-        phase = self.slow.phase
-        if self.cfg.heartbeat.native_stacks and self.slow.native_due(now, native.LEAD_S):
-            self.tree.foresee_hang(self.diag_dir)  # the native stacks, while the hang is confirmed
-        stuck = self.slow.review(
-            now,
-            hung=bool(found.ranks),
-            silent_s=max(s.silent_s for s in found.silences),
-            review_s=self.silence.timeout_s or self.cfg.heartbeat.startup_timeout_s,
-            pids=self.tree.rank_pids(),
-        )
-        if stuck is None:
-            if self.slow.phase is not None and phase is None:
-                self.tree.hang_averted()  # busy: native stacks taken early are stale
             return
         hung = found.ranks or tuple(s.rank for s in found.silences)
         self.refresh_steps()
@@ -419,27 +379,10 @@ class Attempt:
         ev.noticed(now, self.clock.wall())
         self._finish(Ending.HANG)
 
-    def _log_slow_phase(self, now: float, *, finished: bool) -> None:
-        event = self.slow.close(now, finished=finished)
-        if event is not None:
-            self.events.log(event)
-
     def _maybe_schedule_save(self, now: float) -> None:
-        every = self.cfg.checkpoint.every_s
-        if every is None or self.sync is not None or self.state is not JobState.RUNNING:
-            return
-        if now - self.checkpoints.last_commit_t >= every:
+        if self.state is JobState.RUNNING and self.saves.due(now, self.checkpoints.last_commit_t):
             self.job.transition(JobState.SAVING)
-            self._begin_sync(stop=False, now=now)
-
-    def _begin_sync(self, *, stop: bool, now: float) -> None:
-        self.sync = SaveRound(
-            stop=stop,
-            world_size=self.world_size,
-            resend_after_s=2 * self.cfg.heartbeat.interval_s,
-            started_t=now,
-        )
-        self.sync.ask_all(self.channel, self.ranks, now)
+            self.saves.begin(stop=False, now=now)
 
     # ------------------------------------------------------------------ ending
     def _is_ending(self) -> bool:
@@ -453,36 +396,20 @@ class Attempt:
         self, ending: Ending, diagnostics: str | None, lost: tuple[str, ...]
     ) -> AttemptResult:
         self.refresh_steps()
-        last_steps = {st.rank: st.last_step for st in self.ranks if st.last_step >= 0}
-        ev = self.evidence
-        verdict = ev.verdict or culprits.Verdict((), (), "")
-        obs = Observation(
-            exits=self.tree.exits,
-            reports=tuple(ev.reports),
-            launcher_exit=self.tree.launcher_rc,
-            silent_ranks=ev.silent,
-            hang_timeout_s=self.hang_timeout_s,
-            last_steps=last_steps,
-            stop_reason=self.stop_reason,
-            stderr_tail=self.tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
-            host_oom_kills=self.tree.host_oom_kills(),
-            lost_nodes=lost,
-            hang_culprits=verdict.culprits,
-            hang_evidence="; ".join(filter(None, [self.slow.note, verdict.detail])),
-            rank_nodes={st.rank: st.host for st in self.ranks if st.host != "?"},
-            anomaly=ev.anomaly,
-        )
         newest = self.tracker.newest_step
-        stop_step = None
-        if ending is Ending.STOPPED and self.sync is not None and self.sync.committed_by(newest):
-            stop_step = newest
-        return AttemptResult(
-            outcome=ending.outcome,
-            observation=obs,
-            detect_s=ev.hang_silence_s if ending is Ending.HANG else None,
-            diagnostics=diagnostics,
+        return result_of(
+            ending,
+            self.evidence,
+            self.tree,
+            last_steps={st.rank: st.last_step for st in self.ranks if st.last_step >= 0},
+            rank_nodes={st.rank: st.host for st in self.ranks if st.host != "?"},
+            hang_timeout_s=self.hang_timeout_s,
+            stop_reason=self.stop_reason,
+            slow_note=self.hang_check.slow.note,
+            stop_step=newest
+            if ending is Ending.STOPPED and self.saves.committed_by(newest)
+            else None,
             progressed=self.checkpoints.progressed(newest),
-            last_step=max(last_steps.values()) if last_steps else None,
-            stop_step=stop_step,
-            noticed_at=ev.noticed_at,
+            diagnostics=diagnostics,
+            lost=lost,
         )

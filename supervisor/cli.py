@@ -23,7 +23,8 @@ from supervisor.config.load import ConfigError, JobConfig, load_config, prefligh
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.console import logs, status_view
 from supervisor.console.version import version_text
-from supervisor.record import history, rundir, summary
+from supervisor.record import goodput, history, rundir, summary
+from supervisor.record.entries import Entry
 from supervisor.record.schema import JobStopped
 from supervisor.rules.budget import budget_of
 from supervisor.rules.states import ExitCode
@@ -79,12 +80,12 @@ def cmd_start(args: argparse.Namespace) -> int:
             for issue in issues:
                 print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
             return ExitCode.USAGE
-        from supervisor.daemon import AlreadyRunningError, run_daemon
+        from supervisor.daemon import AlreadyRunningError, MetricsStartError, run_daemon
 
         try:
             console = None if args.quiet else sys.stderr
             return asyncio.run(run_daemon(cfg, console=console, stops=stops))
-        except AlreadyRunningError as exc:
+        except (AlreadyRunningError, MetricsStartError) as exc:
             print(f"rvsup: {exc}", file=sys.stderr)
             return ExitCode.USAGE
     finally:
@@ -182,17 +183,35 @@ def _history_rows(cfg: JobConfig) -> list[history.AttemptRow]:
     return history.attempt_rows(history.read(cfg.job.run_dir / rundir.EVENTS_FILE).entries)
 
 
+def _plot(target: Path, entries: Sequence[Entry], now: datetime.datetime, job: str) -> int:
+    """``rvsup history --plot FILE``: the picture of the history, or why not (exit 2)."""
+    from supervisor.console import plot
+
+    try:
+        plot.draw(entries, now, target, job=job)
+    except plot.PlotError as exc:
+        print(f"rvsup: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    print(f"rvsup: drew the history of {job} into {target}")
+    return ExitCode.OK
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     path = cfg.job.run_dir / rundir.EVENTS_FILE
     past = history.read(path)
     rows = history.attempt_rows(past.entries)
-    total = summary.summarize(rows, datetime.datetime.now(datetime.timezone.utc))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    total = summary.summarize(rows, now)
+    good = goodput.goodput_of(past.entries, now)
     excluded = dict(budget_of(past.events).excluded)
+    if args.plot is not None:
+        return _plot(args.plot, past.entries, now, cfg.job.name)
     if args.json:
         out = {
             "attempts": history.rows_to_json(rows),
             "summary": summary.summary_to_json(total),
+            "goodput": goodput.goodput_to_json(good),
             "excluded_nodes": excluded,
         }
         print(json.dumps(out, indent=2))
@@ -203,6 +222,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     else:
         print(history.render_table(rows))
         print(summary.render_summary(total))
+        print(goodput.render_goodput(good))
         for line in status_view.excluded_lines(excluded):
             print(line)
     if past.skipped:
@@ -315,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stop)
     p = add("history", "one row per attempt")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE",
+        help="draw the history into FILE (.png or .svg; needs the extra rvsup[plot])",
+    )
     p.set_defaults(func=cmd_history)
     p = add("logs", "the ranks' stdout and stderr of an attempt (the latest by default)")
     p.add_argument("--rank", type=int, metavar="N", help="only rank N, without prefixes")

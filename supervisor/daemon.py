@@ -25,9 +25,10 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.config import JobConfig
+from supervisor.config.metrics import MetricsStartError
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import launcher, proctree
 from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
@@ -41,6 +42,7 @@ from supervisor.record.events import EventLog
 from supervisor.record.schema import (
     AttemptClosed,
     CheckpointCommitted,
+    Event,
     JobStarted,
     SupervisorError,
 )
@@ -58,7 +60,10 @@ from supervisor.supervisor import SlurmIds, Supervisor
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 
-__all__ = ["STOP_SIGNALS", "AlreadyRunningError", "run_daemon"]
+if TYPE_CHECKING:
+    from supervisor.service.metrics import JobMetrics
+
+__all__ = ["STOP_SIGNALS", "AlreadyRunningError", "MetricsStartError", "run_daemon"]
 
 STOP_SIGNALS: dict[signal.Signals, StopReason] = {
     signal.SIGTERM: StopReason.PREEMPTED,
@@ -116,6 +121,9 @@ async def _house(
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_lock_run_dir(run_dir))
+        metrics = _start_metrics(cfg)  # a port in use refuses the start before anything runs
+        if metrics is not None:
+            stack.callback(metrics.close)
         proctree.become_subreaper()
         secret_file = run_dir / rundir.SECRET_FILE
         secret = p.new_secret()
@@ -195,6 +203,9 @@ async def _house(
         write_daemon_file(run_dir, pid=os.getpid(), control=control.path, endpoint=channel.endpoint)
         stack.callback(remove_daemon_file, run_dir)
         events.on_log = sup.fold  # every event logged from now on moves the budget
+        loops: dict[str, Coroutine[Any, Any, None]] = {}
+        if metrics is not None:
+            _feed_metrics(metrics, events, sup, loops)
         events.log(
             JobStarted(
                 config=str(cfg.path),
@@ -215,7 +226,6 @@ async def _house(
         if isinstance(groups, JobGroups):
             _end_stale_groups(groups, events)
         notifier.ready("supervising")
-        loops: dict[str, Coroutine[Any, Any, None]] = {}
         interval = notifier.watchdog_interval_s
         if interval is not None:
             loops["watchdog"] = notifier.run_watchdog(lambda: not liveness.stale(interval))
@@ -231,6 +241,49 @@ async def _house(
         finally:
             for coro in loops.values():
                 coro.close()  # never started when run_beside was not reached
+
+
+def _start_metrics(cfg: JobConfig) -> JobMetrics | None:
+    """The job's metrics, their endpoint served (``[metrics]``), or None without the section."""
+    if not cfg.metrics.enabled:
+        return None
+    from supervisor.service.metrics import JobMetrics
+
+    metrics = JobMetrics(cfg)
+    metrics.serve()
+    return metrics
+
+
+def _feed_metrics(
+    metrics: JobMetrics,
+    events: EventLog,
+    sup: Supervisor,
+    loops: dict[str, Coroutine[Any, Any, None]],
+) -> None:
+    """Seed the metrics with the history, feed them every event logged from now on, refresh
+    them beside the supervisor, and once more (with the file) when the job ends."""
+    metrics.seed(history.read(events.path).entries)
+
+    def on_log(event: Event) -> None:
+        sup.fold(event)
+        metrics.observe(event, events.attempt)
+
+    def view() -> dict[str, Any]:
+        now = sup.clock.monotonic()
+        return {
+            "state": sup.state.value,
+            "attempt": sup.attempt_no,
+            "restarts_used": sup.budget.restarts_used,
+            "max_restarts": sup.policy.max_restarts,
+            "ranks": [
+                {"rank": st.rank, "last_step": st.last_step, "age_s": now - st.last_seen_t}
+                for st in sup.ranks
+            ],
+            "step_s": sup.ranks.step_times.percentile(0.5),
+        }
+
+    events.on_log = on_log
+    loops["metrics"] = metrics.run(view)
 
 
 @contextlib.contextmanager

@@ -1,14 +1,30 @@
-"""How an attempt ended: the values an :class:`~supervisor.attempt.Attempt` hands back."""
+"""How an attempt ended: the values an :class:`~supervisor.attempt.Attempt` hands back,
+:func:`result_of`, which builds them from what it gathered, and :func:`failure_event`, the
+history's line for a failure once classified."""
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from supervisor.record.schema import FailureDetected
 from supervisor.rules import culprits
-from supervisor.rules.observation import Anomaly, Observation, RankReport
+from supervisor.rules.observation import Anomaly, Failure, Observation, RankReport, StopReason
 
-__all__ = ["AttemptResult", "Ending", "Evidence", "Outcome"]
+if TYPE_CHECKING:
+    from supervisor.process.tree import ProcessTree
+
+__all__ = [
+    "AttemptResult",
+    "Ending",
+    "Evidence",
+    "Outcome",
+    "failure_event",
+    "iso_utc",
+    "result_of",
+]
 
 
 class Outcome(enum.Enum):
@@ -68,3 +84,75 @@ class Evidence:
             return
         self.first_sign_t = now
         self.noticed_at = wall
+
+
+def result_of(
+    ending: Ending,
+    ev: Evidence,
+    tree: ProcessTree,
+    *,
+    last_steps: dict[int, int],
+    rank_nodes: dict[int, str],
+    hang_timeout_s: float | None,
+    stop_reason: StopReason | None,
+    slow_note: str,
+    stop_step: int | None,
+    progressed: bool,
+    diagnostics: str | None,
+    lost: tuple[str, ...],
+) -> AttemptResult:
+    """The result of an attempt that ended so, from its evidence and its process tree's record
+    (``last_steps``: each rank's last finished step; ``rank_nodes``: the ranks' hosts)."""
+    verdict = ev.verdict or culprits.Verdict((), (), "")
+    obs = Observation(
+        exits=tree.exits,
+        reports=tuple(ev.reports),
+        launcher_exit=tree.launcher_rc,
+        silent_ranks=ev.silent,
+        hang_timeout_s=hang_timeout_s,
+        last_steps=last_steps,
+        stop_reason=stop_reason,
+        stderr_tail=tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
+        host_oom_kills=tree.host_oom_kills(),
+        lost_nodes=lost,
+        hang_culprits=verdict.culprits,
+        hang_evidence="; ".join(filter(None, [slow_note, verdict.detail])),
+        rank_nodes=rank_nodes,
+        anomaly=ev.anomaly,
+    )
+    return AttemptResult(
+        outcome=ending.outcome,
+        observation=obs,
+        detect_s=ev.hang_silence_s if ending is Ending.HANG else None,
+        diagnostics=diagnostics,
+        progressed=progressed,
+        last_step=max(last_steps.values()) if last_steps else None,
+        stop_step=stop_step,
+        noticed_at=ev.noticed_at,
+    )
+
+
+def failure_event(failure: Failure, result: AttemptResult) -> FailureDetected:
+    """The ``failure_detected`` line of an attempt's failure, as classified."""
+    return FailureDetected(
+        kind=str(failure.kind),
+        ranks=failure.ranks,
+        exit_codes=failure.exit_codes,
+        signals=failure.signals,
+        last_step=failure.last_step,
+        detail=failure.detail,
+        diagnostics=result.diagnostics,
+        detect_s=result.detect_s,
+        hang_timeout_s=result.observation.hang_timeout_s,
+        noticed_at=iso_utc(result.noticed_at),
+        nodes=failure.nodes,
+        node_ranks=failure.node_ranks,
+    )
+
+
+def iso_utc(wall: float | None) -> str | None:
+    """Seconds since the epoch as the history's ISO-8601 UTC text (``...Z``)."""
+    if wall is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(wall, datetime.timezone.utc)
+    return moment.isoformat().replace("+00:00", "Z")

@@ -13,7 +13,6 @@ the real ones), so unit tests drive this class with a fake clock, fake launches 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -25,7 +24,7 @@ from supervisor.attempt import Attempt
 from supervisor.config import JobConfig
 from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
-from supervisor.outcome import AttemptResult, Outcome
+from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc
 from supervisor.process import launcher
 from supervisor.process.launcher import LaunchPlan
 from supervisor.process.tree import ProcessTree
@@ -37,7 +36,6 @@ from supervisor.record.schema import (
     AttemptStarted,
     ColdStart,
     Event,
-    FailureDetected,
     JobGaveUp,
     JobStopped,
     JobSucceeded,
@@ -50,7 +48,7 @@ from supervisor.rules import budget as budgets
 from supervisor.rules.anomalies import LossWatch, RollbackRefused, decide_rollback
 from supervisor.rules.budget import Budget
 from supervisor.rules.failures import classify
-from supervisor.rules.observation import ANOMALY_KINDS, Anomaly, Failure, FailureKind, StopReason
+from supervisor.rules.observation import ANOMALY_KINDS, Anomaly, FailureKind, StopReason
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 from supervisor.rules.states import ExitCode, JobState, check_transition, exit_code
 
@@ -183,7 +181,7 @@ class Supervisor:
                 note = "" if result.stop_step is not None else _NO_STOP_CHECKPOINT
                 reason = self.stop_reason or StopReason.STOPPED
                 return await self._stopped(reason, result.stop_step, note)
-            self._record_failure(failure, result)
+            self.events.log(failure_event(failure, result))
             anomaly = result.observation.anomaly
             if failure.kind in ANOMALY_KINDS and anomaly is not None:
                 if not self._roll_back(anomaly):
@@ -334,24 +332,6 @@ class Supervisor:
             if dict(self.channel.dropped) != dropped_before:
                 self.events.log(MessagesDropped(counts=dict(self.channel.dropped)))
 
-    def _record_failure(self, failure: Failure, result: AttemptResult) -> None:
-        self.events.log(
-            FailureDetected(
-                kind=str(failure.kind),
-                ranks=failure.ranks,
-                exit_codes=failure.exit_codes,
-                signals=failure.signals,
-                last_step=failure.last_step,
-                detail=failure.detail,
-                diagnostics=result.diagnostics,
-                detect_s=result.detect_s,
-                hang_timeout_s=result.observation.hang_timeout_s,
-                noticed_at=iso_utc(result.noticed_at),
-                nodes=failure.nodes,
-                node_ranks=failure.node_ranks,
-            )
-        )
-
     # ------------------------------------------------------------------ stopping
     def request_stop(self, reason: StopReason, source: str) -> None:
         """Called from signal handlers and the control socket: only records and forwards."""
@@ -412,11 +392,3 @@ class Supervisor:
                 "dropped": dict(self.channel.dropped),
             },
         }
-
-
-def iso_utc(wall: float | None) -> str | None:
-    """Seconds since the epoch as the history's ISO-8601 UTC text (``...Z``)."""
-    if wall is None:
-        return None
-    moment = datetime.datetime.fromtimestamp(wall, datetime.timezone.utc)
-    return moment.isoformat().replace("+00:00", "Z")

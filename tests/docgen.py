@@ -30,6 +30,7 @@ from supervisor.config.load import parse_config, render_config
 from supervisor.config.model import JobConfig, toml_key
 from supervisor.record import schema, typed_json
 from supervisor.rules import observation
+from supervisor.service.metrics_catalog import LABEL_VALUES, METRICS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -223,7 +224,7 @@ def _event_section(name: str, cls: type[schema.Event]) -> Iterator[str]:
 
 def events() -> str:
     """docs/events.md: every event of events.jsonl, its fields and their types."""
-    lines = _header("The history's events", "`supervisor/record/schema.py`")
+    lines = _header("The history's events", "`supervisor/record/schema/`")
     lines += [
         "`<run_dir>/events.jsonl` holds one JSON object per line, appended and fsynced, kept",
         "across requeues and restarts of rvsup; the events are a public contract. Every line has",
@@ -248,9 +249,84 @@ def events() -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------ metrics
+
+_METRICS_INTRO: Final = """\
+With a `[metrics]` section in job.toml (docs/configuration.md), the daemon exports the job's
+metrics for Prometheus: `listen = "HOST:PORT"` serves them at `http://HOST:PORT/metrics`, and/or
+`textfile = "PATH.prom"` writes them to a file, replaced atomically every `interval`, for
+node_exporter's textfile collector (`--collector.textfile.directory`). Both need the optional
+extra: `pip install 'rvsup[metrics]'` (prometheus-client); without it, a `[metrics]` section that
+asks for either is refused when job.toml is loaded. A port already in use refuses `rvsup start`
+(exit 2) before anything is launched.
+
+```toml
+[metrics]
+listen = "0.0.0.0:9400"
+textfile = "/var/lib/node_exporter/textfile/train.prom"
+interval = "5s"
+```
+
+```yaml
+# prometheus.yml
+scrape_configs:
+  - job_name: rvsup
+    static_configs: [{targets: ["node17:9400"]}]
+```
+
+Updating a metric never blocks the daemon: counters move as each event is logged, gauges are
+set every `interval` from what the daemon already holds, the file is written in a worker
+thread, and the endpoint is prometheus-client's HTTP server in its own thread. The counters
+count the whole history of the job (they start from `events.jsonl` when the daemon starts), so
+they match `rvsup history`; a new daemon (a restart of rvsup, a requeued allocation) starts
+them again from the history, which Prometheus's `rate()` and `increase()` read as a reset.
+
+## Goodput
+
+The goodput figures are the ones `rvsup history` prints (`supervisor/record/goodput.py`): the
+wall time, from the first attempt's launch to the last one's end (now while it runs), is split
+into goodput, the time spent on training steps that were kept, and badput by source, following
+Google's ml-goodput-measurement:
+
+- `startup`: launch to the ranks' `checkpoint_loaded`: interpreters, imports, process group
+  and the checkpoint's restore (the history does not time the load apart); an attempt that
+  never finished a step is all start-up.
+- `checkpoint_save`: the time the training was blocked by saves (`blocked_s`).
+- `wasted_progress`: the steps a later attempt ran again x the attempt's mean step time.
+- `hang_detection`: a hang, from the last progress to its detection, then to its line
+  (the stacks and flight recorders are collected in between).
+- `backoff`: the restart delay.
+- `recovery`: the rest of the time from a failure's first sign to the next launch: the
+  classification, the teardown, health checks, the wait for a requeued allocation.
+
+An attempt's mean step time is its time after start-up, less its save and hang time, over the
+steps it finished; goodput plus the six sources is the wall time exactly. `rvsup history
+--plot` draws the same figures ([history-plot.md](history-plot.md)). They are gauges, not
+counters: they are folded again from the history every `interval`, and a failure moves time
+that counted as goodput to wasted progress (the steps since the last checkpoint are redone).
+Each counter also has the `_created` sample prometheus-client adds.
+"""
+
+
+def metrics() -> str:
+    """docs/metrics.md: every metric of ``[metrics]``."""
+    lines = _header("Metrics for Prometheus", "`supervisor/service/metrics_catalog.py`")
+    lines.append(_METRICS_INTRO)
+    lines += ["## Every metric", ""]
+    lines += ["| metric | type | labels | what |", "|---|---|---|---|"]
+    for name, (kind, text, labels) in METRICS.items():
+        shown = ", ".join(f"`{label}`" for label in labels) or "-"
+        lines.append(f"| `{name}` | {kind} | {shown} | {_md(text)} |")
+    lines += ["", "Labels:", ""]
+    lines += [f"- `{label}`: {values}" for label, values in LABEL_VALUES.items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
 PAGES: Final[Mapping[str, Callable[[], str]]] = {
     "docs/configuration.md": configuration,
     "docs/events.md": events,
+    "docs/metrics.md": metrics,
 }
 """Each generated page, by its path from the repository's root, and what writes it."""
 

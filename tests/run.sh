@@ -6,7 +6,8 @@
 #   VENV310=dir  where the torch-less Python 3.10 one lives (default $VENV/py310); built with the
 #                first Python 3.10 found (python3.10 on PATH, else pyenv's); when there is none,
 #                that step is skipped, and says so
-# As root it installs the system packages the suite needs (systemd-analyze, Slurm, munge).
+# As root it installs the system packages the suite needs (systemd-analyze, Slurm, munge,
+# Prometheus: the metrics test scrapes a live job with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -18,6 +19,7 @@ if [ "$(id -u)" = 0 ]; then
   command -v slurmctld >/dev/null || need+=(slurm-wlm)
   command -v munged >/dev/null || need+=(munge)
   command -v ip >/dev/null || need+=(iproute2)
+  command -v prometheus >/dev/null || need+=(prometheus)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -28,7 +30,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   # torch first and pinned: the CPU build this machine has (anything else pulls CUDA wheels)
   "$VENV/bin/pip" install -q torch==2.13.0
 fi
-"$VENV/bin/pip" install -q -e '.[test,data]' # data: torchdata, which needs the torch above
+"$VENV/bin/pip" install -q -e '.[test,data,metrics,plot]' # data: torchdata, which needs the torch above
 
 # A Python 3.10 interpreter (the oldest rvsup supports), or nothing.
 python310() {
@@ -48,7 +50,9 @@ if [ -n "$py310" ]; then
   if [ ! -x "$VENV310/bin/python" ]; then
     "$py310" -m venv "$VENV310"
   fi
-  "$VENV310/bin/pip" install -q -e '.[test]' # no torch: the daemon never imports it
+  # no torch: the daemon never imports it; prometheus-client (pure Python) for the daemon's
+  # metrics; no matplotlib (the plot's tests skip here)
+  "$VENV310/bin/pip" install -q -e '.[test,metrics]'
   if "$VENV310/bin/python" -c 'import torch' 2>/dev/null; then
     echo "tests/run.sh: $VENV310 has torch; it must not (remove the directory)" >&2
     exit 1

@@ -1,11 +1,12 @@
-"""job.toml -> a frozen, validated :class:`JobConfig`, and back to TOML.
+"""job.toml -> a frozen, validated :class:`JobConfig` (and back to TOML: :mod:`.render`).
 
 Every problem is collected in one pass and reported with its dotted key
 (``restart.backoff``, ``job.command[1]``); unknown sections and keys are rejected with the
 list of valid ones. The schema (the section dataclasses, which document every key) lives in
 :mod:`supervisor.config.model`, the converters of single values in
 :mod:`supervisor.config.values`, and :func:`preflight`, which checks the machine (programs,
-directories) just before a start, in :mod:`supervisor.config.preflight`; this module re-exports them.
+directories) just before a start, in :mod:`supervisor.config.preflight`, and
+:func:`render_config` in :mod:`supervisor.config.render`; this module re-exports them.
 Durations are seconds or strings like "90s", "5m", "1h30m" (see :mod:`supervisor.config.durations`).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar, cast, get_args
 
 from supervisor.config.durations import format_duration
+from supervisor.config.metrics import read_metrics
 from supervisor.config.model import (
     AnomalySection,
     CheckpointSection,
@@ -33,6 +35,7 @@ from supervisor.config.model import (
     JobConfig,
     JobSection,
     LaunchSection,
+    MetricsSection,
     RequeueMode,
     RestartSection,
     SlurmSection,
@@ -40,6 +43,7 @@ from supervisor.config.model import (
     toml_key,
 )
 from supervisor.config.preflight import CHECKPOINT_MARKER, preflight
+from supervisor.config.render import BARE_KEY, render_config
 from supervisor.config.values import (
     InvalidValueError,
     auto_count,
@@ -85,7 +89,6 @@ __all__ = [
 ]
 
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-_BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 _T = TypeVar("_T")
 
 _SECTIONS: Final[dict[str, type]] = {
@@ -97,6 +100,7 @@ _SECTIONS: Final[dict[str, type]] = {
     "slurm": SlurmSection,
     "anomaly": AnomalySection,
     "health": HealthSection,
+    "metrics": MetricsSection,
 }
 # The TOML keys of each section: its field names, less the "_s" (seconds) suffix.
 _SECTION_KEYS: Final = {
@@ -107,7 +111,7 @@ _SECTION_KEYS: Final = {
 def _shown(key: str) -> str:
     """A key as TOML would write it: bare, or quoted when it holds other characters (a key with
     a line break must not break the one-line-per-problem report)."""
-    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)  # ASCII: \u escapes
+    return key if BARE_KEY.fullmatch(key) else json.dumps(key)  # ASCII: \u escapes
 
 
 class _Table:
@@ -372,9 +376,12 @@ def parse_config(data: Mapping[str, Any], path: Path) -> JobConfig:
     slurm = _read_slurm(_Table(issues, "slurm", tables["slurm"]))
     anomaly = _read_anomaly(_Table(issues, "anomaly", tables["anomaly"]))
     health = _read_health(_Table(issues, "health", tables["health"]))
+    metrics = read_metrics(_Table(issues, "metrics", tables["metrics"]), job.workdir)
     if issues:
         raise ConfigError(issues, path)
-    return JobConfig(absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health)
+    return JobConfig(
+        absolute, job, launch, checkpoint, heartbeat, restart, slurm, anomaly, health, metrics
+    )
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:
@@ -391,38 +398,3 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         message = f"invalid TOML: not UTF-8 text (byte {exc.start})"
         raise ConfigError([ConfigIssue("", message)], path) from exc
     return parse_config(data, Path(path))
-
-
-def _toml(value: str | int | float | tuple[str, ...] | Mapping[str, str]) -> str:
-    """One TOML value (string, boolean, integer, array of strings or inline table of strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml(item) for item in value) + "]"
-    pairs = (f"{k if _BARE_KEY.fullmatch(k) else _toml(k)} = {_toml(v)}" for k, v in value.items())
-    return "{ " + ", ".join(pairs) + " }" if value else "{}"
-
-
-def render_config(cfg: JobConfig) -> str:
-    """The resolved configuration as TOML that :func:`load_config` reads back unchanged."""
-    blocks = []
-    for section in fields(cfg)[1:]:
-        lines = [f"[{section.name}]"]
-        values = getattr(cfg, section.name)
-        for item in fields(values):
-            value = getattr(values, item.name)
-            # every float is a duration in seconds
-            key = toml_key(item.name)
-            if value is None:
-                value = "off" if key == "every" else "auto"
-            elif isinstance(value, float) and item.name.endswith("_s"):
-                value = format_duration(value)
-            elif isinstance(value, Path):
-                value = str(value)
-            lines.append(f"{key} = {_toml(value)}")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from supervisor.config.metrics import MetricsSection
 from supervisor.rules.anomalies import AnomalyPolicy
 from supervisor.rules.policy import RestartPolicy
 
@@ -26,6 +27,7 @@ __all__ = [
     "JobConfig",
     "JobSection",
     "LaunchSection",
+    "MetricsSection",
     "RequeueMode",
     "RestartSection",
     "SlurmSection",
@@ -301,3 +303,4 @@ class JobConfig:
     slurm: SlurmSection
     anomaly: AnomalySection = field(default_factory=AnomalyPolicy)
     health: HealthSection = field(default_factory=HealthSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)

@@ -140,6 +140,19 @@ class RankTable:
                 st.last_progress_t = now  # entering or leaving a phase is a sign of life
         return st
 
+    def started(self, world_size: int) -> bool:
+        """All ``world_size`` ranks have finished a first step."""
+        return sum(st.first_step_t is not None for st in self) >= world_size
+
+    def exact_step(self, rank: int, step: object) -> None:
+        """``rank``'s last finished step is ``step``, read from its step slot or its exit report
+        (anything but an int is ignored), when later than the heartbeats said."""
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        for st in self:
+            if st.rank == rank and step > st.last_step:
+                st.last_step = step
+
     def commit_seen(self, step: int) -> None:
         """The checkpoint of ``step`` is committed, so every rank finished writing its part of it
         (they all agree before the commit): none of them is saving that step or an earlier one

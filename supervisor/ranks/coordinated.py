@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from supervisor.ranks.channel import Channel, RankTable
 from worker_sdk.contract import messages as m
 
-__all__ = ["SaveRound", "answer_without_round"]
+__all__ = ["SaveRound", "Saves", "answer_without_round"]
 
 
 @dataclass(slots=True)
@@ -62,3 +62,62 @@ class SaveRound:
 def answer_without_round(endpoint: Channel, identity: bytes, rank: int) -> None:
     """Answer a SYNC of ``rank`` that came when no round is open: leave sync mode."""
     endpoint.send(identity, m.SyncCancel(), rank=rank)
+
+
+class Saves:
+    """One attempt's coordinated saves: the round in progress, if any, begun every ``every_s``
+    (None: never) or for a stop."""
+
+    def __init__(
+        self,
+        endpoint: Channel,
+        ranks: RankTable,
+        *,
+        world_size: int,
+        resend_after_s: float,
+        every_s: float | None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.ranks = ranks
+        self.world_size = world_size
+        self.resend_after_s = resend_after_s
+        self.every_s = every_s
+        self.round: SaveRound | None = None
+
+    def ask(self, rank: int, now: float) -> None:
+        """In a round, ask ``rank`` to report its step (unless asked recently)."""
+        if self.round is not None:
+            self.round.ask(self.endpoint, self.ranks, rank, now)
+
+    def answer(self, identity: bytes, rank: int, sync: m.Sync) -> None:
+        """A rank reported its step: its part of the round (or go on, without one)."""
+        if self.round is None:
+            answer_without_round(self.endpoint, identity, rank)
+        else:
+            self.round.answer(self.endpoint, identity, rank, sync)
+
+    def due(self, now: float, last_commit_t: float) -> bool:
+        """A timed save is due: ``every_s`` since the last commit, and no round in progress."""
+        every = self.every_s
+        return every is not None and self.round is None and now - last_commit_t >= every
+
+    def begin(self, *, stop: bool, now: float) -> None:
+        """Start a round (``stop``: the ranks exit after its checkpoint) and ask every rank."""
+        self.round = SaveRound(
+            stop=stop,
+            world_size=self.world_size,
+            resend_after_s=self.resend_after_s,
+            started_t=now,
+        )
+        self.round.ask_all(self.endpoint, self.ranks, now)
+
+    def finished_by(self, step: int) -> bool:
+        """A timed round is over with the commit of ``step`` (it is then forgotten)."""
+        if self.round is not None and not self.round.stop and self.round.committed_by(step):
+            self.round = None
+            return True
+        return False
+
+    def committed_by(self, step: int | None) -> bool:
+        """The round in progress (a stop's) committed its checkpoint at ``step``."""
+        return self.round is not None and self.round.committed_by(step)

@@ -44,6 +44,16 @@ def note(run_dir: Path, attempt: int, rank: int, stdout: str, stderr: str) -> No
     tmp.replace(folder / INDEX_FILE)
 
 
+def note_hello(
+    run_dir: Path, attempt: int, rank: int, stdout: str | None, stderr: str | None
+) -> None:
+    """:func:`note` the files a rank's hello names, when it names both by absolute path; never
+    fails (the logs are a convenience)."""
+    if stdout is not None and stderr is not None and stdout[:1] == stderr[:1] == "/":
+        with contextlib.suppress(OSError):
+            note(run_dir, attempt, rank, stdout, stderr)
+
+
 def attempts(run_dir: Path) -> list[int]:
     """The attempts that have a log folder, ascending."""
     found = []

@@ -60,15 +60,15 @@ def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
 
 
 def render_summary(s: Summary) -> str:
-    """One line, e.g. ``2 attempts (1 crash); 21 steps redone; 1.5s lost of 12.0s: goodput
-    87.5%``."""
+    """One line, e.g. ``2 attempts (1 crash); 21 steps redone; 1.5s lost of 12.0s``. The
+    goodput ``rvsup history`` shows is on the next line, split by source
+    (:mod:`supervisor.record.goodput`); :attr:`Summary.goodput` stays in the JSON."""
     failed = ", ".join(f"{n} {kind}" for kind, n in s.failures.items()) or "no failure"
-    goodput = "-" if s.goodput is None else f"{s.goodput:.1%}"
     plural = "" if s.attempts == 1 else "s"
     skipped = f"{s.steps_skipped} steps skipped by rollbacks; " if s.steps_skipped else ""
     return (
         f"{s.attempts} attempt{plural} ({failed}); {s.steps_redone} steps redone; {skipped}"
-        f"{s.time_lost_s:.1f}s lost of {s.wall_s:.1f}s: goodput {goodput}"
+        f"{s.time_lost_s:.1f}s lost of {s.wall_s:.1f}s"
     )
 
 

@@ -10,7 +10,13 @@ import pytest
 
 from tests.helpers.harness import REPO, rvsup_env
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]  # ~2-3 min on 2 idle cores
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]  # ~2 min on 2 idle cores
+
+# The drawn schedule of seed 56 (as root) is "max_restarts=3 enospc:0:5:1 oom:0:18:1": the one
+# kind no regression schedule has (oom), in one `rvsup start` (the restart forked from the
+# zygote), and no NaN, so it needs no fault-free reference run of its own (the regressions' is
+# reused). Seed 1 drew a NaN and a killed daemon: a second cold start and a third reference run.
+SEED = 56
 
 
 def test_chaos_smoke_holds_every_invariant() -> None:
@@ -18,11 +24,12 @@ def test_chaos_smoke_holds_every_invariant() -> None:
     rank then a kill aimed at a save that spends the budget, two ranks failing at once, a full
     disk and a killed daemon with its checkpoint truncated, a rank stuck in a receive twice, a
     stopped rank's hang before a full disk, a killed daemon whose ranks committed what it never
-    logged, a NaN rolled back then a crash before the next save, and a drawn schedule, the exit
+    logged, a NaN rolled back then a crash before the next save, and a drawn schedule (a full
+    disk, then an out-of-memory rank: with it the smoke injects every fault kind), the exit
     codes, the resumes, the failures named, the budget and the final state are all as
     injected."""
     res = subprocess.run(
-        [sys.executable, "-m", "tests.chaos", "--smoke", "--seed", "1"],
+        [sys.executable, "-m", "tests.chaos", "--smoke", "--seed", str(SEED)],
         cwd=REPO,
         env=rvsup_env(),
         capture_output=True,

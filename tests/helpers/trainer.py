@@ -148,6 +148,7 @@ def main() -> None:
     last = os.environ.get("RVSUP_LAST_FAILURE", "-")
     ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
     print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)
+    loss = None  # no step left when the last checkpoint was the last step's
     for step in range(start, total):
         if step in omitted:
             continue
@@ -176,7 +177,7 @@ def main() -> None:
             worker_sdk.step(step, extra=extra, loss=loss.detach())
         else:
             worker_sdk.step(step, extra=extra)
-    if loss_mode:
+    if loss_mode and loss is not None:
         print(
             f"rank {rank} final loss {loss.item()} skipped {os.environ.get('RVSUP_SKIPPED_STEPS')}",
             flush=True,

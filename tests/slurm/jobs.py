@@ -86,6 +86,7 @@ def write_trainer_job(
     restart: str = 'max_restarts = 3\nbackoff = "0.1s"\nbackoff_max = "1s"',
     slurm: str = 'requeue = "auto"\nstop_before_end = 0',
     nnodes: str = '"auto"',
+    health: str = "",
 ) -> TrainerJob:
     """A job.toml running the trainer with 2 ranks on every node of the allocation (or on
     ``nnodes`` of them)."""
@@ -116,6 +117,7 @@ def write_trainer_job(
             ),
             "restart": restart,
             "slurm": slurm,
+            **({"health": health} if health else {}),
         },
     )
     return job

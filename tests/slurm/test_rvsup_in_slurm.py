@@ -91,12 +91,12 @@ def _cancelled_on_error(cluster: SlurmCluster, job_id: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _past_step_12(
-    cluster: SlurmCluster, root: Path
+    cluster: SlurmCluster, root: Path, *, health: str = ""
 ) -> Iterator[tuple[TrainerJob, str, dict[str, Any]]]:
-    """A 2 x 2 job (0.05 s steps) submitted and awaited until every rank is past step 12: the
-    block acts on it (the job, its id, `rvsup status`; cancelled if the block raises), then the
-    job is awaited until it leaves the queue."""
-    job = write_trainer_job(root, total=TOTAL, env={"STEP_SLEEP": "0.05"})
+    """A 2 x 2 job (0.05 s steps; ``health``: its [health] table) submitted and awaited until
+    every rank is past step 12: the block acts on it (the job, its id, `rvsup status`; cancelled
+    if the block raises), then the job is awaited until it leaves the queue."""
+    job = write_trainer_job(root, total=TOTAL, env={"STEP_SLEEP": "0.05"}, health=health)
     job_id = submit(cluster, job)
     with _cancelled_on_error(cluster, job_id):
         status = wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at 12")
@@ -132,24 +132,35 @@ def reference(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
     return job
 
 
-# ---------------------------------------------------------------------- a rank killed on node2
+# ------------------------------------------- a rank killed on node2, then node2's zygote
+# One job for both faults (one 2-node start saved): attempt 1 loses rank 2, attempt 2 (forked
+# from the same zygotes) loses node2's zygote and its ranks with it, attempt 3 forks again.
 
 
 @dataclass(frozen=True)
 class KilledRank:
-    """The job whose rank 2 was killed, and that rank as `rvsup status` showed it."""
+    """The job whose rank 2 was killed in attempt 1 and whose zygote on node2 was killed in
+    attempt 2, and that rank as `rvsup status` showed it."""
 
     job: TrainerJob
     job_id: str
     victim: dict[str, Any]
 
 
+def _node2_zygotes(cluster: SlurmCluster) -> list[int]:
+    return [pid for pid, cmd in cluster.node_processes("node2").items() if ZYGOTE_CMDLINE in cmd]
+
+
 @pytest.fixture(scope="module")
 def killed_rank(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, reference: TrainerJob
 ) -> KilledRank:
-    """A 2 x 2 job whose rank 2 (on node2, found with `rvsup status`) gets SIGKILL at step >= 12."""
-    with _past_step_12(slurm_cluster, tmp_path_factory.mktemp("killed")) as (job, job_id, status):
+    """A 2 x 2 job whose rank 2 (on node2, found with `rvsup status`) gets SIGKILL at step >= 12,
+    then, once the restarted attempt's ranks are 5 steps past their resume step, whose zygote on
+    node2 gets SIGKILL. Two failures on node2 would exclude it (and requeue the job away from
+    it, with no other pair of nodes allowed): exclusion waits for a third here."""
+    root = tmp_path_factory.mktemp("killed")
+    with _past_step_12(slurm_cluster, root, health="exclude_after = 3") as (job, job_id, status):
         victim = next(r for r in status["ranks"] if r["rank"] == 2)
         assert victim["host"] == "node2"
         on_node2 = slurm_cluster.node_processes("node2")
@@ -157,22 +168,38 @@ def killed_rank(
         parent = on_node2.get(psutil.Process(victim["pid"]).ppid(), "")
         assert ZYGOTE_CMDLINE in parent, f"rank 2 is not forked from node2's zygote: {parent}"
         os.kill(victim["pid"], signal.SIGKILL)
+        resumed = wait_until(
+            lambda: job.named("attempt_started")[1:], timeout=START_S, what="attempt 2"
+        )[0]
+
+        def attempt_2_past(step: int) -> dict[str, Any] | None:
+            status = ranks_past(job, step)
+            return status if status is not None and status["attempt"] == 2 else None
+
+        wait_until(
+            lambda: attempt_2_past(resumed["resume_step"] + 5),
+            timeout=START_S,
+            what="4 ranks of attempt 2 five steps past their resume step",
+        )
+        zygotes = _node2_zygotes(slurm_cluster)
+        assert len(zygotes) == 1, slurm_cluster.node_processes("node2")
+        os.kill(zygotes[0], signal.SIGKILL)
     return KilledRank(job, job_id, victim)
 
 
 def test_rank_killed_on_node2_is_restarted_and_ends_as_the_reference(
     killed_rank: KilledRank, reference: TrainerJob
 ) -> None:
-    """SIGKILL of rank 2 on node2: one crash, a restart from the last checkpoint within the same
-    allocation (both attempts carry the job id), and a final state bit-identical to the
+    """SIGKILL of rank 2 on node2: a crash, a restart from the last checkpoint within the same
+    allocation (every attempt carries the job id), and a final state bit-identical to the
     reference's (model, optimizer, scheduler, every rank's RNG)."""
     job, job_id = killed_rank.job, killed_rank.job_id
-    assert _failure_kinds(job) == ["crash"], job.output_text()[-3000:]
+    assert _failure_kinds(job) == ["crash", "crash"], job.output_text()[-3000:]
     attempts = job.named("attempt_started")
-    assert [(a["slurm_job_id"], a["restart_count"]) for a in attempts] == [(job_id, 0)] * 2
-    assert [(a["nnodes"], a["nproc_per_node"]) for a in attempts] == [(2, 2)] * 2
+    assert [(a["slurm_job_id"], a["restart_count"]) for a in attempts] == [(job_id, 0)] * 3
+    assert [(a["nnodes"], a["nproc_per_node"]) for a in attempts] == [(2, 2)] * 3
     assert attempts[1]["resume_step"] >= 10 and attempts[1]["resume_step"] % 10 == 0
-    assert len(job.named("restart_scheduled")) == 1 and job.named("job_succeeded")
+    assert len(job.named("restart_scheduled")) == 2 and job.named("job_succeeded")
     assert_same_state(load_final(reference.final), load_final(job.final))
 
 
@@ -180,10 +207,14 @@ def test_the_ranks_of_both_nodes_are_forked_from_their_zygotes(
     killed_rank: KilledRank, reference: TrainerJob
 ) -> None:
     """With the default launch.zygote, no rank of a 2-node job starts cold, neither at the first
-    start nor after the crash: no cold_start event, no rank saying it starts cold."""
-    for job in (reference, killed_rank.job):
-        assert job.named("cold_start") == [], job.named("cold_start")
-        assert "starts cold" not in _rank_logs(job)
+    start nor after a crash: no cold_start event, no rank saying it starts cold (the killed job:
+    none before its zygote was killed)."""
+    assert reference.named("cold_start") == [], reference.named("cold_start")
+    assert "starts cold" not in _rank_logs(reference)
+    for attempt in (1, 2):
+        assert "starts cold" not in _rank_logs(killed_rank.job, attempt=attempt)
+    cold = [e["reason"] for e in killed_rank.job.named("cold_start")]
+    assert cold == ["the zygote on node2 killed by signal 9"], cold  # nothing before it
 
 
 def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -> None:
@@ -194,34 +225,18 @@ def test_rank_killed_on_node2_is_named_as_the_culprit(killed_rank: KilledRank) -
     assert failure["nodes"] == ["node2"], failure
 
 
-# ---------------------------------------------------------------------- node2's zygote killed
-
-
-@pytest.fixture(scope="module")
-def zygote_killed(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, reference: TrainerJob
-) -> TrainerJob:
-    """A 2 x 2 job whose zygote on node2 gets SIGKILL once every rank is past step 12."""
-    with _past_step_12(slurm_cluster, tmp_path_factory.mktemp("zygote")) as (job, _, _):
-        on_node2 = slurm_cluster.node_processes("node2")
-        zygotes = [pid for pid, cmdline in on_node2.items() if ZYGOTE_CMDLINE in cmdline]
-        assert len(zygotes) == 1, on_node2
-        os.kill(zygotes[0], signal.SIGKILL)
-    return job
-
-
 def test_a_killed_zygote_takes_its_ranks_and_the_next_attempt_forks_again(
-    zygote_killed: TrainerJob, reference: TrainerJob
+    killed_rank: KilledRank, reference: TrainerJob
 ) -> None:
-    """node2's zygote killed: its ranks die with it (a crash), the history says the zygote on
-    node2 was killed, the zygotes' step starts again and the next attempt's ranks are forked,
-    not cold; the final state is the reference's, bit for bit."""
-    job = zygote_killed
-    assert _failure_kinds(job) == ["crash"], job.output_text()[-3000:]
+    """node2's zygote killed (in attempt 2): its ranks die with it (a crash), the history says
+    the zygote on node2 was killed, the zygotes' step starts again and the next attempt's ranks
+    are forked, not cold; the final state is the reference's, bit for bit."""
+    job = killed_rank.job
+    assert _failure_kinds(job) == ["crash", "crash"], job.output_text()[-3000:]
     said = [e["reason"] for e in job.named("cold_start")]
     assert said == ["the zygote on node2 killed by signal 9"], said
-    assert len(job.named("attempt_started")) == 2 and job.named("job_succeeded")
-    assert "starts cold" not in _rank_logs(job, attempt=2)
+    assert len(job.named("attempt_started")) == 3 and job.named("job_succeeded")
+    assert "starts cold" not in _rank_logs(job, attempt=3)
     assert_same_state(load_final(reference.final), load_final(job.final))
 
 

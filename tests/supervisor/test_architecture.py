@@ -100,6 +100,23 @@ def test_rules_pull_in_no_io_module() -> None:
     assert _fresh_interpreter(code).strip() == "[]"
 
 
+def test_optional_extras_load_only_when_asked() -> None:
+    """The daemon, its command line, job.toml's loader and the goodput fold load neither
+    prometheus-client (``rvsup[metrics]``: only with a ``[metrics]`` section) nor matplotlib
+    (``rvsup[plot]``: only for ``rvsup history --plot``), and the goodput fold no I/O module."""
+    modules = "supervisor.cli, supervisor.daemon, supervisor.config.load, supervisor.record.goodput"
+    code = (
+        f"import sys; import {modules}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'prometheus_client', 'matplotlib'}))"
+    )
+    assert _fresh_interpreter(code).strip() == "[]"
+    pure = (
+        "import sys; import supervisor.record.goodput; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_IO_MODULES!r})))"
+    )
+    assert _fresh_interpreter(pure).strip() == "[]"
+
+
 def test_the_checker_sees_an_impure_import(tmp_path: Path) -> None:
     """The import scan is not blind: a module that imports ``os`` is reported."""
     bad = tmp_path / "bad.py"

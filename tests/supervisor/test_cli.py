@@ -112,7 +112,9 @@ def test_validate_prints_resolved_toml(tmp_path: Path) -> None:
         "slurm",
         "anomaly",
         "health",
+        "metrics",
     }
+    assert resolved["metrics"] == {"listen": "off", "textfile": "off", "interval": "5s"}
     assert resolved["health"] == {
         "enabled": True,
         "command": [],
@@ -325,12 +327,46 @@ def test_history_table(tmp_path: Path) -> None:
     res = rvsup("history", str(job))
     assert res.returncode == 0
     assert res.stderr == ""
-    header, *rows, total = res.stdout.splitlines()
+    header, *rows, total, good = res.stdout.splitlines()
     assert header.split()[:2] == ["attempt", "started"]
     assert len(rows) == 2
     assert total.startswith("2 attempts (1 crash); 5 steps redone; 5.5s lost of ")
+    assert good.startswith("goodput ") and "badput: " in good
     assert rows[0].split()[0] == "1" and "crash" in rows[0]
     assert rows[1].split()[0] == "2" and "succeeded" in rows[1]
+
+
+def test_history_json_has_the_goodput_by_source_and_attempt(tmp_path: Path) -> None:
+    """history --json carries the goodput: wall, goodput, badput by source (adding up to the
+    wall time) and each attempt's steps redone."""
+    job = _job(tmp_path)
+    _write_history(tmp_path / "run")
+    res = rvsup("history", str(job), "--json")
+    assert res.returncode == 0, res.stderr
+    good = json.loads(res.stdout)["goodput"]
+    assert good["wall_s"] == pytest.approx(good["goodput_s"] + sum(good["badput_s"].values()))
+    assert [a["steps_redone"] for a in good["attempts"]] == [5, 0]
+
+
+def test_history_plot_refuses_other_suffixes(tmp_path: Path) -> None:
+    """--plot FILE.gif exits 2 naming the two formats and writes nothing."""
+    job = _job(tmp_path)
+    _write_history(tmp_path / "run")
+    res = rvsup("history", str(job), "--plot", str(tmp_path / "h.gif"))
+    assert res.returncode == 2
+    assert "must end in .png or .svg" in res.stderr
+    assert not (tmp_path / "h.gif").exists()
+
+
+def test_history_plot_draws_an_svg(tmp_path: Path) -> None:
+    """--plot FILE.svg draws the history there and says where."""
+    pytest.importorskip("matplotlib", reason="needs the extra rvsup[plot]")
+    job = _job(tmp_path)
+    _write_history(tmp_path / "run")
+    res = rvsup("history", str(job), "--plot", str(tmp_path / "h.svg"))
+    assert res.returncode == 0, res.stderr
+    assert f"into {tmp_path / 'h.svg'}" in res.stdout
+    assert 'id="failure-1"' in (tmp_path / "h.svg").read_text()
 
 
 # ---------------------------------------------------------------- usage

@@ -12,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,10 +38,9 @@ from . import parallel as _parallel
 from . import rng as _rng
 from .collectives import all_gather_ints
 from .parallel import Stateful, StatePlan, unwrap
+from .trust import first_bad_record, untrusted_paths, untrusted_reason, weights_only_reason
 
 __all__ = ["LoadResult", "Restorer", "dcp_groups", "group_active"]
-
-_READ_CHUNK: Final = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +274,7 @@ class Restorer:
         """DCP unpickles: only from trusted files; and this rank's share of the CRCs."""
         dcp_dir = info.path / DCP_DIR
         paths = [self.directory, info.path, dcp_dir, *(info.path / n for n, _ in info.checksums)]
-        untrusted = _untrusted_paths(paths)
+        untrusted = untrusted_paths(paths)
         if untrusted is not None:
             raise _RefusedError(
                 f"{dcp_dir} is not loaded: torch.distributed.checkpoint unpickles its files, "
@@ -313,17 +311,17 @@ class Restorer:
         except OSError as e:
             raise _UnloadableError(f"cannot open {name}: {e.strerror}") from None
         with f:
-            bad = _first_bad_record(f)
+            bad = first_bad_record(f)
             if bad is not None:
                 raise _UnloadableError(f"{name}: {bad}")
             f.seek(0)
             try:
                 return torch.load(f, map_location="cpu", weights_only=True)
             except pickle.UnpicklingError as e:
-                refused = _weights_only_reason(str(e))
+                refused = weights_only_reason(str(e))
             except Exception as e:
                 raise _UnloadableError(f"{name}: {type(e).__name__}: {e}") from None
-            untrusted = _untrusted_reason([self.directory, info.path], f)
+            untrusted = untrusted_reason([self.directory, info.path], f)
             if untrusted is not None:
                 raise _RefusedError(
                     f"{info.path / name} holds objects that weights-only loading rejects "
@@ -354,53 +352,6 @@ def group_active(rank: int, world_size: int) -> bool:
 
 def _is_empty_optimizer_state(state: Any) -> bool:
     return isinstance(state, dict) and state.get("state") == {} and "param_groups" in state
-
-
-def _first_bad_record(f: IO[bytes]) -> str | None:
-    """Check every zip record's CRC-32 (torch.load does not): the reason, or None if all good."""
-    try:
-        with zipfile.ZipFile(f) as archive:
-            for record in archive.infolist():
-                if record.CRC == 0 and record.file_size:
-                    continue  # written with torch's CRC computation switched off
-                with archive.open(record) as member:
-                    while member.read(_READ_CHUNK):
-                        pass
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
-        return f"damaged archive: {e}"
-    return None
-
-
-def _weights_only_reason(message: str) -> str:
-    for line in message.splitlines():
-        if "WeightsUnpickler error" in line:
-            return line.strip()
-    return message.splitlines()[0] if message else "weights-only load failed"
-
-
-def _untrusted_reason(directories: Sequence[Path], f: IO[bytes]) -> str | None:
-    """Why unpickling these files would be unsafe (others own or can write them), or None."""
-    checks = [(str(d), os.stat(d)) for d in directories] + [(f.name, os.fstat(f.fileno()))]
-    return _first_untrusted(checks)
-
-
-def _untrusted_paths(paths: Sequence[Path]) -> str | None:
-    """Like :func:`_untrusted_reason`, for paths (directories and files) not opened yet."""
-    try:
-        checks = [(str(p), os.stat(p)) for p in paths]
-    except OSError as e:
-        return f"{e.filename} cannot be checked: {e.strerror}"
-    return _first_untrusted(checks)
-
-
-def _first_untrusted(checks: Sequence[tuple[str, os.stat_result]]) -> str | None:
-    uid = os.geteuid()
-    for label, st in checks:
-        if st.st_uid != uid:
-            return f"{label} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-        if st.st_mode & 0o022:
-            return f"{label} is writable by group or others"
-    return None
 
 
 def dcp_groups(plan: StatePlan, where: Sequence[str]) -> list[_parallel.Group]:

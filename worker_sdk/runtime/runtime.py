@@ -21,20 +21,20 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, SaveError, Stateful
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-from . import flight as _flight
+from . import save_reports
 from .channel import Channel
 from .exit_hooks import is_oom
+from .rank_files import arm_stack_dumps, local_rank, map_step_slot, output_files
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
+    from worker_sdk.checkpoint.background.async_save import AsyncSaver
 
     from .loader_rng import LoaderWindow
     from .replicas import ReplicaCheck
@@ -142,7 +142,9 @@ class Runtime:
             start += skipped
         self.last_step = start - 1
         self.hb_step = start - 1  # what a failure before the first step() names
-        self._map_step_slot(start - 1)
+        if self.settings.diagnostics_dir is not None:
+            self._slot_map, self.step_slot = map_step_slot(self.settings.diagnostics_dir, self.rank)
+        self.step_slot[0] = start - 1
         every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
         if every > 0 and self.world_size > 1:
             from .replicas import ReplicaCheck, ddp_modules
@@ -157,11 +159,11 @@ class Runtime:
             self.comm_wait = CommWait.of(self.objects)
         self._set_periodic(start - 1)
         if self.channel is not None:
-            out, err = _output_files()
+            out, err = output_files()
             hello = m.Hello(
                 start,
                 self.settings.host,
-                _local_rank(),
+                local_rank(),
                 self.world_size,
                 self.total_steps,
                 out,
@@ -174,37 +176,13 @@ class Runtime:
             self.channel.send(
                 m.Loaded(start, loaded_from, loaded.saved_world_size, loaded.resharded_from)
             )
-        self._arm_stack_dumps()
+        self._dump_file = arm_stack_dumps(self.settings, self.rank)
         if self.saver is not None:
             self.saver.start()
         self.t_last = time.monotonic()
         if self.window is not None:
             self.next_due = 0.0  # the first step() closes the window
         return start
-
-    def _map_step_slot(self, step: int) -> None:
-        diag = self.settings.diagnostics_dir
-        if diag is not None:
-            diag.mkdir(parents=True, exist_ok=True)
-            fd = os.open(diag / p.step_slot_file(self.rank), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                os.ftruncate(fd, 8)
-                self._slot_map = mmap.mmap(fd, 8)
-            finally:
-                os.close(fd)
-            self.step_slot = memoryview(self._slot_map).cast("q")
-        self.step_slot[0] = step
-
-    def _arm_stack_dumps(self) -> None:
-        diag = self.settings.diagnostics_dir
-        if diag is None:
-            return
-        diag.mkdir(parents=True, exist_ok=True)
-        self._dump_file = open(diag / p.stacks_file(self.rank), "a")  # noqa: SIM115
-        faulthandler.register(
-            self.settings.dump_signal, file=self._dump_file, all_threads=True, chain=False
-        )
-        _flight.arm(diag, self.rank)
 
     def _set_periodic(self, last_finished: int) -> None:
         n = self.settings.every_steps
@@ -224,7 +202,7 @@ class Runtime:
         if saver is not None and saver.in_flight is not None:
             outcome = saver.poll()
             if outcome is not None:
-                self._report(outcome)
+                save_reports.outcome(self.channel, self.rank, outcome)
         if now >= self.hb_due:
             self._heartbeat(step, now)
         if self.sync_mode:
@@ -318,7 +296,7 @@ class Runtime:
             if self.saver is not None and not stopping:
                 previous = self.saver.submit(step, self.objects, extra)
                 if previous is not None:
-                    self._report(previous)
+                    save_reports.outcome(self.channel, self.rank, previous)
             else:
                 self._finish_async(close=False)  # a stop's save waits for the one in flight
                 try:
@@ -326,10 +304,12 @@ class Runtime:
                 except SaveError as e:
                     if stopping:  # the stop has no checkpoint to leave on: a failure
                         raise
-                    self._save_failed(step, str(e))
+                    save_reports.save_failed(self.channel, self.rank, step, str(e))
                 else:
                     if result.committed:
-                        self._committed(step, result.seconds, result.path, result.nbytes, "sync")
+                        save_reports.committed(
+                            self.channel, step, result.seconds, result.path, result.nbytes, "sync"
+                        )
         now = time.monotonic()
         if self.save_due_t != math.inf and self.settings.every_s:
             self.save_due_t = now + self.settings.every_s
@@ -341,46 +321,6 @@ class Runtime:
         if coordinated:
             self._leave_if_stopping(step)
 
-    def _save_failed(self, step: int, reason: str) -> None:
-        print(
-            f"rvsup: rank {self.rank}: the checkpoint of step {step} failed and is not "
-            f"committed (training goes on): {reason}",
-            file=sys.stderr,
-        )
-        if self.channel is not None:
-            self.channel.send(m.CheckpointFailed(step, reason))
-
-    def _report(self, outcome: Outcome) -> None:
-        """Tell the supervisor how an asynchronous save ended."""
-        if outcome.failed is not None:
-            self._save_failed(outcome.step, outcome.failed)
-        elif outcome.committed:
-            self._committed(
-                outcome.step,
-                outcome.seconds,
-                outcome.path,
-                outcome.nbytes,
-                "async",
-                blocked_s=outcome.blocked_s,
-            )
-
-    def _committed(
-        self,
-        step: int,
-        seconds: float,
-        path: Path,
-        nbytes: int,
-        mode: str,
-        *,
-        blocked_s: float | None = None,
-    ) -> None:
-        """Rank 0 tells the supervisor that the checkpoint of ``step`` is committed."""
-        if self.channel is not None:
-            blocked = seconds if blocked_s is None else blocked_s
-            self.channel.send(
-                m.CheckpointCommitted(step, seconds, str(path), nbytes, mode, blocked)
-            )
-
     def _finish_async(self, *, close: bool) -> None:
         """Wait for the asynchronous save in flight and report it; ``close``: stop the writer."""
         saver = self.saver
@@ -388,7 +328,7 @@ class Runtime:
             return
         outcome = saver.wait()
         if outcome is not None:
-            self._report(outcome)
+            save_reports.outcome(self.channel, self.rank, outcome)
         if close:
             saver.close()
             self.saver = None
@@ -441,21 +381,3 @@ class Runtime:
             faulthandler.unregister(self.settings.dump_signal)
             self._dump_file.close()
             self._dump_file = None
-
-
-def _output_files() -> tuple[str | None, str | None]:
-    """The files this process's stdout and stderr are (``rvsup logs`` finds a rank's output by
-    them); None for a stream that is not a file (a terminal, a pipe)."""
-    return _output_file(1), _output_file(2)
-
-
-def _output_file(fd: int) -> str | None:
-    try:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-    return path if path.startswith("/") else None
-
-
-def _local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))

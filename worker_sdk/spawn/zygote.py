@@ -66,6 +66,7 @@ def _sibling(name: str) -> Any:
 wire = _sibling("zygote_wire")
 child = _sibling("zygote_child")
 cgroups = _sibling("cgroup")
+forked = _sibling("zygote_ranks")
 
 _REQUEST_TIMEOUT_S = 5.0
 
@@ -196,7 +197,7 @@ def _serve(listener: socket.socket, served: Served) -> Any:
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(0, selectors.EVENT_READ, "stdin")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
-    ranks: dict[int, _Rank] = {}
+    ranks: dict[int, Any] = {}  # pid -> forked.Rank
     while True:
         for key, _ in sel.select():
             if key.data == "stdin" and not os.read(0, 4096):
@@ -204,7 +205,7 @@ def _serve(listener: socket.socket, served: Served) -> Any:
             if key.data == "wake":
                 while _drain(wake_r):
                     pass
-                _on_exits(ranks, sel)
+                forked.on_exits(ranks, sel)
             elif key.data == "accept":
                 conn, _ = listener.accept()
                 answer = _answer(conn, served)
@@ -220,10 +221,10 @@ def _serve(listener: socket.socket, served: Served) -> Any:
                 if answer is None:
                     conn.close()
                 else:
-                    ranks[answer] = _Rank(conn)
+                    ranks[answer] = forked.Rank(conn)
                     sel.register(conn, selectors.EVENT_READ, answer)
             elif isinstance(key.data, int):  # a client hung up (or spoke out of turn)
-                _on_client(key.data, ranks, sel)
+                forked.on_client(key.data, ranks, sel)
 
 
 def _let_go(sock: socket.socket) -> None:
@@ -236,81 +237,11 @@ def _let_go(sock: socket.socket) -> None:
         os.close(fd)
 
 
-@dataclass(slots=True)
-class _Rank:
-    """A forked rank and its client's connection.
-
-    When the rank ends, the zygote tells the client but leaves the zombie unreaped until the
-    client hangs up: meanwhile the supervisor, which watches the rank's pid, reads how it ended
-    from the zombie, as it would read a cold rank's.
-    """
-
-    conn: socket.socket
-    ended: bool = False  # its wait status was sent to the client
-    orphan: bool = False  # its client went away first (and the rank was killed)
-
-
 def _drain(fd: int) -> bool:
     try:
         return bool(os.read(fd, 512))
     except BlockingIOError:
         return False
-
-
-def _on_exits(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> None:
-    """Tell the client of every rank that ended (the zombie stays until the client hangs up)."""
-    for pid, rank in list(ranks.items()):
-        if rank.ended:
-            continue
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # reaped already: nothing to wait for
-            _reap(pid, ranks, sel)
-            continue
-        if info is None:  # still running
-            continue
-        if rank.orphan:
-            _reap(pid, ranks, sel)
-            continue
-        rank.ended = True
-        try:
-            wire.send(rank.conn, {"status": _wait_status(info)})
-        except OSError:
-            _reap(pid, ranks, sel)
-
-
-def _wait_status(info: os.waitid_result) -> int:
-    """The ``waitpid`` status that ``waitid`` describes."""
-    if info.si_code == os.CLD_EXITED:
-        return (info.si_status & 0xFF) << 8
-    return info.si_status | (0x80 if info.si_code == os.CLD_DUMPED else 0)
-
-
-def _on_client(pid: int, ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> None:
-    """The client hung up: after its rank's end (reap it), or before (the rank must not outlive
-    it: killed, and reaped once it ended)."""
-    rank = ranks.get(pid)
-    if rank is None:
-        return
-    if rank.ended:
-        _reap(pid, ranks, sel)
-        return
-    sel.unregister(rank.conn)
-    rank.conn.close()
-    rank.orphan = True
-    for sig in (signal.SIGKILL, signal.SIGCONT):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _reap(pid: int, ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> None:
-    rank = ranks.pop(pid)
-    if rank.conn.fileno() >= 0:
-        if rank.conn.fileno() in sel.get_map():
-            sel.unregister(rank.conn)
-        rank.conn.close()
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
 
 
 def _answer(conn: socket.socket, served: Served) -> Any:

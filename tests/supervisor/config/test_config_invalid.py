@@ -56,7 +56,7 @@ INVALID: list[Any] = [
                 "trainer",
                 (
                     "unknown section; valid sections: anomaly, checkpoint, health, heartbeat, "
-                    "job, launch, restart, slurm"
+                    "job, launch, metrics, restart, slurm"
                 ),
             )
         ],
