@@ -86,6 +86,27 @@ def _recommitted(events: Sequence[Mapping[str, Any]], path: str, after: int, bef
     )
 
 
+def _memory_resume(
+    events: Sequence[Mapping[str, Any]], attempt: int, path: str, resume: int, floor: int
+) -> list[str]:
+    """A resume from a memory snapshot (named ``step-NNNNNNNNNN``, not logged as committed): at
+    its step + 1, and never from a snapshot older than the newest storage checkpoint committed
+    before that attempt (the daemon takes memory only when it is newer)."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if not name.startswith("step-") or not name[5:].isdigit():
+        return [f"attempt {attempt} resumes from memory at {path}, not a snapshot's name"]
+    step = int(name[5:])
+    out = []
+    if resume != max(step + 1, floor):
+        out.append(f"attempt {attempt} resumes at {resume} from snapshot {path}, not at {step + 1}")
+    storage = [e["step"] for e in _named(events, "checkpoint_committed") if e["attempt"] < attempt]
+    if storage and step < max(storage):
+        out.append(
+            f"attempt {attempt} resumes from snapshot {step}, older than storage's {max(storage)}"
+        )
+    return out
+
+
 def _resumes(
     s: Schedule, events: Sequence[Mapping[str, Any]], damaged: Mapping[int, str]
 ) -> list[str]:
@@ -105,6 +126,9 @@ def _resumes(
         if path is None:
             if resume != floor:
                 out.append(f"attempt {attempt} resumes at {resume} from no checkpoint")
+            continue
+        if loaded[0].get("source") in ("memory", "replica"):
+            out.extend(_memory_resume(events, attempt, path, resume, floor))
             continue
         step = committed.get(path)
         if step is None or resume != max(step + 1, floor):

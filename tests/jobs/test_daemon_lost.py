@@ -47,4 +47,6 @@ def test_a_killed_daemons_attempt_is_closed_by_the_next_start(
     assert_same_state(load_final(reference_final), load_final(final))
     table = rvsup("history", str(job)).stdout
     assert "unknown" not in table and "running" not in table
-    assert "1 supervisor lost" in table.splitlines()[-1]
+    summary, goodput = table.splitlines()[-2:]  # the summary, then the goodput by source
+    assert "1 supervisor lost" in summary, table
+    assert goodput.startswith("goodput "), table
