@@ -14,7 +14,7 @@ from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 
-def _tier(tmp_path: Path, setting: str = "") -> MemoryTier:
+def _tier(tmp_path: Path, setting: str = 'memory_every_steps = "auto"') -> MemoryTier:
     cfg = job_config(tmp_path, f'[checkpoint]\nmemory_dir = "{tmp_path / "shm"}"\n{setting}')
     return MemoryTier(cfg)
 
