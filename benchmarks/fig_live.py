@@ -262,7 +262,8 @@ NOTES = [
         "NOT like for like: torchft keeps training with the healthy replica group alone while the "
         "killed one restarts (its batches are left out of those steps: the row 'steps taken without "
         "rank 1's batch'; the global batch is half), then the killed group copies the healthy one's "
-        "model, optimizer and step and joins at the job's current step; rvsup and torchrun stop "
+        "model, optimizer and step and joins at the job's current step (its gradient counts as "
+        "zeros in that step); rvsup and torchrun stop "
         "every rank and restart both from a checkpoint (rvsup: the newest memory snapshot or "
         "storage checkpoint; torchrun: the script's own torch.save file), redoing the steps since."
     ),

@@ -252,14 +252,18 @@ def progress_stall(
 
 
 def steps_without(records: Sequence[Record], rank: int) -> int:
-    """Steps some other rank finished and ``rank`` never did: the job took them without its
-    batch (torchft goes on with the replica groups it has)."""
+    """Steps some other rank finished without ``rank``'s batch: steps ``rank`` never finished
+    (torchft goes on with the replica groups it has) and steps it finished with its batch
+    ``unused`` (a torchft group's gradient counts as zeros in the step in which it heals)."""
     by_rank: dict[int, set[int]] = {}
+    unused: set[int] = set()
     for r in records:
         if r.event == "step":
             by_rank.setdefault(r.rank, set()).add(r.step)
+        elif r.event == "unused" and r.rank == rank:
+            unused.add(r.step)
     others: set[int] = set()
     for other, steps in by_rank.items():
         if other != rank:
             others |= steps
-    return len(others - by_rank.get(rank, set()))
+    return len((others - by_rank.get(rank, set())) | (others & unused))

@@ -15,8 +15,10 @@ checkpoint transport (HTTP by default), and goes on from that step. No checkpoin
 
 Records (``BENCH_RECORD_DIR/rank-<group>.jsonl``, the workload's format, the group as the rank):
 ``boot``, ``start`` (once the first quorum is known: the step this process runs first; a healed
-group's is the other's), ``step`` (a committed step), ``discarded`` (a step computed and not
-committed: its all-reduce failed, or the group was healing), ``fault`` and ``done``.
+group's is the other's), ``step`` (a committed step), ``unused`` (after ``step``: this group's
+batch was not in that step, its gradient counted as zeros: the step in which it healed),
+``discarded`` (a step computed and not committed: its all-reduce failed), ``fault`` and
+``done``.
 The data of step s is the s-th batch of the group's stream whichever process computes it (a group
 that heals to step s skips the batches of the steps it missed), so that a group's batches do not
 depend on when it was restarted.
@@ -135,9 +137,12 @@ def main() -> None:
         y = x[:, :8].sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
+        used = manager.is_participating()  # False: a healing group's gradient counted as zeros
         if manager.should_commit():
             optimizer.step()
             rec.write("step", manager.current_step() - 1)
+            if not used:
+                rec.write("unused", manager.current_step() - 1)
         else:
             rec.write("discarded", step)
         pacer.wait()

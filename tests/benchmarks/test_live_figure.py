@@ -33,7 +33,7 @@ def steps(rank: int, pid: int, first: int, last: int, t0: float, dt: float = 0.1
 
 # torchft: rank 1 (pid 2) dies before step 60 at t=10; rank 0 (pid 1) discards its step 60, waits
 # 5 s for the lighthouse, trains alone on steps 60..79, and rank 1's new process (pid 3) heals to
-# step 80 and steps beside it from there
+# step 80 and steps beside it from there (its batch unused in the step it healed in)
 TORCHFT_TRIAL = sorted(
     [
         *steps(0, 1, 55, 59, 9.5),
@@ -45,6 +45,7 @@ TORCHFT_TRIAL = sorted(
         rec(16.9, 1, 3, 80, "start"),
         *steps(0, 1, 80, 99, 17.02),
         *steps(1, 3, 80, 99, 17.0),
+        rec(17.001, 1, 3, 80, "unused"),
     ],
     key=lambda r: r.t,
 )
@@ -70,12 +71,13 @@ def outcome(trial: list[Record]) -> Outcome:
 
 def test_torchft_trial_reduces_to_a_heal_beside_the_running_group() -> None:
     """torchft: recovered when both ranks finish the job's step 80; nothing redone, one step
-    discarded, 20 steps without rank 1's batch, the healthy rank's 5 s wait is its stall."""
+    discarded, 21 steps without rank 1's batch (20 alone, 1 healing), the healthy rank's 5 s wait
+    is its stall."""
     got = reduce(outcome(TORCHFT_TRIAL))
     assert got.mttr_s == pytest.approx(17.02 - 10.0)
     assert got.redone == (0, 0)
     assert got.discarded == (1, 0)
-    assert got.missed == 20
+    assert got.missed == 21
     assert got.stall_s == pytest.approx(15.0 - (9.5 + 0.4))
     assert got.resumed_at == 80
 
