@@ -27,7 +27,7 @@ from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending, Evidence, result_of
 from supervisor.process.cgroup import ended_events
 from supervisor.process.diagnostics import read_steps
-from supervisor.process.launcher import LaunchPlan
+from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
 from supervisor.ranks.checkpoints import (

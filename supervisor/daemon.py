@@ -29,8 +29,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError
+from supervisor.config.torchrun import resolve_torchrun
 from supervisor.loops import Liveness, run_beside
-from supervisor.process import launcher, proctree
+from supervisor.process import proctree
 from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
 from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
@@ -129,7 +130,7 @@ async def _house(
         secret = p.new_secret()
         p.write_secret(str(secret_file), secret)
         alloc = await asyncio.to_thread(slurm.detect)
-        torchrun = launcher.resolve_torchrun(cfg)
+        torchrun = resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
         groups = JobGroups.create()
         containment = (

@@ -25,8 +25,8 @@ from supervisor.config import JobConfig
 from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc
-from supervisor.process import launcher
-from supervisor.process.launcher import LaunchPlan
+from supervisor.process import launch_plan
+from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
@@ -285,7 +285,7 @@ class Supervisor:
         n = self.attempt_no
         self.channel.new_attempt(n)
         self.ranks.clear()
-        rank_env = launcher.rank_environment(
+        rank_env = launch_plan.rank_environment(
             cfg,
             attempt=n,
             endpoint=self.channel.endpoint,
