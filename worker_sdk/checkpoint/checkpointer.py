@@ -74,10 +74,10 @@ from . import rng as _rng
 from .background import arena as _arena
 from .background.arena import Arena
 from .background.writer import SaveJob, failed_marker, pending_marker, written_marker
-from .collectives import all_gather_ints, broadcast_ints
+from .collectives import all_gather_ints, broadcast_ints, group_active
 from .commit import commit, write_durable
-from .parallel import Stateful, StatePlan, unwrap
-from .restore import LoadResult, Restorer, dcp_groups, group_active
+from .parallel import Stateful, StatePlan, dcp_groups, unwrap
+from .restore import LoadResult, Restorer
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
