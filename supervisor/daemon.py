@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from supervisor.attempt_start import SlurmIds
 from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError
 from supervisor.config.torchrun import resolve_torchrun
@@ -57,7 +58,7 @@ from supervisor.service.stop_signals import StopSignals
 from supervisor.service.stop_signals import installed as installed_stop_signals
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
-from supervisor.supervisor import SlurmIds, Supervisor
+from supervisor.supervisor import Supervisor
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 
