@@ -259,25 +259,25 @@ def table(tools: dict[str, Tool], cols: dict[str, Column], steps: int, ckpt_ever
 
 NOTES = [
     (
-        "NOT like for like: torchft keeps training with the healthy replica group alone while the "
-        "killed one restarts (its batches are left out of those steps: the row 'steps taken without "
-        "rank 1's batch'; the global batch is half), then the killed group copies the healthy one's "
-        "model, optimizer and step and joins at the job's current step (its gradient counts as "
-        "zeros in that step); rvsup and torchrun stop "
-        "every rank and restart both from a checkpoint (rvsup: the newest memory snapshot or "
-        "storage checkpoint; torchrun: the script's own torch.save file), redoing the steps since."
+        "NOT like for like: torchft never restarts the healthy group; once the lighthouse has "
+        "dropped the dead group it trains on alone until the killed group is back (those steps "
+        "have half the global batch: the row 'steps taken without rank 1's batch'), then the "
+        "killed group copies the healthy one's model, optimizer and step and joins at the job's "
+        "current step (its gradient counts as zeros in that step); rvsup and torchrun stop every "
+        "rank and restart both from a checkpoint (rvsup: the newest memory snapshot or storage "
+        "checkpoint; torchrun: the script's own torch.save file), redoing the steps since."
     ),
     (
         "torchft's healthy group waits for the lighthouse to drop the dead group (its heartbeat "
-        "timeout, 5 s as shipped) before it trains alone; its longest time without progress is that "
-        "wait. Under rvsup and torchrun the healthy rank is restarted too: its time without progress "
-        "runs from its last step before the kill to its first step past it."
+        "timeout, 5 s as shipped) before it trains alone: its longest time without progress is "
+        "that wait. Under rvsup and torchrun the healthy rank is restarted too: its time without "
+        "progress runs from its last step before the kill to its first step past it."
     ),
     (
         "The final parameters are compared with an uninterrupted run of the same column, rank by "
-        "rank. torchft's may legitimately differ: the steps the job took without one group's batch "
-        "are other steps. torchrun's script checkpoint does not restore the RNG states, so its "
-        "batches after the restart differ."
+        "rank. torchft's may legitimately differ: the steps the job took without one group's "
+        "batch are other steps. torchrun's script checkpoint does not restore the RNG states, so "
+        "its batches after the restart differ."
     ),
     (
         "MTTR here: kill -> the first time every rank had finished the same step after the kill "
