@@ -17,6 +17,7 @@ from tests.helpers.states import assert_same_state, load_final
 pytestmark = pytest.mark.process
 
 
+@pytest.mark.serial  # the crash noticed within 0.1 s
 def test_kill9_of_rank1_restarts_and_ends_bit_identical(
     tmp_path: Path, reference_final: Path
 ) -> None:
@@ -78,6 +79,7 @@ def test_budget_is_counted_across_starts(tmp_path: Path) -> None:
     assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]
 
 
+@pytest.mark.serial  # kills a daemon: a start meanwhile would end what it left
 def test_sigkill_of_the_daemon_leaves_no_orphan(tmp_path: Path) -> None:
     """SIGKILL of rvsup itself: torchrun and every rank die with it (parent-death signals)."""
     job = write_job(tmp_path, total=100000, env={"STEP_SLEEP": "0.02"})
