@@ -157,7 +157,8 @@ def iso_to_unix(text: str) -> float:
 
 
 _TORCH_LINE = re.compile(r"^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+) +\d+ (.*)$")
-_FT_LINE = re.compile(r"^\[(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2}),(\d{3})\] (.*)$")
+# nvidia-resiliency-ext 0.4.1 writes "[YYYY-MM-DD hh:mm:ss,ms] ...", 0.7.0 the same without brackets
+_FT_LINE = re.compile(r"^\[?(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2}),(\d{3})\]? (.*)$")
 # what an elastic agent logs when it sees a failed worker or starts stopping the group
 _NOTICE = ("failed (exitcode", "closing signal", "UNHEALTHY", "Did not get", "FT timeout elapsed")
 
@@ -174,8 +175,9 @@ def torch_log_noticed(lines: Iterable[str], year: int) -> list[float]:
 
 
 def ft_log_noticed(lines: Iterable[str]) -> list[float]:
-    """Times of ft_launcher and rank-monitor lines (``[YYYY-MM-DD hh:mm:ss,ms]``, local time) that
-    show a noticed failure (a failed worker, a missed heartbeat)."""
+    """Times of ft_launcher and rank-monitor lines (``[YYYY-MM-DD hh:mm:ss,ms]``, or without the
+    brackets as 0.7.0 writes them; local time) that show a noticed failure (a failed worker, a
+    missed heartbeat)."""
     out = []
     for line in lines:
         m = _FT_LINE.match(line)

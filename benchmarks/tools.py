@@ -365,7 +365,11 @@ class FtLauncher(Tool):
         return [*argv, str(WORKLOAD)], {"BENCH_MODE": "nvrx"}
 
     def noticed(self, workdir: Path) -> list[float]:
-        return records.ft_log_noticed(_lines(workdir / "launcher.log"))
+        # its own lines, and (0.7.0) the elastic agent's glog lines it lets through
+        log = workdir / "launcher.log"
+        year = time.localtime(log.stat().st_mtime).tm_year if log.exists() else 1970
+        lines = _lines(log)
+        return sorted(records.ft_log_noticed(lines) + records.torch_log_noticed(lines, year))
 
     def describe(self) -> str:
         hb = "default" if self.heartbeat_timeout_s is None else f"{self.heartbeat_timeout_s:g}s"

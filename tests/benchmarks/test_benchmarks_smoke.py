@@ -152,10 +152,26 @@ def test_torch_log_noticed(line: str, expected: float | None) -> None:
             _local("2026-11-22 19:33:16") + 0.5,
         ),
         ("[2026-11-22 19:33:16,034] [INFO] [ft_launcher29201@vm] Using nproc_per_node=2.", None),
+        (
+            (
+                "2026-11-26 06:42:08,445 [WARNING] [vm] [workload:?(0) infra:?(?)] "
+                "rank_monitor_server.py:497 [Cycle 0] Did not get subsequent heartbeat. "
+                "Waited 10.00 seconds."
+            ),
+            _local("2026-11-26 06:42:08") + 0.445,
+        ),
+        (
+            (
+                "2026-11-26 06:42:08,540 [INFO] [vm] [workload:?(?) infra:?(?)] launcher.py:636 "
+                "[default] Worker group FAILED. 3/3 attempts left; will restart worker group"
+            ),
+            None,
+        ),
     ],
 )
 def test_ft_log_noticed(line: str, expected: float | None) -> None:
-    """ft_launcher's failure lines and its rank monitor's missed-heartbeat lines are notices."""
+    """ft_launcher's failure lines and its rank monitor's missed-heartbeat lines are notices, in
+    0.4.1's format and in 0.7.0's."""
     found = records.ft_log_noticed([line])
     assert found == ([] if expected is None else [pytest.approx(expected)])
 

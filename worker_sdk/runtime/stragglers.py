@@ -25,8 +25,11 @@ of the monotonic clock (vDSO, no syscall) and an addition around each blocking c
 in ``step()``. The time a rank spends blocked in them, per step, is what it waits for the
 others plus the transfer itself, which is the same on every rank; the rank the others wait for
 waits least. Calls with ``async_op=True`` return at once and are not timed (their wait is in
-``Work.wait()``); on GPUs a collective does not block the host, so FSDP's waits are not seen
-there (see docs/stragglers.md, Limits).
+``Work.wait()``; FSDP makes none unless asked to, see docs/stragglers.md). On GPUs a collective
+does not block the host: when the FSDP module is on CUDA the wrappers time the collectives
+whose tensors are CUDA tensors on the device instead, with CUDA events
+(:mod:`worker_sdk.runtime.device_wait`), resolved when a heartbeat is due; a module on the CPU
+gets the host timer alone and never touches ``torch.cuda``.
 
 Anything else (a model without DDP or FSDP, a DDP without the logging interface in another
 torch) reads nothing: :func:`wait_of` returns None.
@@ -36,9 +39,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-__all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "timed", "wait_of"]
+if TYPE_CHECKING:
+    from .device_wait import EventRing
+
+__all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "on_cuda", "timed", "wait_of"]
 
 _NS = 1e-9
 TIMED = (
@@ -109,28 +115,38 @@ class CommWait:
 
 
 class CollectiveWait:
-    """The time this process is blocked in ``torch.distributed``'s collectives (:data:`TIMED`),
-    per step since the last read."""
+    """The time this process waits in ``torch.distributed``'s collectives (:data:`TIMED`), per
+    step since the last read: blocked on the host, or (FSDP on CUDA) on the device."""
 
     __slots__ = ("_read_total",)
 
-    _total: ClassVar[list[float]] = [0.0]  # seconds blocked, over the process (the wrappers')
+    _total: ClassVar[list[float]] = [0.0]  # seconds waited, over the process (the wrappers')
     _installed: ClassVar[bool] = False
+    _ring: ClassVar[EventRing | None] = None  # the device's timing events (FSDP on CUDA only)
 
-    def __init__(self) -> None:
-        self._install()
+    def __init__(self, device: bool = False) -> None:
+        self._install(device)
         self._read_total = CollectiveWait._total[0]
 
     @classmethod
-    def _install(cls) -> None:
+    def _install(cls, device: bool) -> None:
+        """Wrap the collectives once per process: with the host timer, or (``device``: the
+        FSDP module is on CUDA) with the device timer, which keeps the host timer for
+        collectives of CPU tensors."""
         if cls._installed:
             return
         import torch.distributed as dist
 
+        from .device_wait import EventRing, timed_on_device
+
+        ring = cls._ring = EventRing() if device else None
         for name in TIMED:
             fn = getattr(dist, name, None)
             if fn is not None:
-                setattr(dist, name, timed(fn, cls._total))
+                wrapped = (
+                    timed(fn, cls._total) if ring is None else timed_on_device(fn, cls._total, ring)
+                )
+                setattr(dist, name, wrapped)
         cls._installed = True
 
     @classmethod
@@ -141,13 +157,19 @@ class CollectiveWait:
         from worker_sdk.checkpoint import parallel
 
         kinds = (parallel.KIND_FSDP1, parallel.KIND_FSDP2)
-        if any(isinstance(o, nn.Module) and parallel.module_kind(o) in kinds for o in objects):
-            return cls()
+        found = [
+            o for o in objects if isinstance(o, nn.Module) and parallel.module_kind(o) in kinds
+        ]
+        if found:
+            return cls(device=any(on_cuda(m) for m in found))
         return None
 
     def read(self, steps: int) -> float | None:
-        """Seconds blocked in the collectives per step over the last ``steps`` steps; None
-        when no step was made."""
+        """Seconds waited in the collectives per step over the last ``steps`` steps (on the
+        device: the collectives completed since the last read); None when no step was made."""
+        ring = CollectiveWait._ring
+        if ring is not None:
+            CollectiveWait._total[0] += ring.resolve()
         now = CollectiveWait._total[0]
         blocked, self._read_total = now - self._read_total, now
         return blocked / steps if steps > 0 else None
@@ -171,6 +193,22 @@ def timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
     call.__name__ = fn.__name__
     call.__doc__ = fn.__doc__
     return call
+
+
+def on_cuda(module: Any) -> bool:
+    """Whether an FSDP module computes on CUDA: a parameter on CUDA, or (FSDP2 offloading its
+    shards to the CPU) a parameter sharded over a CUDA mesh, or (FSDP1) its compute device.
+    Reads attributes only: ``torch.cuda`` is not initialised by it."""
+    device = getattr(module, "compute_device", None)  # FSDP1
+    if getattr(device, "type", None) == "cuda":
+        return True
+    for p in module.parameters():
+        if p.device.type == "cuda":
+            return True
+        mesh = getattr(p, "device_mesh", None)  # an FSDP2 DTensor
+        if getattr(mesh, "device_type", None) == "cuda":
+            return True
+    return False
 
 
 def wait_of(objects: Sequence[object]) -> WaitReader | None:

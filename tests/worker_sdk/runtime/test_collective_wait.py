@@ -1,14 +1,27 @@
 """The SDK's timing of the collectives FSDP calls (worker_sdk/runtime/stragglers.py), in a real
-1-process gloo group: what it reads, what it leaves untimed, and which models get which reader."""
+1-process gloo group: what it reads, what it leaves untimed, which models get which reader, and
+which timer (host or device) an FSDP module gets."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from worker_sdk.runtime.stragglers import TIMED, CollectiveWait, CommWait, wait_of
+from tests.helpers.fake_device import FakeDevice
+from worker_sdk.runtime import device_wait
+from worker_sdk.runtime.stragglers import (
+    TIMED,
+    CollectiveWait,
+    CommWait,
+    on_cuda,
+    timed,
+    wait_of,
+)
 
 
 @pytest.fixture
@@ -19,6 +32,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(dist, name, getattr(dist, name))
     monkeypatch.setattr(CollectiveWait, "_installed", False)
     monkeypatch.setattr(CollectiveWait, "_total", [0.0])
+    monkeypatch.setattr(CollectiveWait, "_ring", None)
 
 
 @pytest.mark.usefixtures("one_process_group", "fresh")
@@ -55,3 +69,69 @@ def test_readers_by_parallelism() -> None:
     assert isinstance(wait_of([torch.optim.SGD(fsdp1.parameters(), lr=0.1), fsdp1]), CollectiveWait)
     assert isinstance(wait_of([nn.parallel.DistributedDataParallel(nn.Linear(8, 8))]), CommWait)
     assert wait_of([nn.Linear(8, 8)]) is None and wait_of([]) is None
+
+
+@pytest.mark.usefixtures("one_process_group", "fresh")
+def test_an_fsdp_module_on_the_cpu_keeps_the_host_timer() -> None:
+    """An FSDP2 module on the CPU gets the host timer as it was (no ring of events) and its
+    training leaves torch.cuda uninitialised; its blocking collectives are read."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    fsdp2 = nn.Linear(64, 64)
+    fully_shard(fsdp2, mesh=init_device_mesh("cpu", (1,)))
+    wait = CollectiveWait.of([fsdp2])
+    assert wait is not None and CollectiveWait._ring is None and not on_cuda(fsdp2)
+    host = timed(len, [0.0]).__code__
+    assert all(getattr(dist, name).__code__ is host for name in TIMED if hasattr(dist, name))
+    fsdp2(torch.randn(8, 64)).sum().backward()
+    dist.all_reduce(torch.ones(1 << 16))
+    got = wait.read(1)
+    assert got is not None and got > 0
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.usefixtures("one_process_group", "fresh")
+def test_on_the_device_the_ring_is_read_into_the_same_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the FSDP module on the device (the device faked: 1 ms per collective), device
+    collectives are timed by events and resolved at the read into the wait per step, with the
+    host-timed CPU collectives; events not yet completed wait for the next read."""
+    device = FakeDevice(tick_ms=1.0)
+    monkeypatch.setattr(device_wait, "cuda_event", device.event)
+
+    def on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return bool(getattr(args[0], "on_fake_device", False))
+
+    monkeypatch.setattr(device_wait, "is_cuda_call", on_device)
+    monkeypatch.setattr(device_wait, "stream_capturing", lambda: False)
+    wait = CollectiveWait(device=True)
+    ring = CollectiveWait._ring
+    assert ring is not None and device.created == 2 * device_wait.RING
+    t = torch.ones(4)
+    t.on_fake_device = True  # type: ignore[attr-defined]
+    for _ in range(4):
+        dist.all_reduce(t)
+    assert ring.pending == 4 and t[0].item() == 1.0
+    assert wait.read(2) == 0.0  # the device has completed none: nothing is read, nothing waits
+    device.finish()
+    assert wait.read(2) == pytest.approx(0.002)  # 4 ms over 2 steps
+    dist.all_reduce(torch.ones(1 << 16))  # a CPU tensor: the host clock
+    got = wait.read(1)
+    assert got is not None and 0 < got < 1 and ring.pending == 0 and not device.waited
+
+
+def test_on_cuda_reads_where_the_module_computes() -> None:
+    """A module is on CUDA when a parameter is, when a parameter is sharded over a CUDA mesh
+    (FSDP2 offloading to the CPU) or when its compute device is (FSDP1); not otherwise."""
+
+    def module(*params: Any, **attrs: Any) -> Any:
+        return SimpleNamespace(parameters=lambda: iter(params), **attrs)
+
+    cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
+    assert on_cuda(module(SimpleNamespace(device=cpu), SimpleNamespace(device=cuda)))
+    mesh = SimpleNamespace(device_type="cuda")
+    assert on_cuda(module(SimpleNamespace(device=cpu, device_mesh=mesh)))
+    assert on_cuda(module(compute_device=cuda))
+    assert not on_cuda(module(SimpleNamespace(device=cpu), compute_device=cpu))
+    assert not on_cuda(nn.Linear(2, 2)) and not on_cuda(nn.Linear(2, 2, device="meta"))
+    assert not torch.cuda.is_initialized()
