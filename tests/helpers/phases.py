@@ -8,17 +8,21 @@ run one at a time. Without ``--phase`` every test is selected; under xdist a ser
 skipped, saying how to run it, rather than run beside another; ``--phase serial`` refuses ``-n``.
 
 The Slurm tests share one test cluster, which only one process of the machine may run at a
-time: under xdist they are one group (``xdist_group``), which ``--dist loadgroup`` gives to one
-worker, to run one after the other beside the other worker's tests; under any other ``--dist``
-they are skipped, saying why.
+time. Under ``--dist loadgroup`` the controller's scheduler is this module's: every test is a
+unit of work of its own but the Slurm tests, which are one unit, given whole to one worker (the
+largest unit first), to run one after the other beside the other worker's tests. (xdist's own
+``xdist_group`` marker is lost under pytest 9: its workers rename ``item._nodeid``, which pytest
+9 no longer reads.) Under any other ``--dist`` the Slurm tests are skipped, saying why.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 SHARED, SERIAL = "shared", "serial"
-SLURM_GROUP = "slurm-testbed"
+SLURM_UNIT = "tests/slurm/"  # the nodeids of the Slurm tests start so, and name their unit
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,10 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--phase serial runs its tests one at a time: leave out -n")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the phase's tests (the rest are reported as deselected); under xdist, put the Slurm
-    tests in one group, and skip the serial ones without a phase."""
+    """Keep the phase's tests (the rest are reported as deselected); under xdist, skip the
+    serial ones without a phase, and the Slurm ones but under ``--dist loadgroup``."""
     phase = config.getoption("phase")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: another runs beside it
         _as_worker(items, skip_serial=phase is None, grouped=config.getoption("loadgroup"))
@@ -63,5 +66,19 @@ def _as_worker(items: list[pytest.Item], *, skip_serial: bool, grouped: bool) ->
     for item in items:
         if skip_serial and is_serial(item):
             item.add_marker(alone)
-        elif item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP) if grouped else apart)
+        elif item.get_closest_marker("slurm") is not None and not grouped:
+            item.add_marker(apart)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """(xdist controller, ``--dist loadgroup``) Every test its own unit, the Slurm tests one."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTogether(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no type hints
+        def _split_scope(self, nodeid: str) -> str:
+            return SLURM_UNIT if nodeid.startswith(SLURM_UNIT) else nodeid
+
+    return SlurmTogether(config, log)
