@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up (once) and run every check: lint, format, types (for Python 3.11 and 3.10), the fast
 # selection (no process, no Slurm) on Python 3.10 without torch (where the daemon may run: its own
-# environment; test modules that need torch are skipped there), then the whole suite.
+# environment; test modules that need torch are skipped there), then the whole suite. Each pytest
+# run has two phases (docs/development.md): the tests that can share the machine on $RVTEST_WORKERS
+# processes (pytest-xdist), then the serial ones, one at a time.
+#   RVTEST_WORKERS=n  processes of the first phase (default 2; 0: no xdist, one process)
 #   VENV=dir     where the virtualenv lives (default .venv; CI passes a fresh one)
 #   VENV310=dir  where the torch-less Python 3.10 one lives (default $VENV/py310); built with the
 #                first Python 3.10 found (python3.10 on PATH, else pyenv's); when there is none,
@@ -63,13 +66,41 @@ fi
 
 PATH="$(cd "$VENV/bin" && pwd):$PATH"
 export PATH
+
+# pytest in two phases: PYTHON, then pytest's arguments (both phases get them). A phase that
+# selects nothing (exit 5: e.g. a folder with no serial test) is no failure when the other ran
+# tests. Both phases run; the first failure's status is returned. RVTEST_SHARED_DIR: where the
+# reference runs both phases read are built once (tests/helpers/fixtures.py, built_once).
+two_phases() {
+  local python=$1 shared=0 serial=0 status
+  shift
+  RVTEST_SHARED_DIR=$(mktemp -d)
+  export RVTEST_SHARED_DIR
+  "$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-2}" --dist loadgroup \
+    --phase shared "$@" || shared=$?
+  if [ "$shared" != 2 ]; then # 2: interrupted (Ctrl-C, or errors while collecting)
+    "$python" -m pytest -p no:cacheprovider --phase serial "$@" || serial=$?
+  fi
+  rm -rf "$RVTEST_SHARED_DIR"
+  unset RVTEST_SHARED_DIR
+  if [ "$shared" = 5 ] && [ "$serial" = 5 ]; then
+    return 5
+  fi
+  for status in "$shared" "$serial"; do
+    if [ "$status" != 0 ] && [ "$status" != 5 ]; then
+      return "$status"
+    fi
+  done
+  return 0
+}
+
 ruff check .
 ruff format --check .
 mypy
 mypy --python-version 3.10
 if [ -n "$py310" ]; then
   echo "tests/run.sh: the fast selection on $("$VENV310/bin/python" -V) without torch ($VENV310)"
-  "$VENV310/bin/python" -m pytest -q -p no:cacheprovider -m "not process and not slurm"
+  two_phases "$VENV310/bin/python" -q -m "not process and not slurm"
   # the process tests run the daemon from this environment too (test_isolated_install.py)
   RVSUP_TORCHLESS_PYTHON="$(cd "$VENV310/bin" && pwd)/python"
   export RVSUP_TORCHLESS_PYTHON
@@ -77,4 +108,4 @@ else
   echo "tests/run.sh: SKIPPED the fast selection on Python 3.10 without torch:" \
     "no python3.10 on PATH or in pyenv" >&2
 fi
-python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+two_phases python -q --durations=25 "$@"

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import uuid
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from tests.chaos.execute import Observed, guarded_run
+from tests.helpers.escape import gone, leak_an_escaped_process
 from tests.helpers.harness import TRAINER, running, wait_for, wait_progress, write_job
 from tests.helpers.process_guard import guard
 from tests.helpers.spawning_worker import marked
@@ -23,50 +23,17 @@ from tests.helpers.spawning_worker import marked
 pytestmark = pytest.mark.process
 
 WORKER = Path(__file__).parent / "helpers" / "spawning_worker.py"
-
-# forks; the child starts a session of its own and forks again; the grandchild replaces itself
-# with a sleeper whose environment is empty (no marker) and says its pid; both parents exit
-_ESCAPE = textwrap.dedent(
-    """
-    import os, sys
-    if os.fork():
-        os._exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    with open(sys.argv[1], "w") as f:
-        f.write(str(os.getpid()))
-    os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)"], {})
-    """
-)
-
-
-def _leak_an_escaped_process(tmp_path: Path) -> int:
-    """A double-forked, ``setsid()``-ed sleeper with an empty environment; its pid."""
-    pid_file = tmp_path / f"escaped-{uuid.uuid4().hex}"
-    subprocess.run([sys.executable, "-c", _ESCAPE, str(pid_file)], check=True, timeout=30)
-    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=10, what="pid"))
-    wait_for(lambda: psutil.Process(pid).environ() == {}, timeout=10, what="the exec")
-    assert os.getsid(pid) != os.getsid(0), "it left our session"
-    assert psutil.Process(pid).ppid() == os.getpid(), "orphaned, it was re-parented to us"
-    return pid
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
+PROBE = Path(__file__).parent / "helpers" / "guard_probe.py"
 
 
 def test_the_suite_guard_finds_and_ends_a_double_forked_setsid_process(tmp_path: Path) -> None:
     """A process that double-forked, left the session and cleared its environment (no marker)
     is among what the suite's guard reports after a test, and the guard kills it."""
     before = set(guard().processes(exempt=True))
-    leaked = _leak_an_escaped_process(tmp_path)
+    leaked = leak_an_escaped_process(tmp_path)
     left = guard().check(before, grace_s=0.0)
     assert set(left) == {leaked}, left
-    assert _gone(leaked)
+    assert gone(leaked)
 
 
 def test_the_chaos_runner_finds_and_ends_what_a_run_leaves(tmp_path: Path) -> None:
@@ -74,11 +41,12 @@ def test_the_chaos_runner_finds_and_ends_what_a_run_leaves(tmp_path: Path) -> No
     leftovers (a violation of the run) and kills it."""
     seen = Observed()
     with guarded_run(seen):
-        leaked = _leak_an_escaped_process(tmp_path)
+        leaked = leak_an_escaped_process(tmp_path)
     assert [line.split()[0] for line in seen.leftovers] == [str(leaked)], seen.leftovers
-    assert _gone(leaked)
+    assert gone(leaked)
 
 
+@pytest.mark.serial  # kills a daemon: a job started meanwhile would end what it left
 def test_the_suite_guard_finds_what_a_forked_rank_leaked(tmp_path: Path) -> None:
     """A real job, its ranks forked from the zygote; each rank starts a child, a ``setsid()``
     grandchild and a double-forked daemon; rvsup is killed with SIGKILL, so nothing ends them:
@@ -100,9 +68,35 @@ def test_the_suite_guard_finds_what_a_forked_rank_leaked(tmp_path: Path) -> None
         assert "zygote" in " ".join(psutil.Process(zygote).cmdline())
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        wait_for(lambda: all(_gone(pid) for pid in ranks), timeout=20, what="the ranks' end")
+        wait_for(lambda: all(gone(pid) for pid in ranks), timeout=20, what="the ranks' end")
         helpers = set(marked(mark))
         assert len(helpers) == 6, marked(mark)
         left = guard().check(before, grace_s=0.0)
     assert helpers <= set(left), left
-    assert all(_gone(pid) for pid in helpers)
+    assert all(gone(pid) for pid in helpers)
+
+
+def test_under_xdist_each_worker_guards_its_own_tests(tmp_path: Path) -> None:
+    """tests/helpers/guard_probe.py on two xdist workers: the check after a test that leaked
+    fails that test and ends only its leak, while the other worker's test holds a process of its
+    own through it; a leak left to the end of the session by a test that is not checked after
+    it is found by its worker's last check and fails the run, which names it."""
+    here = tmp_path / "meet"
+    here.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env["RVTEST_PROBE_DIR"] = str(here)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-rA"]
+    argv += [f"--basetemp={tmp_path / 'basetemp'}", str(PROBE)]
+    done = subprocess.run(
+        argv, cwd=PROBE.parents[2], env=env, capture_output=True, text=True, timeout=300
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, out
+    assert "3 passed, 1 error" in out, out  # the leak fails the check after its test
+    errors = [line for line in out.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 1 and "::test_leaks_a_process " in errors[0], out
+    leaked = int((here / "leaked.pid").read_text())
+    assert f"test left 1 process(es) behind: {{{leaked}: " in out, out
+    last = int((here / "left-to-the-end.pid").read_text())
+    assert f"rvsup test suite: killed 1 leftover process(es): {{{last}: " in out, out
+    assert gone(leaked) and gone(last)

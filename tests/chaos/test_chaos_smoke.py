@@ -10,7 +10,8 @@ import pytest
 
 from tests.helpers.harness import REPO, rvsup_env
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]  # ~2 min on 2 idle cores
+# ~2 min on 2 idle cores; serial: kills daemons (SIGKILL among its faults), bounds in seconds
+pytestmark = [pytest.mark.process, pytest.mark.serial, pytest.mark.timeout(600)]
 
 # The drawn schedule of seed 56 (as root) is "max_restarts=3 enospc:0:5:1 oom:0:18:1": the one
 # kind no regression schedule has (oom), in one `rvsup start` (the restart forked from the

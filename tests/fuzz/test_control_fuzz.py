@@ -128,6 +128,7 @@ def test_a_request_left_incomplete_is_answered_after_the_read_timeout(
     served.status_works()
 
 
+@pytest.mark.serial  # answered within 0.5 s
 def test_idle_connections_beyond_the_limit_are_told_busy(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:

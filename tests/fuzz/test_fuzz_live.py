@@ -35,7 +35,8 @@ from tests.helpers.harness import (
 )
 from tests.helpers.states import assert_same_state, load_final
 
-pytestmark = pytest.mark.process
+# serial: floods the daemon; no hang may be declared (5 s timeout)
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 TOTAL = 60  # as the reference run
 FRAMES = int(os.environ.get("RVSUP_FUZZ_FRAMES", "20000"))

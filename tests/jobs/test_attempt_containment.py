@@ -25,7 +25,8 @@ from tests.helpers.harness import (
 )
 from tests.helpers.spawning_worker import marked, still_running
 
-pytestmark = pytest.mark.process
+# serial: kills daemons and checks what they left
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 WORKER = TRAINER.with_name("spawning_worker.py")
 
 

@@ -17,6 +17,7 @@ from tests.helpers.states import assert_same_state, load_final
 pytestmark = pytest.mark.process
 
 
+@pytest.mark.serial  # the crash noticed within 0.1 s
 def test_kill9_of_rank1_restarts_and_ends_bit_identical(
     tmp_path: Path, reference_final: Path
 ) -> None:
@@ -46,6 +47,7 @@ def test_kill9_of_rank1_restarts_and_ends_bit_identical(
     assert_same_state(load_final(reference_final), load_final(final))
 
 
+@pytest.mark.serial  # "deterministic" needs the same ranks named each time: timing
 def test_rank_raising_every_attempt_spends_budget_and_exits_3(tmp_path: Path) -> None:
     """A rank that raises at the same step in every attempt: budget spent -> exit 3, job_gave_up,
     and the failure is named deterministic."""
@@ -78,6 +80,7 @@ def test_budget_is_counted_across_starts(tmp_path: Path) -> None:
     assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]
 
 
+@pytest.mark.serial  # kills a daemon: a start meanwhile would end what it left
 def test_sigkill_of_the_daemon_leaves_no_orphan(tmp_path: Path) -> None:
     """SIGKILL of rvsup itself: torchrun and every rank die with it (parent-death signals)."""
     job = write_job(tmp_path, total=100000, env={"STEP_SLEEP": "0.02"})
@@ -124,6 +127,7 @@ def named_commit(evs: list[dict[str, object]], step: int) -> bool:
     return any(e["event"] == "checkpoint_committed" and e["step"] == step for e in evs)
 
 
+@pytest.mark.serial  # "deterministic" needs the same ranks named each time: timing
 def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> None:
     """A rank raising in step 15 every attempt: the first attempt committed step 9, the next ones
     commit nothing new -> give up after max_no_progress restarts in a row, named deterministic at
@@ -156,6 +160,7 @@ def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
     assert not named(evs, "restart_scheduled") and named(evs, "job_succeeded")
 
 
+@pytest.mark.serial  # "deterministic" needs the same ranks named each time: timing
 def test_deterministic_failure_is_recognised_across_starts(tmp_path: Path) -> None:
     """A rank failing at the same step before and after a requeue (a second `rvsup start`) is
     named deterministic: the last charged failure is folded from the history, not kept in memory."""

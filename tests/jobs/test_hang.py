@@ -11,7 +11,8 @@ from supervisor.process import native
 from tests.helpers.harness import events, named, rvsup, write_job
 from worker_sdk.contract import protocol as p
 
-pytestmark = pytest.mark.process
+# serial: hangs are caught within stated seconds
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 HANG_TIMEOUT = 4.0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import named
 from tests.helpers.integration_jobs import framework_job, run_to_end, stop_and_resume
 from tests.helpers.states import assert_same_state, load_final
@@ -30,10 +31,13 @@ TOTAL = 30
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run's final state."""
-    tmp = tmp_path_factory.mktemp("reference")
-    run_to_end(framework_job(tmp, WORKER, TOTAL))
-    return tmp / "final.pt"
+    """An uninterrupted run's final state (one for the whole run: see built_once)."""
+
+    def build(tmp: Path) -> Path:
+        run_to_end(framework_job(tmp, WORKER, TOTAL))
+        return tmp / "final.pt"
+
+    return built_once(tmp_path_factory, "reference-hf", build)
 
 
 def test_a_kill_resumes_from_the_trainers_newest_marked_checkpoint_bit_exactly(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import events, named
 from tests.helpers.integration_jobs import framework_job, run_to_end, stop_and_resume
 from tests.helpers.states import assert_same_state, load_final
@@ -32,10 +33,13 @@ MID_EPOCH_BOUND = 0.10  # docs/integrations.md: measured 0.025 (relative L2 of t
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run's final state."""
-    tmp = tmp_path_factory.mktemp("reference")
-    run_to_end(framework_job(tmp, WORKER, TOTAL))
-    return tmp / "final.pt"
+    """An uninterrupted run's final state (one for the whole run: see built_once)."""
+
+    def build(tmp: Path) -> Path:
+        run_to_end(framework_job(tmp, WORKER, TOTAL))
+        return tmp / "final.pt"
+
+    return built_once(tmp_path_factory, "reference-lightning", build)
 
 
 def relative_difference(reference: Path, other: Path) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import REPO, events, named, running, rvsup, wait_progress
 from tests.helpers.jobs import write_job_file
 from tests.helpers.states import assert_same_state, load_final
@@ -41,11 +42,14 @@ def own_job(tmp: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run's final state."""
-    tmp = tmp_path_factory.mktemp("reference")
-    res = rvsup("start", str(own_job(tmp)), timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return tmp / "final.pt"
+    """An uninterrupted run's final state (one for the whole run: see built_once)."""
+
+    def build(tmp: Path) -> Path:
+        res = rvsup("start", str(own_job(tmp)), timeout=180)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return tmp / "final.pt"
+
+    return built_once(tmp_path_factory, "reference-own-checkpoints", build)
 
 
 def test_a_kill_resumes_from_the_scripts_own_checkpoint_bit_exactly(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import REPO, events, named, running, rvsup, status, wait_for
 from tests.helpers.states import assert_same_state, load_final
 from worker_sdk.contract import protocol as p
@@ -41,15 +42,19 @@ def single_job(tmp: Path, *, zygote: bool = True, async_save: bool = False, args
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The final state of an uninterrupted run under rvsup (zygote, sync saves)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    res = rvsup("start", str(single_job(tmp)), timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    evs = events(tmp / "runs" / "single-process")
-    assert not named(evs, "failure_detected") and not named(evs, "exit_aborted"), evs
-    assert not named(evs, "messages_dropped"), "every message of the SDK is accepted"
-    assert [e["last_step"] for e in named(evs, "job_succeeded")] == [STEPS - 1]
-    return tmp / "final.pt"
+    """The final state of an uninterrupted run under rvsup (zygote, sync saves), one for the
+    whole run (see built_once)."""
+
+    def build(tmp: Path) -> Path:
+        res = rvsup("start", str(single_job(tmp)), timeout=180)
+        assert res.returncode == 0, res.stdout + res.stderr
+        evs = events(tmp / "runs" / "single-process")
+        assert not named(evs, "failure_detected") and not named(evs, "exit_aborted"), evs
+        assert not named(evs, "messages_dropped"), "every message of the SDK is accepted"
+        assert [e["last_step"] for e in named(evs, "job_succeeded")] == [STEPS - 1]
+        return tmp / "final.pt"
+
+    return built_once(tmp_path_factory, "reference-single-process", build)
 
 
 @pytest.mark.parametrize(
@@ -198,6 +203,7 @@ for step in range(start, 40):
 """
 
 
+@pytest.mark.serial  # caught within 6 s
 def test_a_stopped_single_process_is_a_hang_caught_and_resumed(tmp_path: Path) -> None:
     """A single process that stops itself (SIGSTOP) at step 25: rvsup declares a hang of rank 0
     at step 24 within the 5 s automatic timeout + 1 s, and the restart resumes from step 20."""

@@ -11,7 +11,8 @@ import pytest
 from tests.helpers.harness import events, named, rvsup, write_job
 from tests.helpers.states import assert_same_state, load_final
 
-pytestmark = pytest.mark.process
+# serial: a phase's length and the detection time are bounded in seconds
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 AUTO = 'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "auto"'
 

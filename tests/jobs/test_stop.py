@@ -12,7 +12,8 @@ import pytest
 from tests.helpers.harness import events, named, running, rvsup, wait_for, wait_progress, write_job
 from tests.helpers.states import assert_same_state, load_final
 
-pytestmark = pytest.mark.process
+# serial: stops end within stated seconds; heartbeat ages bounded
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 
 def _resume_and_finish(job: Path) -> None:

@@ -22,7 +22,8 @@ import pytest
 
 from tests.helpers.harness import events, kill_tree, named, rvsup_env, write_job
 
-pytestmark = pytest.mark.process
+# serial: signals aimed at moments of start-up; caught within 2 s
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 _EVERY_S = 0.005  # between two SIGTERMs of the barrage
 _POLL_S = 0.001

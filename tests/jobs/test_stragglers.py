@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers.harness import TRAINER, events, named, running, rvsup, wait_for, write_job
 
-pytestmark = pytest.mark.process
+# serial: a rank named within 60 s; the time it loses per step is measured
+pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 WORKER = Path(__file__).parents[1] / "helpers" / "straggler_worker.py"
 HEARTBEAT = 'interval = "0.2s"\nstartup_timeout = "60s"'

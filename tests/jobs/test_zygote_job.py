@@ -31,6 +31,7 @@ def _at(event: dict[str, object]) -> float:
     ).timestamp()
 
 
+@pytest.mark.serial  # resumed within 4 s
 def test_kill9_restart_from_the_zygote_is_quick_and_bit_identical(
     tmp_path: Path, reference_final: Path
 ) -> None:

@@ -110,4 +110,4 @@ def test_the_oldest_python_is_the_one_checked() -> None:
     assert project["tool"]["ruff"]["target-version"] == "py310"
     script = (ROOT / "tests" / "run.sh").read_text()
     assert "mypy --python-version 3.10" in script
-    assert '-m pytest -q -p no:cacheprovider -m "not process and not slurm"' in script
+    assert 'two_phases "$VENV310/bin/python" -q -m "not process and not slurm"' in script

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyte
 import pytest
 
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import (
     REPO,
     events,
@@ -53,12 +54,16 @@ def rvsup_into_closed_pipe(*args: str, both: bool = False) -> subprocess.Complet
 
 @pytest.fixture(scope="module")
 def finished_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-rank job whose rank 1 killed itself at step 12 of attempt 1; attempt 2 finished."""
-    tmp = tmp_path_factory.mktemp("finished")
-    job = write_job(tmp, total=30, env={"FAULT": "kill:1:12:1"})
-    res = rvsup("start", str(job), timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return job
+    """A 2-rank job whose rank 1 killed itself at step 12 of attempt 1; attempt 2 finished (one
+    for the whole run, read only: see built_once)."""
+
+    def build(tmp: Path) -> Path:
+        job = write_job(tmp, total=30, env={"FAULT": "kill:1:12:1"})
+        res = rvsup("start", str(job), timeout=180)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return job
+
+    return built_once(tmp_path_factory, "finished-job", build)
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ def test_a_failing_command_reports_its_status_and_output() -> None:
     assert result == {"exit_code": 3, "timed_out": False, "output": "disk ok\nECC errors\n"}
 
 
+@pytest.mark.serial  # killed within 5 s
 def test_a_hanging_command_is_killed_with_its_group_at_the_timeout(tmp_path: Path) -> None:
     """A command that starts a background sleeper and then hangs is killed at 1 s, its child
     too (the group is SIGKILLed), and counts as timed out."""

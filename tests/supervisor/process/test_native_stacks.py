@@ -94,6 +94,7 @@ printf '{stacks}'""",
     assert len(tries.read_text().splitlines()) == 2
 
 
+@pytest.mark.serial  # killed within 5 s
 def test_a_stuck_py_spy_is_killed_at_its_deadline(tmp_path: Path) -> None:
     """A py-spy that never answers is killed and reaped at the deadline; the file says so."""
     marker = f"rvsup-test-stuck-{os.getpid()}"

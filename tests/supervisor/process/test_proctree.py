@@ -110,6 +110,7 @@ def _first_line(proc: subprocess.Popen[bytes]) -> str:
     return proc.stdout.readline().decode()
 
 
+@pytest.mark.serial  # bounds in seconds
 def test_teardown_of_a_tree() -> None:
     """Stopped and SIGTERM-ignoring members die (the latter by SIGKILL at the deadline), every
     process of the tree is gone and reaped, and the Popen keeps its real exit status."""
@@ -144,6 +145,7 @@ _GENTLE = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # bounds in seconds
 def test_teardown_gentle_tree_needs_no_kill() -> None:
     """Processes that obey SIGTERM, a stopped one included (it is continued), are gone well
     before the deadline; nobody is SIGKILLed."""
@@ -169,6 +171,7 @@ _LAUNCHER = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # bounds in seconds
 def test_teardown_does_not_wait_for_a_launcher_once_its_workers_are_gone() -> None:
     """Given its workers, a teardown SIGKILLs a launcher that is slow to shut down as soon as the
     workers obeyed SIGTERM, instead of waiting out the deadline."""

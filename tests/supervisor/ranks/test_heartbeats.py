@@ -309,6 +309,7 @@ def test_exit_from_report(payload: dict[str, Any], expected: RankExit | None) ->
     assert exit_from_report(msg) == expected
 
 
+@pytest.mark.serial  # all queued within 0.3 s
 def test_receive_batch_takes_what_is_queued_in_one_wake_up(tmp_path: Path) -> None:
     """receive_batch() waits for one message, then returns every acceptable one already queued
     (bad ones dropped and counted), up to its limit, without waiting for more."""

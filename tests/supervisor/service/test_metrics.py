@@ -123,6 +123,7 @@ def test_events_logged_live_move_the_counters(tmp_path: Path) -> None:
     assert samples(generate_latest(m.registry).decode())[("rvsup_restarts_total", ())] == 1
 
 
+@pytest.mark.serial  # three refreshes within 0.3 s
 def test_the_loop_writes_the_text_file_and_a_last_one_when_cancelled(tmp_path: Path) -> None:
     """Every interval the file is replaced whole (no temporary file left beside it); when the
     loop is cancelled at the job's end, the last view is written once more."""
@@ -145,6 +146,7 @@ def test_the_loop_writes_the_text_file_and_a_last_one_when_cancelled(tmp_path: P
     assert got[("rvsup_state", (("state", "succeeded"),))] == 1
 
 
+@pytest.mark.serial  # six refreshes within 0.4 s
 def test_a_failed_refresh_is_reported_and_the_loop_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -194,6 +194,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec(
     assert n.watchdog_interval_s == expected_s
 
 
+@pytest.mark.serial  # three pings within 0.2 s
 @pytest.mark.timeout(20)
 def test_run_watchdog_pings_until_cancelled(receiver: Receiver) -> None:
     """run_watchdog sends WATCHDOG=1 repeatedly at the interval, and stops when cancelled."""
@@ -214,6 +215,7 @@ def test_run_watchdog_pings_until_cancelled(receiver: Receiver) -> None:
     assert set(got) == {b"WATCHDOG=1"}
 
 
+@pytest.mark.serial  # a ping within 0.1 s
 @pytest.mark.timeout(20)
 def test_run_watchdog_stays_silent_while_loops_are_stale(receiver: Receiver) -> None:
     """No WATCHDOG=1 is sent while alive() says a loop stopped beating: systemd will restart a

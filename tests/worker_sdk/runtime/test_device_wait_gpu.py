@@ -22,6 +22,7 @@ from worker_sdk.runtime.stragglers import TIMED, CollectiveWait
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.serial,  # the host's time bounded (took < 0.1 s), and the device is one for all
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
