@@ -21,6 +21,7 @@ __all__ = [
     "Group",
     "group_dir",
     "join",
+    "join_beside",
     "mount_points",
     "own_group",
     "own_group_dir",
@@ -66,12 +67,13 @@ def group_dir(mounts: list[tuple[str, str]], group: str) -> str | None:
     return None
 
 
-def own_group_dir() -> str | None:
-    """This process's v2 cgroup directory, or None (no v2 hierarchy, or it is not mounted)."""
+def own_group_dir(pid: int | str = "self") -> str | None:
+    """This process's (or process ``pid``'s) v2 cgroup directory, or None (no v2 hierarchy, it
+    is not mounted, or the process is gone)."""
     try:
         with open("/proc/self/mountinfo") as f:
             mounts = mount_points(f.read())
-        with open("/proc/self/cgroup") as f:
+        with open(f"/proc/{pid}/cgroup") as f:
             group = own_group(f.read())
     except OSError:
         return None
@@ -97,6 +99,21 @@ def join(directory: str) -> None:
         os.write(fd, b"0")
     finally:
         os.close(fd)
+
+
+def join_beside(directory: str, peer: int) -> None:
+    """Move this process into the group of process ``peer``, named ``directory`` when ``peer``
+    asked: where ``peer`` was moved since, and ``directory`` removed (a warm standby's client is
+    moved into its attempt's group and its own group removed, maybe before the standby it asked
+    the zygote for has joined it), into the group ``peer`` is in now. Raises OSError when it may
+    not, or when ``peer`` is gone."""
+    try:
+        join(directory)
+    except FileNotFoundError:
+        now = own_group_dir(peer)
+        if now is None or now == directory:
+            raise
+        join(now)
 
 
 def _unescape(field: str) -> str:

@@ -261,6 +261,7 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             _say({"refused": program, "rank": _rank_of(request)})
             wire.send(conn, {"refused": program})
             return None
+        client = _peer_pid(conn)
         go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -268,7 +269,7 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             try:
                 _wait_for_go(go_r)
                 if request.get("join"):  # the client's cgroup (the attempt's), before the rank
-                    cgroups.join(request["join"])
+                    cgroups.join_beside(request["join"], client)
                 child.become(request, fds, zygote, served.added_env)
             except BaseException:  # noqa: BLE001 -- a child that cannot become the rank ends
                 traceback.print_exc()
@@ -319,6 +320,11 @@ def _rank_of(request: dict[str, Any]) -> int | None:
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[0])
 
 
 def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:

@@ -1,0 +1,84 @@
+"""A process forked for a client joins the client's group even when the client was moved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.process.cgroup import JobGroups
+from worker_sdk.spawn.cgroup import Group, own_group_dir
+
+pytestmark = pytest.mark.process
+
+_JOIN = """
+import sys
+from worker_sdk.spawn import cgroup
+getattr(cgroup, sys.argv[1])(*sys.argv[2:3], *map(int, sys.argv[3:]))
+print(cgroup.own_group_dir())
+"""
+
+
+@pytest.fixture
+def groups() -> Iterator[JobGroups]:
+    """This process's job group (cgroup v2, as a daemon makes it); removed afterwards."""
+    made = JobGroups.create()
+    if isinstance(made, str):
+        pytest.skip(made)
+    yield made
+    made.group().end()
+
+
+def _joined(function: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _JOIN, function, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_standby_forked_after_its_client_was_moved_joins_the_clients_new_group(
+    groups: JobGroups,
+) -> None:
+    """The race of a warm standby taken at once: its client waits in ``standby-N``, the daemon
+    moves the client into the attempt's group and removes ``standby-N`` before the zygote's
+    child has joined it. The child ends in the attempt's group; joining ``standby-N`` alone
+    (as before) fails, and the child exited with 127."""
+    standby = groups.standby()
+    attempt = Group(Path(groups.attempt(1)))
+    client = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        (Path(standby) / "cgroup.procs").write_text(str(client.pid))
+        assert own_group_dir(client.pid) == standby
+        attempt.take_from(Group(Path(standby)))
+        assert not Path(standby).exists()
+        assert own_group_dir(client.pid) == str(attempt.path)
+
+        alone = _joined("join", standby)
+        assert alone.returncode != 0 and "FileNotFoundError" in alone.stderr
+
+        beside = _joined("join_beside", standby, str(client.pid))
+        assert beside.returncode == 0, beside.stderr
+        assert beside.stdout.strip() == str(attempt.path)
+    finally:
+        assert client.stdin is not None
+        client.stdin.close()
+        client.wait(timeout=30)
+
+
+def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
+    """When the client is gone as well, there is nothing to join: the child fails (and does not
+    run the rank outside every group of the job)."""
+    standby = groups.standby()
+    Group(Path(standby)).remove()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    failed = _joined("join_beside", standby, str(gone.pid))
+    assert failed.returncode != 0 and "FileNotFoundError" in failed.stderr
