@@ -22,6 +22,7 @@ from . import (
     fig_faults,
     fig_footprint,
     fig_lifecycle,
+    fig_live,
     fig_sdk,
     fig_slow,
     machine,
@@ -45,9 +46,11 @@ FIGURES: dict[str, Callable[[Context], Table]] = {
     "scale": fig_footprint.scale,
     "slow": fig_slow.slow,
     "anomaly": fig_anomaly.anomaly,
+    "live": fig_live.live,
 }
 SMOKE_FIGURES = ("crash", "sdk", "checkpoint", "scale", "anomaly")
 NVRX_ENV = "RVSUP_BENCH_NVRX_VENV"
+TORCHFT_ENV = "RVSUP_BENCH_TORCHFT_VENV"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -60,6 +63,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--nvrx-venv",
         default=os.environ.get(NVRX_ENV),
         help=f"virtualenv with nvidia-resiliency-ext (default: ${NVRX_ENV})",
+    )
+    parser.add_argument(
+        "--torchft-venv",
+        default=os.environ.get(TORCHFT_ENV),
+        help=f"virtualenv with torchft (default: ${TORCHFT_ENV})",
     )
     parser.add_argument(
         "--scratch",
@@ -114,8 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / f"{profile.name}-{stamp}.json"
-    ctx = Context(profile, scratch, args.nvrx_venv)
-    info = machine.describe(args.nvrx_venv)
+    ctx = Context(profile, scratch, args.nvrx_venv, args.torchft_venv)
+    info = machine.describe(args.nvrx_venv, args.torchft_venv)
     print(machine.render(info))
     print(f"mode: {profile.name}; figures: {', '.join(only)}\n", flush=True)
     began = time.monotonic()
@@ -138,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("== Targets across figures")
             print("\n".join(t.render() for t in summary))
         wall = time.monotonic() - began
-        print(f"\ntotal wall time {wall:.0f} s ({wall / 60:.1f} min); JSON: {out}")
+        result["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        print(f"\nload average at the end {result['machine']['load_avg_at_end']}")
+        print(f"total wall time {wall:.0f} s ({wall / 60:.1f} min); JSON: {out}")
         result["summary"] = [
             {"goal": t.goal, "measured": t.measured, "hit": t.hit} for t in summary
         ]

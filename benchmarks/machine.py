@@ -30,13 +30,17 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def describe(nvrx_venv: str | None) -> dict[str, Any]:
+def _installed(venv: str | None, distribution: str) -> str:
+    """``name-version`` of a distribution in a peer's virtualenv, or why not."""
+    if not venv:
+        return "not used"
+    pattern = f"lib/python*/site-packages/{distribution}-*.dist-info"
+    found = sorted(p.name for p in Path(venv).glob(pattern))
+    return found[0].removesuffix(".dist-info") if found else f"not found in {venv}"
+
+
+def describe(nvrx_venv: str | None, torchft_venv: str | None = None) -> dict[str, Any]:
     """Facts about this machine, for the header and the JSON."""
-    nvrx = "not used"
-    if nvrx_venv:
-        pattern = "lib/python*/site-packages/nvidia_resiliency_ext-*.dist-info"
-        found = sorted(p.name for p in Path(nvrx_venv).glob(pattern))
-        nvrx = found[0].removesuffix(".dist-info") if found else f"not found in {nvrx_venv}"
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -45,7 +49,8 @@ def describe(nvrx_venv: str | None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": _version("torch"),
         "pyzmq": _version("pyzmq"),
-        "nvidia_resiliency_ext": nvrx,
+        "nvidia_resiliency_ext": _installed(nvrx_venv, "nvidia_resiliency_ext"),
+        "torchft": _installed(torchft_venv, "torchft"),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -54,6 +59,7 @@ def render(info: dict[str, Any]) -> str:
     return (
         f"machine: {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM, "
         f"Linux {info['kernel']}; Python {info['python']}, torch {info['torch']}, "
-        f"pyzmq {info['pyzmq']}, NVRx {info['nvidia_resiliency_ext']}; "
+        f"pyzmq {info['pyzmq']}, NVRx {info['nvidia_resiliency_ext']}, "
+        f"torchft {info.get('torchft', 'not used')}; "
         f"load average at start {info['load_avg_at_start']}"
     )

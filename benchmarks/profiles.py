@@ -102,11 +102,12 @@ CONFIGURED_HANG_S = 10.0  # rvsup's and ft_launcher's configured hang/heartbeat 
 
 @dataclass(frozen=True)
 class Context:
-    """What every figure gets: the profile, a scratch directory and the optional NVRx venv."""
+    """What every figure gets: the profile, a scratch directory and the peers' optional venvs."""
 
     profile: Profile
     scratch: Path
     nvrx_venv: str | None
+    torchft_venv: str | None = None
 
     def log(self, text: str) -> None:
         print(f"  .. {text}", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ the retry loop's own line after each torchrun exit.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import re
 import time
@@ -203,3 +204,68 @@ def loop_noticed(lines: Iterable[str]) -> list[float]:
 def _local(y: int, mon: int, day: int, hh: int, mm: int, ss: int, frac: str) -> float:
     whole = time.mktime((y, mon, day, hh, mm, ss, 0, 0, -1))
     return whole + float(f"0.{frac}")
+
+
+# ---------------------------------------------------------------- live recovery (figure 12)
+def rejoined(records: Sequence[Record], world: int, after: float) -> float | None:
+    """When every rank was stepping again at a common step after ``after`` (a fault): the
+    earliest, over step indices, of the time by which every rank had finished that step after
+    ``after``. A tool that restarts every rank resumes all of them at one step; a rank that
+    rejoins a running job (torchft) finishes the job's current step beside the others."""
+    first: dict[int, dict[int, float]] = {}  # step -> rank -> its first finish after ``after``
+    for r in records:
+        if r.event == "step" and r.t > after:
+            first.setdefault(r.step, {}).setdefault(r.rank, r.t)
+    done = [max(by_rank.values()) for by_rank in first.values() if len(by_rank) >= world]
+    return min(done) if done else None
+
+
+def steps_computed_twice(records: Sequence[Record], rank: int) -> int:
+    """Finished steps of ``rank`` whose index it had finished before (by any of its processes)."""
+    seen: set[int] = set()
+    twice = 0
+    for r in records:
+        if r.rank == rank and r.event == "step":
+            twice += r.step in seen
+            seen.add(r.step)
+    return twice
+
+
+def discarded_steps(records: Sequence[Record], rank: int) -> int:
+    """Steps ``rank`` computed and did not commit (torchft's ``discarded`` records)."""
+    return sum(1 for r in records if r.rank == rank and r.event == "discarded")
+
+
+def progress_stall(
+    records: Sequence[Record], rank: int, after: float, until: float
+) -> float | None:
+    """The longest time ``rank`` went without progress around a fault at ``after``, up to
+    ``until`` (the recovery): the longest interval between two consecutive progress records (a
+    step finished whose index is higher than any the rank had finished) that ends after
+    ``after`` and starts before ``until``. Redone steps are not progress."""
+    times: list[float] = []
+    best = -1
+    for r in records:
+        if r.rank == rank and r.event == "step" and r.step > best:
+            best = r.step
+            times.append(r.t)
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > after and a < until]
+    return max(gaps) if gaps else None
+
+
+def steps_without(records: Sequence[Record], rank: int) -> int:
+    """Steps some other rank finished without ``rank``'s batch: steps ``rank`` never finished
+    (torchft goes on with the replica groups it has) and steps it finished with its batch
+    ``unused`` (a torchft group's gradient counts as zeros in the step in which it heals)."""
+    by_rank: dict[int, set[int]] = {}
+    unused: set[int] = set()
+    for r in records:
+        if r.event == "step":
+            by_rank.setdefault(r.rank, set()).add(r.step)
+        elif r.event == "unused" and r.rank == rank:
+            unused.add(r.step)
+    others: set[int] = set()
+    for other, steps in by_rank.items():
+        if other != rank:
+            others |= steps
+    return len((others - by_rank.get(rank, set())) | (others & unused))

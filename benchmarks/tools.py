@@ -220,6 +220,7 @@ class Rvsup(Tool):
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
     native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
     hang_timeout_max: str | None = None  # None: rvsup's default
+    memory_every_steps: int | None = None  # the memory tier's interval; None: the default (off)
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])
@@ -236,7 +237,7 @@ zygote = {json.dumps(self.zygote)}
 
 [checkpoint]
 every_steps = {spec.ckpt_every}
-
+{self._memory_line()}
 [heartbeat]
 hang_timeout = {json.dumps(self.hang_timeout)}
 native_stacks = {json.dumps(self.native_stacks)}
@@ -250,6 +251,11 @@ on_oom = {json.dumps(self.on_oom)}
         """The backoff keys set (none: the shipped defaults)."""
         keys = (("backoff", self.backoff), ("first_backoff", self.first_backoff))
         return "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys if v is not None)
+
+    def _memory_line(self) -> str:
+        if self.memory_every_steps is None:
+            return ""
+        return f"memory_every_steps = {self.memory_every_steps}\n"
 
     def _hang_timeout_max_line(self) -> str:
         if self.hang_timeout_max is None:
@@ -269,6 +275,11 @@ on_oom = {json.dumps(self.on_oom)}
             f"{self.name}: hang_timeout={self.hang_timeout}, on_oom={self.on_oom}, "
             f"backoff={self.backoff or 'default'}, first_backoff={self.first_backoff or 'default'}, "
             f"zygote={self.zygote}"
+            + (
+                ""
+                if self.memory_every_steps is None
+                else f", memory_every_steps={self.memory_every_steps}"
+            )
         )
 
 

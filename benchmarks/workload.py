@@ -25,6 +25,11 @@ wrong (:data:`DATA_KINDS`): ``nan`` poisons that step's batch (its loss is NaN),
 the loss this process reports from that step on by ``BENCH_SPIKE_FACTOR`` (100; the gradient is
 not scaled: what is measured is the detection, not the model's reaction). ``BENCH_LOSS=1`` passes
 the loss to ``worker_sdk.step()`` as a float (under rvsup).
+
+Pacing and the final state (figure 12): ``BENCH_STEP_MS`` makes every step take at least that long
+(a sleep after a faster step: the same pace under every tool); ``BENCH_FINAL=1`` makes every rank
+write its parameters, float32, concatenated in ``parameters()`` order, to
+``BENCH_RECORD_DIR/final-rank-<rank>.bin`` after the last step (:func:`write_final`).
 """
 
 from __future__ import annotations
@@ -172,6 +177,39 @@ class PlainCheckpoints:
         torch.save(state, self.directory / f"ckpt-{step:08d}.pt")
 
 
+class Pacer:
+    """Makes every step take at least ``BENCH_STEP_MS`` (0: no pacing): sleeps the rest of a
+    faster step. The deadline runs from the previous one, so a slow step is not made up for."""
+
+    def __init__(self, step_ms: float) -> None:
+        self.step_s = step_ms / 1000.0
+        self._last = time.monotonic()
+
+    @classmethod
+    def from_env(cls) -> Pacer:
+        return cls(float(os.environ.get("BENCH_STEP_MS", "0") or 0))
+
+    def wait(self) -> None:
+        if self.step_s <= 0:
+            return
+        left = self._last + self.step_s - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        self._last = time.monotonic()
+
+
+def write_final(record_dir: Path, rank: int, model: nn.Module) -> None:
+    """This rank's parameters as float32 bytes, if ``BENCH_FINAL=1`` (written, then renamed)."""
+    if os.environ.get("BENCH_FINAL") != "1":
+        return
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    data = bytes(flat.view(torch.uint8).tolist())
+    tmp = record_dir / f".final-rank-{rank}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, record_dir / f"final-rank-{rank}.bin")
+
+
 def _pg_timeout() -> datetime.timedelta | None:
     raw = os.environ.get("BENCH_PG_TIMEOUT", "")
     return datetime.timedelta(seconds=float(raw)) if raw else None
@@ -215,6 +253,7 @@ def main() -> None:
     rec.write("start", start)
     report_loss = mode == "rvsup" and os.environ.get("BENCH_LOSS") == "1"
     scale = 1.0  # the reported loss's factor: BENCH_SPIKE_FACTOR once a spike fired
+    pacer = Pacer.from_env()
 
     for step in range(start, total):
         poisoned = False
@@ -244,6 +283,8 @@ def main() -> None:
             worker_sdk.step(step, loss=loss.item() * scale)
         elif mode == "rvsup":
             worker_sdk.step(step)
+        pacer.wait()
+    write_final(record_dir, rank, model)
     rec.write("done", total - 1)
     if heartbeat is not None:
         heartbeat.shutdown_workload_monitoring()

@@ -22,6 +22,7 @@ from pathlib import Path
 from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.console import logs, status_view
+from supervisor.console.completion import completion_script
 from supervisor.console.version import version_text
 from supervisor.record import goodput, history, rundir, summary
 from supervisor.record.entries import Entry
@@ -271,23 +272,8 @@ def cmd_version(_: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    import shtab  # generates the script from the parser itself: it cannot fall behind it
-
-    parser = build_parser()
-    for action in _all_actions(parser):
-        if action.dest == "job":
-            action.complete = shtab.FILE  # type: ignore[attr-defined]
-    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    sys.stdout.write(completion_script(build_parser(), args.shell))
     return ExitCode.OK
-
-
-def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    found = list(parser._actions)  # noqa: SLF001 -- argparse offers no public walk
-    for action in parser._actions:  # noqa: SLF001
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-            for sub in action.choices.values():
-                found += _all_actions(sub)
-    return found
 
 
 class _VersionAction(argparse.Action):

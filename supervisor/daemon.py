@@ -27,10 +27,12 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from supervisor.attempt_start import SlurmIds
 from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError
+from supervisor.config.torchrun import resolve_torchrun
 from supervisor.loops import Liveness, run_beside
-from supervisor.process import launcher, proctree
+from supervisor.process import proctree
 from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
 from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
@@ -56,7 +58,7 @@ from supervisor.service.stop_signals import StopSignals
 from supervisor.service.stop_signals import installed as installed_stop_signals
 from supervisor.slurm import commands as slurm
 from supervisor.slurm import lifecycle
-from supervisor.supervisor import SlurmIds, Supervisor
+from supervisor.supervisor import Supervisor
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 
@@ -129,7 +131,7 @@ async def _house(
         secret = p.new_secret()
         p.write_secret(str(secret_file), secret)
         alloc = await asyncio.to_thread(slurm.detect)
-        torchrun = launcher.resolve_torchrun(cfg)
+        torchrun = resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
         groups = JobGroups.create()
         containment = (

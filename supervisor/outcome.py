@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import datetime
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from supervisor.record.schema import FailureDetected
-from supervisor.rules import culprits
+from supervisor.rules import culprits, hangs
 from supervisor.rules.observation import Anomaly, Failure, Observation, RankReport, StopReason
 
 if TYPE_CHECKING:
     from supervisor.process.tree import ProcessTree
+    from supervisor.ranks.silence import Hung
 
 __all__ = [
     "AttemptResult",
@@ -77,6 +79,12 @@ class Evidence:
     hang_silence_s: float | None = None
     verdict: culprits.Verdict | None = None  # who hung the group, from the stacks
     steps_final: bool = False  # the last steps were fixed when a hang was caught
+
+    def hung(self, found: Hung, last_steps: Mapping[int, int], now: float, wall: float) -> None:
+        """A hang was caught at ``now``: the ranks it is blamed on and their silence."""
+        hung = found.ranks or tuple(s.rank for s in found.silences)
+        self.silent, self.hang_silence_s = hangs.quiet_ranks(found.silences, hung, last_steps)
+        self.noticed(now, wall)
 
     def noticed(self, now: float, wall: float, *, first: bool = False) -> None:
         """The failure is seen at ``now`` (``first``: unless an earlier sign was)."""

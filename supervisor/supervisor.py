@@ -1,6 +1,7 @@
 """The one place that changes the job's state: observe -> classify -> decide -> act.
 
-:class:`Supervisor` runs attempts (:mod:`supervisor.attempt` observes), classifies how each ended
+:class:`Supervisor` runs attempts (:mod:`supervisor.attempt_start` plans each,
+:mod:`supervisor.attempt` observes it), classifies how each ended
 (:func:`supervisor.rules.failures.classify`, pure), decides what comes next
 (:func:`supervisor.rules.policy.decide`, pure) and acts: back off and restart, give up, or stop
 (and requeue the Slurm job). :meth:`Supervisor.transition` is the only way the state changes, and
@@ -15,27 +16,21 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from supervisor.attempt import Attempt
+from supervisor.attempt_start import LaunchSource, SlurmIds, prepare
 from supervisor.config import JobConfig
 from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc
-from supervisor.process import launcher
-from supervisor.process.launcher import LaunchPlan
-from supervisor.process.tree import ProcessTree
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
 from supervisor.ranks.snapshots import MemoryTier, SnapshotBook
-from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
-    AttemptStarted,
-    ColdStart,
     Event,
     JobGaveUp,
     JobStopped,
@@ -53,32 +48,11 @@ from supervisor.rules.observation import ANOMALY_KINDS, Anomaly, FailureKind, St
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
 from supervisor.rules.states import ExitCode, JobState, check_transition, exit_code
 
-__all__ = ["LaunchSource", "SlurmIds", "StatusSink", "Supervisor", "iso_utc"]
+__all__ = ["StatusSink", "Supervisor", "iso_utc"]
 
 _NO_STOP_CHECKPOINT = (
     "no checkpoint was committed by the stop; the job resumes from the previous one"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmIds:
-    """The allocation the daemon runs in, as the history records it."""
-
-    job_id: str | None = None
-    restart_count: int | None = None
-
-
-class LaunchSource(Protocol):
-    """Plans and process trees of attempts (:class:`supervisor.process.plan.Launches`)."""
-
-    @property
-    def multi_node(self) -> bool: ...
-    def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan: ...
-    def tree(self, plan: LaunchPlan) -> ProcessTree: ...
-    def warm_up(self, plan: LaunchPlan) -> None: ...
-    def cold_starts(self) -> list[ColdStart]: ...
-    def lose(self, nodes: Iterable[str]) -> tuple[int, int] | None: ...
-    def usable_nodes(self) -> tuple[str, ...] | None: ...
 
 
 class StatusSink(Protocol):
@@ -285,50 +259,22 @@ class Supervisor:
         n = self.attempt_no
         self.channel.new_attempt(n)
         self.ranks.clear()
-        rank_env = launcher.rank_environment(
+        start = prepare(
             cfg,
-            attempt=n,
+            n,
             endpoint=self.channel.endpoint,
             secret_file=self.secret_file,
-            diagnostics_dir=rundir.diagnostics_dir(cfg.job.run_dir, n),
-            last_failure=self.budget.last_failure,
-            oom_count=self.budget.oom_count,
-            restarts_used=self.budget.restarts_used,
-            resume_at=self.budget.skip_to,
-            resume_before=self.budget.resume_before,
+            budget=self.budget,
+            tracker=self.tracker,
+            memory=self.memory,
+            launches=self.launches,
+            slurm_ids=self.slurm_ids,
         )
-        newest = self.tracker.newest_step
-        before = self.budget.resume_before
-        choice = self.memory.choose(newest, nnodes=1, resume_before=before)
-        rank_env.update(self.memory.environment(choice))
-        plan = self.launches.plan(n, rank_env)
-        if plan.nnodes > 1:  # the ranks ignore the memory tier across nodes (phase A)
-            choice = self.memory.choose(newest, nnodes=plan.nnodes, resume_before=before)
+        plan = start.plan
         self.events.attempt = n
         self.snapshots = SnapshotBook()
-        saved_by = self.tracker.newest_world_size
-        world_size = plan.nnodes * plan.nproc_per_node
-        resume_step = max(choice.resume_step, self.budget.skip_to or 0)
-        self.losses.begin_attempt(resume_step)
-        if choice.source == "memory":
-            assert choice.step is not None
-            loaded_from: str | None = str(self.memory.path_of(choice.step))
-            saved_by = world_size  # a snapshot is of this node's ranks, as many as now
-        else:
-            loaded_from = None if newest is None else str(self.tracker.path_of(newest))
-        self.events.log(
-            AttemptStarted(
-                resume_step=resume_step,
-                checkpoint=loaded_from,
-                launcher=plan.argv,
-                nnodes=plan.nnodes,
-                nproc_per_node=plan.nproc_per_node,
-                slurm_job_id=self.slurm_ids.job_id,
-                restart_count=self.slurm_ids.restart_count,
-                resharded_from=saved_by if saved_by not in (None, world_size) else None,
-                source=choice.source,
-            )
-        )
+        self.losses.begin_attempt(start.resume_step)
+        self.events.log(start.started)
         self.current = Attempt(
             cfg,
             n,

@@ -1,4 +1,5 @@
-"""What the command line shows: a rank's logs (:mod:`.logs`), the live status (:mod:`.status_view`)
-and the version (:mod:`.version`). Read-only: nothing here changes a job."""
+"""What the command line shows: a rank's logs (:mod:`.logs`), the live status (:mod:`.status_view`),
+the version (:mod:`.version`) and the shell completion script (:mod:`.completion`). Read-only:
+nothing here changes a job."""
 
-__all__ = ["logs", "status_view", "version"]
+__all__ = ["completion", "logs", "status_view", "version"]

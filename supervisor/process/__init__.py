@@ -1,6 +1,7 @@
 """Processes the supervisor starts, watches and ends, on this node, as the kernel shows them.
 
-- :mod:`.launcher` — the torchrun/srun command line and environment, spawning, the warm standby.
+- :mod:`.launch_plan` — the torchrun/srun command line and environment of one attempt.
+- :mod:`.launcher` — starting it, the warm standby.
 - :mod:`.plan` — launch planning for one ``rvsup start`` (nodes, ports, the zygote, cold starts).
 - :mod:`.tree` — one attempt's processes: start, watch, collect stacks, tear down.
 - :mod:`.proctree` — subreaper, teardown (SIGTERM, monotonic deadline, SIGKILL, reap).
@@ -15,7 +16,7 @@
 This package never imports :mod:`supervisor.ranks` (what the ranks say over the channel) nor
 :mod:`supervisor.service` (how the daemon is run and controlled): they are built on it, and it
 takes from them only what they pass in (e.g. the environment variables a child must not inherit,
-:func:`.launcher.build_plan`'s ``withheld_env``).
+:func:`.launch_plan.build_plan`'s ``withheld_env``).
 """
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "cgroup",
     "diagnostics",
     "exits",
+    "launch_plan",
     "launcher",
     "native",
     "plan",

@@ -3,7 +3,7 @@
 :class:`Launches` is the supervisor's one source of launch plans. It knows the allocation (or that
 there is none), how many nodes the job runs on, which nodes a node failure took away, which
 torchrun to run and whether a warm standby launcher is kept ready, and it builds, for attempt
-``n``, the :class:`~supervisor.process.launcher.LaunchPlan` and the
+``n``, the :class:`~supervisor.process.launch_plan.LaunchPlan` and the
 :class:`~supervisor.process.tree.AttemptTree` that starts it.
 """
 
@@ -18,10 +18,10 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from supervisor.config import JobConfig
-from supervisor.config.torchrun import job_python
-from supervisor.process import launcher
+from supervisor.config.torchrun import Torchrun, job_python
+from supervisor.process import launch_plan, launcher
 from supervisor.process.cgroup import JobGroups, end_group
-from supervisor.process.launcher import LaunchPlan
+from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
@@ -40,20 +40,20 @@ class Launches:
         self,
         cfg: JobConfig,
         alloc: Allocation | None,
-        torchrun: launcher.Torchrun,
+        torchrun: Torchrun,
         groups: JobGroups | None = None,
         sweep: Callable[[Allocation, str], None] | None = None,
         withheld_env: Collection[str] = (),
     ) -> None:
         self.cfg = cfg
         self.withheld_env = tuple(withheld_env)
-        """The daemon's environment variables no child inherits (:func:`launcher.build_plan`)."""
+        """The daemon's environment variables no child inherits (:func:`launch_plan.build_plan`)."""
         self.groups = groups
         """The job's cgroups; None: the teardown walks the process tree instead."""
         self._sweep = sweep_nodes if sweep is None else sweep
         self.alloc = alloc
         self.torchrun = torchrun
-        self.nodes_needed = launcher.nodes_needed(cfg, alloc)
+        self.nodes_needed = launch_plan.nodes_needed(cfg, alloc)
         self.nodes_minimum = min(cfg.launch.min_nnodes or self.nodes_needed, self.nodes_needed)
         """After a node failure, the job goes on with as few as this many nodes."""
         self.lost_nodes: set[str] = set()
@@ -109,7 +109,7 @@ class Launches:
             self._port.close()
         self._port = PortHold()  # the attempt's rendezvous port, kept from others until it ends
         groups = self.groups
-        plan = launcher.build_plan(
+        plan = launch_plan.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,
@@ -124,7 +124,7 @@ class Launches:
         self._cold += self.zygote.cold_starts()  # its death, before it is started again
         zygote_group = None if groups is None else groups.zygote()
         self.zygote.ensure(plan.env, plan.cwd, plan.nproc_per_node, plan.alloc, cgroup=zygote_group)
-        return launcher.build_plan(
+        return launch_plan.build_plan(
             self.cfg,
             attempt=attempt,
             torchrun=self.torchrun,

@@ -25,7 +25,7 @@ from supervisor.loops import shielded
 from supervisor.process import diagnostics, launcher, native, proctree
 from supervisor.process.cgroup import TREE_WALK, Group
 from supervisor.process.exits import ExitLedger
-from supervisor.process.launcher import LaunchPlan
+from supervisor.process.launch_plan import LaunchPlan
 from supervisor.rules.observation import RankExit
 from supervisor.slurm import commands as slurm
 

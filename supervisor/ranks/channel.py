@@ -101,6 +101,14 @@ class RankTable:
     def __iter__(self) -> Iterator[RankState]:
         return iter(self.ranks.values())
 
+    def last_steps(self) -> dict[int, int]:
+        """Each rank's last finished step (-1: none yet)."""
+        return {st.rank: st.last_step for st in self.ranks.values()}
+
+    def nodes(self) -> dict[int, str]:
+        """The host of each rank that said where it runs."""
+        return {st.rank: st.host for st in self.ranks.values() if st.host != "?"}
+
     def observe(self, identity: bytes, msg: p.Message, now: float) -> RankState:
         """Update the sender's state from one message; returns it."""
         body = m.read(msg)

@@ -68,6 +68,23 @@ class CheckpointsSeen:
         started = self.started_step
         return newest is not None and (started is None or newest > started)
 
+    def trouble(
+        self, rank: int, body: m.CheckpointFailed | m.CheckpointSkipped
+    ) -> CheckpointFailed | CheckpointSkipped:
+        """The history's line for a save that failed (kept for ``rvsup status``) or a
+        checkpoint passed over at load."""
+        if isinstance(body, m.CheckpointFailed):
+            self.failures.append((rank, body.step, body.reason))
+        return trouble_event(rank, body)
+
+    def loaded(self, body: m.Loaded) -> CheckpointLoaded | None:
+        """The history's line for what the ranks resumed from: every rank loads the one
+        checkpoint they all agreed on, so the first report only (None for the others)."""
+        if self.loaded_logged:
+            return None
+        self.loaded_logged = True
+        return loaded_event(body)
+
 
 def commit_event(commit: Commit) -> CheckpointCommitted:
     """The history's line for a commit."""

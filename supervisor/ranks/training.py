@@ -15,7 +15,7 @@ from supervisor.rules.observation import Anomaly
 from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
 
-__all__ = ["PruneGuard", "anomaly_event", "anomaly_in"]
+__all__ = ["PruneGuard", "TrainingChecks", "anomaly_event", "anomaly_in"]
 
 
 def anomaly_in(losses: LossWatch, rank: int, body: m.Body) -> Anomaly | None:
@@ -68,6 +68,31 @@ class PruneGuard:
         except OSError:
             return  # a directory not there yet or not writable: the next report tries again
         self.written = step
+
+
+class TrainingChecks:
+    """One attempt's side of the loss rules (:class:`LossWatch` outlives the attempts): what
+    each message adds to them, and the checkpoint a rollback may need, kept from pruning."""
+
+    def __init__(self, losses: LossWatch, directory: Path, world_size: int) -> None:
+        self.losses = losses
+        self.world_size = world_size
+        self._guard = PruneGuard(directory, world_size)
+
+    def begin(self, newest_commit: int | None) -> None:
+        """Before any report: the protection goes back to the attempt's first step."""
+        self._guard.update(self.losses.earliest_onset(self.world_size), newest_commit)
+
+    def heard(self, rank: int, body: m.Body) -> Anomaly | None:
+        """The anomaly a message of ``rank`` reports or completes, if any."""
+        return anomaly_in(self.losses, rank, body)
+
+    def protect(self, found: Anomaly | None, newest_commit: int | None) -> None:
+        """After a message (looked at once per round of them): keep the checkpoint the earliest
+        possible onset needs (``found``: the anomaly the attempt ends with, if any)."""
+        if self._guard.due():
+            onset = self.losses.earliest_onset(self.world_size, found)
+            self._guard.update(onset, newest_commit)
 
 
 def _onset(step: int, since: int | None) -> int:

@@ -23,19 +23,26 @@ Precedence, highest first (the first rule that matches wins):
    culprit (a rank that exited 0 while others failed is not); with no failing rank exit
    at all, the launcher's status is what we know ("launcher exited with code 1").
 
-Exit statuses follow the POSIX shell convention as well: a code ``128 + N`` (from a
-wrapper shell or ``srun``) means "killed by signal N", and a negative launcher status
-``-N`` (Python's ``returncode``) means the same.
+What an exit status means (the POSIX shell's ``128 + N`` included) and how it reads in the
+detail is in :mod:`.exit_status`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Final, TypeVar
 
 from supervisor.rules import anomalies, attribution
+from supervisor.rules.exit_status import (
+    codes_and_signals,
+    ending_text,
+    is_failure,
+    launcher_text,
+    rank_text,
+    signal_of,
+)
 from supervisor.rules.observation import (
     Failure,
     FailureKind,
@@ -43,9 +50,8 @@ from supervisor.rules.observation import (
     RankExit,
     RankReport,
     StopReason,
-    signal_name,
 )
-from worker_sdk.contract.protocol import EXIT_OOM, EXIT_SYNC_TIMEOUT, EXIT_USAGE
+from worker_sdk.contract.protocol import EXIT_OOM, EXIT_USAGE
 
 __all__ = [
     "OOM_MARKERS",
@@ -63,15 +69,8 @@ USAGE_MARKER: Final = "worker_sdk.UsageError: "
 """How the line of a rank's stderr that says what the SDK refused begins."""
 
 _T = TypeVar("_T")
-_SHELL_SIGNAL_BASE: Final = 128
-_MAX_SIGNAL: Final = 64
 _DETAIL_MESSAGE_CHARS: Final = 160
 _USAGE_MESSAGE_CHARS: Final = 400  # it says what to change: keep all of it
-_EXIT_MEANINGS: Final[Mapping[int, str]] = {
-    EXIT_OOM: "out of memory",
-    EXIT_SYNC_TIMEOUT: "a coordinated save timed out",
-    EXIT_USAGE: "the script called worker_sdk wrongly",
-}
 
 
 def deterministic_signature(f: Failure) -> tuple[str, tuple[int, ...], int | None]:
@@ -107,7 +106,7 @@ def _classify(obs: Observation) -> Failure:
 def aborted_after_end(exits: Iterable[RankExit], ended: Collection[int]) -> tuple[RankExit, ...]:
     """The exits by a signal of ranks that had said their script ended (the SDK's last words,
     sent from ``atexit``): aborts in interpreter teardown, after the training was done."""
-    return tuple(e for e in exits if e.rank in ended and _signal_of(e) is not None)
+    return tuple(e for e in exits if e.rank in ended and signal_of(e) is not None)
 
 
 def scripts_finished(
@@ -127,7 +126,7 @@ def scripts_finished(
         return False
     exits = tuple(exits)
     aborted = set(aborted_after_end(exits, ended))
-    return all(e in aborted for e in exits if _failed(e))
+    return all(e in aborted for e in exits if is_failure(e))
 
 
 # ---------------------------------------------------------------- one rule each
@@ -142,7 +141,7 @@ def _node_failure(obs: Observation, last_step: int | None) -> Failure:
     lost = set(obs.lost_nodes)
     on_lost = [e for e in obs.exits if e.node in lost]
     ranks = list(_stable(_unique(e.rank for e in on_lost if e.rank is not None)))
-    codes, sigs = _codes_and_signals(on_lost)
+    codes, sigs = codes_and_signals(on_lost)
     nodes = tuple(_unique(obs.lost_nodes))
     label = "node" if len(nodes) == 1 else "nodes"
     detail = f"{label} {', '.join(nodes)} lost"
@@ -156,7 +155,7 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
     oom_reports = [r for r in obs.reports if r.kind == "oom"]
     oom_exits = [e for e in obs.exits if e.exit_code == EXIT_OOM]
     host_killed = [
-        e for e in obs.exits if obs.host_oom_kills > 0 and _signal_of(e) == signal.SIGKILL
+        e for e in obs.exits if obs.host_oom_kills > 0 and signal_of(e) == signal.SIGKILL
     ]
     in_stderr = any(marker in obs.stderr_tail for marker in OOM_MARKERS)
     launcher_oom = obs.launcher_exit == EXIT_OOM
@@ -167,7 +166,7 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
         + [e.rank for e in oom_exits + host_killed if e.rank is not None]
     )
     implicated = _unique_exits(oom_exits + host_killed)
-    codes, sigs = _codes_and_signals(implicated)
+    codes, sigs = codes_and_signals(implicated)
     if oom_reports:
         first = oom_reports[0]
         where = _report_step(obs, first)
@@ -175,12 +174,14 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
     elif oom_exits:
         first_exit = oom_exits[0]
         where = _step_of(obs, first_exit.rank, fallback=None)
-        detail = f"{_who(first_exit)} exited with code {EXIT_OOM} (out of memory){_at_step(where)}"
+        detail = (
+            f"{rank_text(first_exit)} exited with code {EXIT_OOM} (out of memory){_at_step(where)}"
+        )
     elif obs.host_oom_kills > 0:
         count = obs.host_oom_kills
         detail = f"the host OOM killer killed {count} process{'es' if count != 1 else ''}"
         if host_killed:
-            detail += f" ({_who(host_killed[0])} killed by SIGKILL)"
+            detail += f" ({rank_text(host_killed[0])} killed by SIGKILL)"
         detail += _at_step(last_step)
     elif in_stderr:
         detail = f"out of memory reported in the ranks' stderr{_at_step(last_step)}"
@@ -209,9 +210,9 @@ def _hang(obs: Observation, last_step: int | None) -> Failure:
 
 
 def _crash(obs: Observation, last_step: int | None) -> Failure:
-    failing = [e for e in obs.exits if _failed(e)]
+    failing = [e for e in obs.exits if is_failure(e)]
     ranks = _unique(e.rank for e in failing if e.rank is not None)
-    codes, sigs = _codes_and_signals(failing)
+    codes, sigs = codes_and_signals(failing)
     exceptions = {r.rank: r for r in obs.reports if r.kind != "oom"}
     unread = _unread_first(obs.exits)
     if failing and unread is not None and unread.rank is not None:
@@ -224,14 +225,16 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
         else:
             where = _step_of(obs, unread.rank, fallback=None)
             how = f"ended first, its exit status unknown (reaped before rvsup read it){_at_step(where)}"
-        detail = f"{_who(unread)} {how}; then {_who(failing[0])} {_how(failing[0])}"
+        detail = (
+            f"{rank_text(unread)} {how}; then {rank_text(failing[0])} {ending_text(failing[0])}"
+        )
     elif failing:
         culprit = failing[0]
         report = exceptions.get(culprit.rank) if culprit.rank is not None else None
         where = _step_of(obs, culprit.rank, fallback=None)
         if report is not None:
             where = _report_step(obs, report)
-        detail = f"{_who(culprit)} {_how(culprit)}{_at_step(where)}"
+        detail = f"{rank_text(culprit)} {ending_text(culprit)}{_at_step(where)}"
         if report is not None:
             detail += f" ({_summary(report)})"
         elif culprit.exit_code == EXIT_USAGE:
@@ -242,7 +245,7 @@ def _crash(obs: Observation, last_step: int | None) -> Failure:
         where = _report_step(obs, report)
         detail = f"rank {report.rank} raised{_at_step(where)} ({_summary(report)})"
     else:
-        detail = _launcher_text(obs.launcher_exit) + _at_step(last_step)
+        detail = launcher_text(obs.launcher_exit) + _at_step(last_step)
     return Failure(FailureKind.CRASH, _stable(ranks), codes, sigs, last_step, detail)
 
 
@@ -257,73 +260,14 @@ def _overall_last_step(obs: Observation) -> int | None:
     return max(steps) if steps else None
 
 
-def _signal_of(e: RankExit) -> int | None:
-    """The signal that ended ``e``: explicit, negative status, or a shell-style 128+N."""
-    if e.signal is not None:
-        return e.signal
-    return _signal_from_status(e.exit_code)
-
-
-def _signal_from_status(status: int | None) -> int | None:
-    if status is None:
-        return None
-    if status < 0:
-        return -status
-    if _SHELL_SIGNAL_BASE < status <= _SHELL_SIGNAL_BASE + _MAX_SIGNAL:
-        return status - _SHELL_SIGNAL_BASE
-    return None
-
-
 def _unread_first(exits: Sequence[RankExit]) -> RankExit | None:
     """The first exit seen, if it came before any failing one and its status could not be read."""
     for e in exits:
-        if _failed(e):
+        if is_failure(e):
             return None
         if e.exit_code is None and e.rank is not None:
             return e
     return None
-
-
-def _failed(e: RankExit) -> bool:
-    return _signal_of(e) is not None or (e.exit_code is not None and e.exit_code != 0)
-
-
-def _codes_and_signals(exits: Iterable[RankExit]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    codes: list[int] = []
-    sigs: list[str] = []
-    for e in exits:
-        if e.exit_code is not None and e.exit_code >= 0:
-            codes.append(e.exit_code)
-        signum = _signal_of(e)
-        if signum is not None:
-            sigs.append(signal_name(signum))
-    return tuple(codes), tuple(sigs)
-
-
-def _how(e: RankExit) -> str:
-    signum = _signal_of(e)
-    if signum is not None:
-        text = f"killed by {signal_name(signum)}"
-        if e.exit_code is not None and e.exit_code > 0:
-            text += f" (exit code {e.exit_code})"
-        return text
-    if e.exit_code is None:
-        return "ended with an unknown status"
-    meaning = _EXIT_MEANINGS.get(e.exit_code)
-    return f"exited with code {e.exit_code}" + (f" ({meaning})" if meaning else "")
-
-
-def _launcher_text(status: int | None) -> str:
-    if status is None:
-        return "launcher exited without any rank reporting a failure"
-    signum = _signal_from_status(status)
-    if signum is not None:
-        return f"launcher killed by {signal_name(signum)}"
-    return f"launcher exited with code {status}"
-
-
-def _who(e: RankExit) -> str:
-    return f"rank {e.rank}" if e.rank is not None else f"pid {e.pid} (rank unknown)"
 
 
 def _step_of(obs: Observation, rank: int | None, fallback: int | None) -> int | None:

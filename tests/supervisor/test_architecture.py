@@ -1,5 +1,6 @@
 """The layout's promises, checked from the source: ``supervisor/rules/`` is pure, the daemon
-imports only the contract it shares with the ranks, and supervisor's subpackages form no cycle."""
+imports only the contract it shares with the ranks, supervisor's subpackages form no cycle, and
+every module of the two packages fits in a head (at most 400 lines)."""
 
 from __future__ import annotations
 
@@ -251,10 +252,9 @@ def test_the_contract_checker_sees_a_private_sdk_import(tmp_path: Path) -> None:
 def test_the_contract_imports_nothing_outside_it() -> None:
     """A fresh interpreter importing the contract (and the spawn pieces the daemon may import)
     loads no torch, no third-party module, and no part of worker_sdk outside them."""
+    contract = sorted(p.stem for p in (ROOT / "worker_sdk" / "contract").glob("*.py"))
     modules = [
-        "worker_sdk.contract.protocol",
-        "worker_sdk.contract.layout",
-        "worker_sdk.contract.messages",
+        *(f"worker_sdk.contract.{name}" for name in contract if name != "__init__"),
         "worker_sdk.spawn.cgroup",
         "worker_sdk.spawn.zygote_wire",
     ]
@@ -327,3 +327,31 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
     not a cycle."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
     assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+# ---------------------------------------------------------------- module size
+MAX_MODULE_LINES = 400  # a module that fits in a head; a new feature leaves ~20 lines of room
+SOURCE_MODULES = sorted([*SUPERVISOR.rglob("*.py"), *(ROOT / "worker_sdk").rglob("*.py")])
+
+
+def _too_long(paths: list[Path], limit: int, root: Path) -> dict[str, int]:
+    """The modules among ``paths`` longer than ``limit`` lines, with their lengths (named
+    relative to ``root``)."""
+    lengths = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in paths}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def test_every_module_fits_in_a_head() -> None:
+    """No module of supervisor/ or worker_sdk/ is longer than 400 lines: one that grows past it
+    is split along a seam of its own (docs/architecture.md), not left to grow."""
+    assert SOURCE_MODULES, "no module found"
+    assert _too_long(SOURCE_MODULES, MAX_MODULE_LINES, ROOT) == {}
+
+
+def test_the_size_check_sees_a_long_module(tmp_path: Path) -> None:
+    """The size check is not blind: a module of 401 lines is reported, one of 400 is not."""
+    (tmp_path / "pkg").mkdir()
+    long, fits = tmp_path / "pkg" / "long.py", tmp_path / "pkg" / "fits.py"
+    long.write_text("x = 1\n" * 401)
+    fits.write_text("x = 1\n" * 400)
+    assert _too_long([long, fits], MAX_MODULE_LINES, tmp_path) == {"pkg/long.py": 401}

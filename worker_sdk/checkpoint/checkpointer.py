@@ -51,16 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import torch
-
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import (
     DCP_DIR,
     MARKER,
     SHARED,
-    STATE_DCP,
-    STATE_RANK,
-    STATE_SHARED,
     CheckpointInfo,
     committed_name,
     rank_file,
@@ -69,21 +64,18 @@ from worker_sdk.contract.layout import (
 
 from . import dcp as _dcp
 from . import parallel as _parallel
-from . import per_rank as _per_rank
-from . import rng as _rng
 from .background import arena as _arena
 from .background.arena import Arena
 from .background.writer import SaveJob, failed_marker, pending_marker, written_marker
-from .collectives import all_gather_ints, broadcast_ints
+from .capture import Capture, capture
+from .collectives import all_gather_ints, broadcast_ints, group_active
 from .commit import commit, write_durable
 from .parallel import Stateful, StatePlan, unwrap
-from .restore import LoadResult, Restorer, dcp_groups, group_active
+from .restore import LoadResult, Restorer
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
-_PAYLOAD_FORMAT: Final = 1  # of shared.pt and the rank files (their layout is unchanged)
 _PART_WAIT_S: Final = 600.0  # without a process group: how long rank 0 waits for the parts
-_READ_CHUNK: Final = 4 << 20
 
 
 class SaveError(RuntimeError):
@@ -101,18 +93,6 @@ class SaveResult:
     seconds: float  # the whole save, monotonic clock
     nbytes: int  # total bytes of the checkpoint
     committed: bool  # rank 0 only: the checkpoint of ``step`` is committed
-
-
-@dataclass(slots=True)
-class _Snapshot:
-    """One rank's view of a checkpoint being written (see the module docstring's steps)."""
-
-    plan: StatePlan
-    where: tuple[str, ...]  # per object: STATE_SHARED or STATE_DCP
-    shared: dict[str, Any] | None  # shared.pt's payload (rank 0), else None
-    part: dict[str, Any]  # this rank's rank file
-    sharded: dict[str, Any] | None  # the DCP state dict; None when nothing is sharded
-    began: float  # monotonic time the save began
 
 
 class Checkpointer:
@@ -164,7 +144,7 @@ class Checkpointer:
         if sharded and self.world_size > 1 and not self._group_active():
             raise RuntimeError("sharded (FSDP/DTensor) state needs torch.distributed initialised")
         error: Exception | None = None
-        snap: _Snapshot | None = None
+        snap: Capture | None = None
         sums: list[int] = []
         try:
             snap = self._capture(plan, objects, extra, began)
@@ -236,7 +216,7 @@ class Checkpointer:
         tmp = self.directory / temp_name(step, self.attempt_tag)
         error: Exception | None = None
         skeletons: tuple[Any, Any] = (None, None)
-        snap: _Snapshot | None = None
+        snap: Capture | None = None
         try:
             snap = self._capture(plan, objects, extra, began)
             self._prepare_directory()
@@ -287,41 +267,14 @@ class Checkpointer:
 
     def _capture(
         self, plan: StatePlan, objects: Sequence[Stateful], extra: Any, began: float
-    ) -> _Snapshot:
-        """Step 1: references to everything a checkpoint holds, nothing written yet."""
+    ) -> Capture:
+        """Step 1 (:func:`.capture.capture`); the digests compared through the process group."""
         gather = all_gather_ints if self._group_active() else None
-        per_rank, states = _per_rank.split(
-            plan.kinds, objects, world_size=self.world_size, gather=gather
+        return capture(
+            plan, objects, extra, began, rank=self.rank, world_size=self.world_size, gather=gather
         )
-        where = []
-        for i, obj in enumerate(objects):
-            # an optimizer that has not stepped yet has no state to shard: saved as it is
-            # (DCP's get_state_dict would invent zero moments for it, in place)
-            empty = isinstance(obj, torch.optim.Optimizer) and not obj.state
-            if i in per_rank:
-                where.append(STATE_RANK)
-            else:
-                where.append(STATE_DCP if i in plan.sharded and not empty else STATE_SHARED)
-        shared = None
-        if self.rank == 0:
-            table = {
-                str(i): {
-                    "class": plan.classes[i],
-                    "state": states[i] if i in states else unwrap(obj).state_dict(),
-                }
-                for i, obj in enumerate(objects)
-                if where[i] == STATE_SHARED
-            }
-            shared = {"format": _PAYLOAD_FORMAT, "objects": table}
-        part = {"format": _PAYLOAD_FORMAT, "rank": self.rank, "rng": _rng.capture(), "extra": extra}
-        if per_rank:
-            part["objects"] = {str(i): states[i] for i in sorted(per_rank)}
-        sharded_state = None
-        if plan.sharded:
-            sharded_state = _dcp.capture(dcp_groups(plan, tuple(where)))
-        return _Snapshot(plan, tuple(where), shared, part, sharded_state, began)
 
-    def _write_local(self, snap: _Snapshot, tmp: Path) -> None:
+    def _write_local(self, snap: Capture, tmp: Path) -> None:
         """Step 3, the files that are not DCP's: shared.pt (rank 0), this rank's part."""
         if snap.shared is not None:
             write_durable(tmp / SHARED, snap.shared)
@@ -368,7 +321,7 @@ class Checkpointer:
         self,
         step: int,
         tmp: Path,
-        snap: _Snapshot,
+        snap: Capture,
         tables: Sequence[Sequence[int]],
         external: str | None = None,
     ) -> CheckpointInfo:

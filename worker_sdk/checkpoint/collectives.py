@@ -24,7 +24,7 @@ from typing import Final
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_ints", "broadcast_ints", "collective_device"]
+__all__ = ["all_gather_ints", "broadcast_ints", "collective_device", "group_active"]
 
 _RELEASE_WAIT_S: Final = 1.0  # the longest wait for the backend to let go (never an error)
 _RELEASE_POLL_S: Final = 0.0002
@@ -71,3 +71,16 @@ def _run_and_wait_release(
 
 def _refcounts(tensors: Sequence[torch.Tensor]) -> list[int]:
     return [sys.getrefcount(t) for t in tensors]
+
+
+def group_active(rank: int, world_size: int) -> bool:
+    """Whether this rank (``rank`` of ``world_size``) takes part in a process group: False for
+    a single rank or without torch.distributed; raises if the group does not match."""
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return False
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise RuntimeError(
+            f"Checkpointer(rank={rank}, world_size={world_size}) does not match the "
+            f"process group (rank {dist.get_rank()} of {dist.get_world_size()})"
+        )
+    return True

@@ -22,6 +22,7 @@ importing them costs about a second.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,18 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-__all__ = ["Group", "StatePlan", "Stateful", "class_name", "module_kind", "plan", "unwrap"]
+from worker_sdk.contract.layout import STATE_DCP
+
+__all__ = [
+    "Group",
+    "StatePlan",
+    "Stateful",
+    "class_name",
+    "dcp_groups",
+    "module_kind",
+    "plan",
+    "unwrap",
+]
 
 KIND_MODULE: Final = "module"
 KIND_DDP: Final = "ddp"
@@ -240,3 +252,20 @@ def _is_dtensor(p: Any) -> bool:
 def _describe(obj: Any) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def dcp_groups(plan: StatePlan, where: Sequence[str]) -> list[Group]:
+    """The groups whose module's state is in DCP, each with its optimizers that are too."""
+    return [
+        dataclasses.replace(
+            g,
+            optimizer_indices=tuple(i for i in g.optimizer_indices if where[i] == STATE_DCP),
+            optimizers=tuple(
+                o
+                for i, o in zip(g.optimizer_indices, g.optimizers, strict=True)
+                if where[i] == STATE_DCP
+            ),
+        )
+        for g in plan.groups
+        if where[g.module_index] == STATE_DCP
+    ]

@@ -9,7 +9,6 @@ any object change.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import (
@@ -34,13 +32,12 @@ from worker_sdk.contract.layout import (
 from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
 
 from . import dcp as _dcp
-from . import parallel as _parallel
 from . import rng as _rng
-from .collectives import all_gather_ints
-from .parallel import Stateful, StatePlan, unwrap
+from .collectives import all_gather_ints, group_active
+from .parallel import Stateful, StatePlan, dcp_groups, unwrap
 from .trust import first_bad_record, untrusted_paths, untrusted_reason, weights_only_reason
 
-__all__ = ["LoadResult", "Restorer", "dcp_groups", "group_active"]
+__all__ = ["LoadResult", "Restorer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,35 +347,5 @@ class Restorer:
         return group_active(self.rank, self.world_size)
 
 
-def group_active(rank: int, world_size: int) -> bool:
-    """Whether this rank (``rank`` of ``world_size``) takes part in a process group: False for
-    a single rank or without torch.distributed; raises if the group does not match."""
-    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return False
-    if dist.get_world_size() != world_size or dist.get_rank() != rank:
-        raise RuntimeError(
-            f"Checkpointer(rank={rank}, world_size={world_size}) does not match the "
-            f"process group (rank {dist.get_rank()} of {dist.get_world_size()})"
-        )
-    return True
-
-
 def _is_empty_optimizer_state(state: Any) -> bool:
     return isinstance(state, dict) and state.get("state") == {} and "param_groups" in state
-
-
-def dcp_groups(plan: StatePlan, where: Sequence[str]) -> list[_parallel.Group]:
-    """The groups whose module's state is in DCP, each with its optimizers that are too."""
-    return [
-        dataclasses.replace(
-            g,
-            optimizer_indices=tuple(i for i in g.optimizer_indices if where[i] == STATE_DCP),
-            optimizers=tuple(
-                o
-                for i, o in zip(g.optimizer_indices, g.optimizers, strict=True)
-                if where[i] == STATE_DCP
-            ),
-        )
-        for g in plan.groups
-        if where[g.module_index] == STATE_DCP
-    ]

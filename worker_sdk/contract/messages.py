@@ -1,19 +1,38 @@
 """One dataclass per message kind, read from and written to the wire in one place.
 
 :mod:`.protocol` frames and authenticates a message (header, JSON payload of scalars, MAC) and
-drops what is malformed; this module gives each kind its fields. :func:`read` turns an
-authenticated :class:`~.protocol.Message` into its typed message, as leniently as the supervisor
-always read payloads (a field of the wrong type reads as absent); :func:`fields` is the way
-back, for :func:`encode`. Receivers dispatch on the class (``match``), never on payload keys.
+drops what is malformed; the dataclasses give each kind its fields, grouped by topic
+(:mod:`.lifecycle_messages`: a rank's life; :mod:`.checkpoint_messages`: saves, loads and the
+coordinated-save handshake; :mod:`.training_messages`: the training checks), and this module
+is the one registry that reads and writes them all (and the one place to import them from).
+:func:`read` turns an authenticated :class:`~.protocol.Message` into its typed message, as
+leniently as the supervisor always read payloads (a field of the wrong type reads as absent);
+:func:`fields` is the way back, for :func:`encode`. Receivers dispatch on the class
+(``match``), never on payload keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, TypeAlias
 
 from . import protocol
+from .checkpoint_messages import (
+    CheckpointBegin,
+    CheckpointCommitted,
+    CheckpointExternal,
+    CheckpointFailed,
+    CheckpointSkipped,
+    Continue,
+    Loaded,
+    SaveAt,
+    Snapshots,
+    Sync,
+    SyncCancel,
+    SyncRequest,
+)
+from .lifecycle_messages import Exiting, Failure, Heartbeat, Hello, Phase, RankExit
 from .protocol import FLAG_STOP, Kind, Message
+from .training_messages import LossNonFinite, ReplicasDiverged
 
 __all__ = [
     "Body",
@@ -55,213 +74,6 @@ def _number(value: object) -> float | None:
 
 def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
-
-
-# ---------------------------------------------------------------- rank -> supervisor
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """A rank started: where it runs, where its output goes, the step it resumes at."""
-
-    KIND: ClassVar = Kind.HELLO
-    step: int  # the step it starts at
-    host: str | None
-    local_rank: int | None = None
-    world_size: int | None = None
-    total_steps: int | None = None  # above 0, when the script gave resume() one
-    stdout: str | None = None  # the files holding its output
-    stderr: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Alive at ``step`` (the last finished one)."""
-
-    KIND: ClassVar = Kind.HEARTBEAT
-    step: int
-    longest_step_s: float = 0.0  # since the previous heartbeat
-    loss: float | None = None  # of ``step``, finite, when the script passes one to step()
-    comm_wait_s: float | None = None  # DDP's all-reduce wait of a sampled step (stragglers)
-
-
-@dataclass(frozen=True, slots=True)
-class Sync:
-    """In a coordinated save: finished ``step``, waiting for CONTINUE or SAVE_AT."""
-
-    KIND: ClassVar = Kind.SYNC
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointBegin:
-    """A save of ``step`` started: hang detection allows for it."""
-
-    KIND: ClassVar = Kind.CKPT_BEGIN
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointCommitted:
-    """Rank 0 committed the checkpoint of ``step``."""
-
-    KIND: ClassVar = Kind.CKPT_COMMITTED
-    step: int
-    seconds: float
-    path: str
-    nbytes: int | None = None
-    mode: str | None = None  # "sync" | "async"
-    blocked_s: float | None = None  # how long training waited for it
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointExternal:
-    """Rank 0: every rank reported the framework's own checkpoint of ``step`` durable
-    (``worker_sdk.checkpointed``), and rvsup's marker of it (``path``) is committed."""
-
-    KIND: ClassVar = Kind.CKPT_EXTERNAL
-    step: int
-    seconds: float
-    path: str  # rvsup's marker (a committed checkpoint of mode "external")
-    external: str  # the framework's checkpoint, as the script named it
-    nbytes: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointFailed:
-    """The save of ``step`` failed (nothing of it is committed; training goes on)."""
-
-    KIND: ClassVar = Kind.CKPT_FAILED
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointSkipped:
-    """A torn or corrupt checkpoint was passed over at load."""
-
-    KIND: ClassVar = Kind.CKPT_SKIPPED
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """What the rank resumed from: ``path`` None on a fresh start."""
-
-    KIND: ClassVar = Kind.LOADED
-    step: int  # the resume step
-    path: str | None
-    world_size: int | None = None  # the ranks that wrote it
-    resharded_from: int | None = None  # that number when it differs from this job's
-    source: str | None = None  # "memory" | "storage"; None on a fresh start
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshots:
-    """Rank 0's summary of the memory tier's snapshots in this attempt (docs/memory-tier.md)."""
-
-    KIND: ClassVar = Kind.SNAPSHOTS
-    newest: int  # the newest complete snapshot's step; -1: none yet
-    blocked_s: float  # step() blocked by snapshots so far
-    count: int | None  # snapshots completed so far
-    nbytes: int | None  # of the newest
-    interval: int | None  # steps between snapshots (chosen, when "auto")
-    failed: str | None = None  # why the tier is off for the rest of the attempt
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """The rank is dying of an exception (``kind``: "oom" or "exception")."""
-
-    KIND: ClassVar = Kind.FAILURE
-    step: int
-    kind: str
-    type: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """The script entered (``begin``) or left a declared phase."""
-
-    KIND: ClassVar = Kind.PHASE
-    step: int
-    name: str | None
-    begin: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Exiting:
-    """The rank leaves cleanly (``reason``: an :class:`~.protocol.ExitingReason` value)."""
-
-    KIND: ClassVar = Kind.EXITING
-    step: int
-    reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RankExit:
-    """From the rank's waiting parent: how the rank process ended. A well-formed report has
-    ``pid``, ``host`` and exactly one of ``code`` and ``signal``; ``pid`` reads as None when
-    ``code`` or ``signal`` is not an integer (the report is malformed)."""
-
-    KIND: ClassVar = Kind.RANK_EXIT
-    pid: int | None
-    code: int | None
-    signal: int | None
-    host: str | None
-    last_step: int | None = None  # from its step slot
-
-
-@dataclass(frozen=True, slots=True)
-class LossNonFinite:
-    """A loss that is not finite, at ``step`` (sent at once)."""
-
-    KIND: ClassVar = Kind.LOSS_NONFINITE
-    step: int
-    value: float
-    since: int | None  # the first step it may come from
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicasDiverged:
-    """From rank 0: the replicas' parameter fingerprints differed at ``step``."""
-
-    KIND: ClassVar = Kind.REPLICAS_DIVERGED
-    step: int
-    ranks: tuple[int, ...]  # those that differ from the majority (all when there is none)
-    since: int | None  # the step after the last check that agreed
-
-
-# ---------------------------------------------------------------- supervisor -> rank
-@dataclass(frozen=True, slots=True)
-class SyncRequest:
-    """Enter sync mode at the next heartbeat (``stop``: exit after the save)."""
-
-    KIND: ClassVar = Kind.SYNC_REQUEST
-    stop: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Continue:
-    """Answer to SYNC: go on with the next step."""
-
-    KIND: ClassVar = Kind.CONTINUE
-
-
-@dataclass(frozen=True, slots=True)
-class SaveAt:
-    """Answer to SYNC: save after finishing ``step`` (``stop``: then exit)."""
-
-    KIND: ClassVar = Kind.SAVE_AT
-    step: int
-    stop: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SyncCancel:
-    """Answer to SYNC when no coordinated save is pending: leave sync mode."""
-
-    KIND: ClassVar = Kind.SYNC_CANCEL
 
 
 Body: TypeAlias = (

@@ -9,12 +9,14 @@ import sys
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .runtime import Runtime
 
-__all__ = ["exit_on_usage_error", "install_excepthook", "is_oom"]
+__all__ = ["exit_on_usage_error", "install_excepthook", "is_oom", "report_failure"]
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -27,6 +29,16 @@ def is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
 
 
+def report_failure(channel: Channel | None, step: int, exc: BaseException) -> bool:
+    """Tell the supervisor why this rank dies (at ``step``); True when it is an out-of-memory
+    error."""
+    oom = is_oom(exc)
+    if channel is not None:
+        kind = "oom" if oom else "exception"
+        channel.send(m.Failure(step, kind, type(exc).__name__, str(exc)[:2000]))
+    return oom
+
+
 def install_excepthook(rt: Runtime) -> None:
     """Report uncaught exceptions (OOM in particular) before the rank dies."""
     previous = sys.excepthook
@@ -34,7 +46,7 @@ def install_excepthook(rt: Runtime) -> None:
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         oom = False
         try:
-            oom = rt.report_exception(exc)
+            oom = report_failure(rt.channel, rt.last_step + 1, exc)
             rt.shutdown()
         finally:
             previous(kind, exc, tb)

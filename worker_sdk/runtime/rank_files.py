@@ -1,6 +1,6 @@
-"""A rank's files, for the runtime's start-up: its step slot and its stack-dump file under the
-diagnostics directory (the daemon reads both), and the files its own output goes to
-(``rvsup logs``)."""
+"""A rank's files, for the runtime's start-up (and its end): its step slot and its stack-dump
+file under the diagnostics directory (the daemon reads both), and the files its own output goes
+to (``rvsup logs``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from worker_sdk.contract import protocol as p
 from . import flight as _flight
 from .settings import Settings
 
-__all__ = ["arm_stack_dumps", "local_rank", "map_step_slot", "output_files"]
+__all__ = ["arm_stack_dumps", "disarm_stack_dumps", "local_rank", "map_step_slot", "output_files"]
 
 
 def map_step_slot(diag: Path, rank: int) -> tuple[mmap.mmap, memoryview]:
@@ -42,6 +42,12 @@ def arm_stack_dumps(settings: Settings, rank: int) -> IO[str] | None:
     faulthandler.register(settings.dump_signal, file=dump_file, all_threads=True, chain=False)
     _flight.arm(diag, rank)
     return dump_file
+
+
+def disarm_stack_dumps(settings: Settings, dump_file: IO[str]) -> None:
+    """Undo :func:`arm_stack_dumps` at the rank's end: no more dumps on the signal; the file closed."""
+    faulthandler.unregister(settings.dump_signal)
+    dump_file.close()
 
 
 def output_files() -> tuple[str | None, str | None]:

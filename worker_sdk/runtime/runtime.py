@@ -4,34 +4,30 @@ The per-step path (:meth:`Runtime.step` inlined in ``worker_sdk.step``) reads th
 (vDSO, no syscall), updates three slots and compares two numbers; everything else happens in
 :meth:`Runtime.slow_path` when a heartbeat, a save or a coordinated stop is due.
 
-Coordinated saves (a stop, or a time-based save the supervisor schedules) must happen at one step on
-every rank, or a rank would block in a collective the others skip. The supervisor sends
-SYNC_REQUEST; each rank notices it at its next heartbeat and from then on reports every finished step
-with SYNC and waits for the answer: CONTINUE, or SAVE_AT S once every rank has reported. Because each
-rank waits after every reported step, no rank can be past S = (highest reported step) + 1.
+Coordinated saves (a stop, or a time-based save the supervisor schedules) happen at one step on
+every rank: the handshake is in :mod:`.coordinated`.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import math
 import mmap
-import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, SaveError, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, Stateful
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 from . import save_reports
 from .channel import Channel
-from .exit_hooks import is_oom
-from .rank_files import arm_stack_dumps, local_rank, map_step_slot, output_files
+from .coordinated import await_answer
+from .rank_files import arm_stack_dumps, disarm_stack_dumps, map_step_slot
 from .settings import Settings
+from .startup import announce, first_step, training_checks
 
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import AsyncSaver
@@ -125,9 +121,7 @@ class Runtime:
         self.periodic_next = _NEVER
         self.sync_save_at = _NEVER
         self.next_save_step = _NEVER  # the next step that needs the slow path: save or verify
-        self.replicas: ReplicaCheck | None = (
-            None  # plain DDP compared (worker_sdk.runtime.replicas)
-        )
+        self.replicas: ReplicaCheck | None = None  # plain DDP compared (.replicas)
         self.verify_next = _NEVER
         self.comm_wait: WaitReader | None = None  # the wait for the others, for stragglers
         # the first finished step is reported at once: until the supervisor has seen it, only
@@ -144,53 +138,20 @@ class Runtime:
     # ------------------------------------------------------------------ start-up
     def start(self, loaded: LoadResult) -> int:
         """Announce the rank, report what was loaded; return the first step to run."""
-        start = 0 if loaded.step is None else loaded.step + 1
-        if self.channel is not None:  # after a rollback: the skipped steps stay skipped
-            skipped = max(0, int(os.environ.get(p.ENV_RESUME_AT) or 0) - start)
-            os.environ[p.ENV_SKIPPED_STEPS] = str(skipped)
-            start += skipped
+        start = first_step(loaded, supervised=self.channel is not None)
         self.last_step = start - 1
         self.hb_step = start - 1  # what a failure before the first step() names
         if self.settings.diagnostics_dir is not None:
             self._slot_map, self.step_slot = map_step_slot(self.settings.diagnostics_dir, self.rank)
         self.step_slot[0] = start - 1
-        every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0) if self.channel else 0
-        if every > 0 and self.world_size > 1:
-            from .replicas import ReplicaCheck, ddp_modules
-
-            modules = ddp_modules(self.objects)
-            if modules:
-                self.replicas = ReplicaCheck(every, modules, start - 1)
+        if self.channel is not None:
+            checks = training_checks(self.objects, self.world_size, start - 1)
+            self.replicas, self.comm_wait = checks
+            if self.replicas is not None:
                 self.verify_next = self.replicas.next_step
-        if self.channel is not None and self.world_size > 1:
-            from .stragglers import wait_of
-
-            self.comm_wait = wait_of(self.objects)
         self._set_periodic(start - 1)
         if self.channel is not None:
-            out, err = output_files()
-            hello = m.Hello(
-                start,
-                self.settings.host,
-                local_rank(),
-                self.world_size,
-                self.total_steps,
-                out,
-                err,
-            )
-            self.channel.send(hello)
-            for path, reason in loaded.skipped:
-                self.channel.send(m.CheckpointSkipped(str(path), reason))
-            loaded_from = str(loaded.path) if loaded.path else None
-            self.channel.send(
-                m.Loaded(
-                    start,
-                    loaded_from,
-                    loaded.saved_world_size,
-                    loaded.resharded_from,
-                    loaded.source if loaded.path else None,
-                )
-            )
+            announce(self.channel, self.settings, loaded, start, self.world_size, self.total_steps)
         self._dump_file = arm_stack_dumps(self.settings, self.rank)
         if self.saver is not None:
             self.saver.start()
@@ -290,32 +251,20 @@ class Runtime:
         self.channel.send(m.LossNonFinite(step, value, since))
 
     def _sync_round(self, step: int) -> None:
-        ch = self.channel
-        assert ch is not None
-        ch.send(m.Sync(step))
-        deadline = time.monotonic() + 600.0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                print(f"rvsup: rank {self.rank}: no answer to a coordinated save", file=sys.stderr)
-                os._exit(p.EXIT_SYNC_TIMEOUT)
-            match ch.receive(timeout_s=min(left, 1.0)):
-                case m.Continue():
+        assert self.channel is not None
+        match await_answer(self.channel, self.rank, step):
+            case m.SyncCancel():
+                self.sync_mode = False
+            case m.SaveAt(at, stop):
+                if at < step:
+                    raise RuntimeError(f"rvsup: asked to save at step {at}, already at {step}")
+                self.sync_mode = False
+                self.stop_after_save = self.stop_after_save or stop
+                if self.checkpointer is None:  # nothing to save: stop now or go on
+                    self._leave_if_stopping(step)
                     return
-                case m.SyncCancel():
-                    self.sync_mode = False
-                    return
-                case m.SaveAt(at, stop):
-                    if at < step:
-                        raise RuntimeError(f"rvsup: asked to save at step {at}, already at {step}")
-                    self.sync_mode = False
-                    self.stop_after_save = self.stop_after_save or stop
-                    if self.checkpointer is None:  # nothing to save: stop now or go on
-                        self._leave_if_stopping(step)
-                        return
-                    self.sync_save_at = at
-                    self.next_save_step = self._next_slow_step()
-                    return
+                self.sync_save_at = at
+                self.next_save_step = self._next_slow_step()
 
     def _save(self, step: int, extra: Any) -> None:
         if self.external:
@@ -332,17 +281,9 @@ class Runtime:
                     save_reports.outcome(self.channel, self.rank, previous)
             else:
                 self._finish_async(close=False)  # a stop's save waits for the one in flight
-                try:
-                    result = ck.save(step, self.objects, extra)
-                except SaveError as e:
-                    if stopping:  # the stop has no checkpoint to leave on: a failure
-                        raise
-                    save_reports.save_failed(self.channel, self.rank, step, str(e))
-                else:
-                    if result.committed:
-                        save_reports.committed(
-                            self.channel, step, result.seconds, result.path, result.nbytes, "sync"
-                        )
+                save_reports.save_sync(
+                    ck, self.channel, self.rank, step, self.objects, extra, stopping=stopping
+                )
         now = time.monotonic()
         if self.save_due_t != math.inf and self.settings.every_s:
             self.save_due_t = now + self.settings.every_s
@@ -375,15 +316,7 @@ class Runtime:
         self.t_last = time.monotonic()  # the save is not a training step
         if ck is None:
             return
-        try:
-            result = ck.save(step, (), path, external=path)
-        except SaveError as e:
-            save_reports.save_failed(self.channel, self.rank, step, str(e))
-        else:
-            if result.committed:
-                save_reports.external(
-                    self.channel, step, result.seconds, result.path, path, result.nbytes
-                )
+        save_reports.save_external(ck, self.channel, self.rank, step, path)
         self.t_last = time.monotonic()
         if step >= self.sync_save_at:
             self.sync_save_at = _NEVER
@@ -413,19 +346,10 @@ class Runtime:
         # (destroy_process_group included); the checkpoint is already committed
         sys.exit(0)
 
-    # ------------------------------------------------------------------ phases and failures
+    # ------------------------------------------------------------------ phases and the end
     def phase_changed(self, name: str, begin: bool) -> None:
         if self.channel is not None:
             self.channel.send(m.Phase(self.last_step, name, begin))
-
-    def report_exception(self, exc: BaseException) -> bool:
-        """Tell the supervisor why this rank dies; True when it is an out-of-memory error."""
-        oom = is_oom(exc)
-        if self.channel is not None:
-            kind = "oom" if oom else "exception"
-            failure = m.Failure(self.last_step + 1, kind, type(exc).__name__, str(exc)[:2000])
-            self.channel.send(failure)
-        return oom
 
     def leaving(self) -> None:
         """At interpreter exit: finish the save in flight, then tell the supervisor that the
@@ -450,6 +374,5 @@ class Runtime:
         if self.channel is not None:
             self.channel.close()
         if self._dump_file is not None:
-            faulthandler.unregister(self.settings.dump_signal)
-            self._dump_file.close()
+            disarm_stack_dumps(self.settings, self._dump_file)
             self._dump_file = None

@@ -1,13 +1,16 @@
 """What a rank tells the supervisor (and its stderr) of how a save ended: committed, with its
-timings, or failed; for synchronous saves and for the background writer's (off the per-step
-path: only the runtime's slow path and its exit call these)."""
+timings, or failed; for synchronous saves (made here, each reported as it ends: :func:`save_sync`,
+:func:`save_external`) and for the background writer's (off the per-step path: only the
+runtime's slow path and its exit call these)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from worker_sdk.checkpoint.checkpointer import Checkpointer, SaveError, Stateful
 from worker_sdk.contract import messages as m
 
 from .channel import Channel
@@ -15,7 +18,45 @@ from .channel import Channel
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import Outcome
 
-__all__ = ["committed", "external", "outcome", "save_failed"]
+__all__ = ["committed", "external", "outcome", "save_external", "save_failed", "save_sync"]
+
+
+def save_sync(
+    ck: Checkpointer,
+    channel: Channel | None,
+    rank: int,
+    step: int,
+    objects: Sequence[Stateful],
+    extra: Any,
+    *,
+    stopping: bool,
+) -> None:
+    """A synchronous save of ``step``, reported as it ended. A failed save is reported and
+    training goes on, unless ``stopping``: the stop has no checkpoint to leave on, and the
+    error is raised (a failure)."""
+    try:
+        result = ck.save(step, objects, extra)
+    except SaveError as e:
+        if stopping:
+            raise
+        save_failed(channel, rank, step, str(e))
+    else:
+        if result.committed:
+            committed(channel, step, result.seconds, result.path, result.nbytes, "sync")
+
+
+def save_external(
+    ck: Checkpointer, channel: Channel | None, rank: int, step: int, path: str
+) -> None:
+    """rvsup's marker of the framework's own checkpoint of ``step`` (``path``), committed and
+    reported (a failed one is reported; training goes on)."""
+    try:
+        result = ck.save(step, (), path, external=path)
+    except SaveError as e:
+        save_failed(channel, rank, step, str(e))
+    else:
+        if result.committed:
+            external(channel, step, result.seconds, result.path, path, result.nbytes)
 
 
 def save_failed(channel: Channel | None, rank: int, step: int, reason: str) -> None:

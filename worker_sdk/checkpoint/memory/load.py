@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, Stateful
-from worker_sdk.checkpoint.collectives import all_gather_ints
-from worker_sdk.checkpoint.restore import Restorer, group_active
+from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
+from worker_sdk.checkpoint.restore import Restorer
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 

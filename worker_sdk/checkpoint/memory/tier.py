@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
 from worker_sdk.checkpoint.background.writer import mark_failed
 from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
-from worker_sdk.checkpoint.collectives import all_gather_ints
-from worker_sdk.checkpoint.restore import group_active
+from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 from worker_sdk.contract.layout import temp_name
