@@ -11,7 +11,9 @@ worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoi
 directory's file system with a file, remove it), hostoom (join the memory-limited cgroup OOM_CGROUP
 and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
 before resume() in attempt n. STEP_SLEEP=seconds slows every step, TAIL_SLEEP=seconds the steps from
-TAIL_FROM on (room for an outside fault aimed near the end); BALLAST_MB=n adds n MB to every
+TAIL_FROM on (room for an outside fault aimed near the end); SLOW_WHILE=path: STEP_SLEEP only
+while that file exists (a test keeps the job slow while it acts on it, then lets it run to its
+end at full speed); BALLAST_MB=n adds n MB to every
 rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
 LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d tensor; the kind
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
@@ -125,6 +127,7 @@ def main() -> None:
     step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
     tail_from = int(os.environ.get("TAIL_FROM", str(total)))
     tail_sleep = float(os.environ.get("TAIL_SLEEP", str(step_sleep)))
+    slow_while = os.environ.get("SLOW_WHILE")
     loss_mode = os.environ.get("LOSS", "")
     nan_from = int(os.environ.get("NAN_FROM", str(total)))
     spike = [float(v) for v in os.environ.get("SPIKE", "0:0:1").split(":")]
@@ -169,6 +172,8 @@ def main() -> None:
         sched.step()
         extra["seen"] += 1
         pause = tail_sleep if step >= tail_from else step_sleep
+        if slow_while and not os.path.exists(slow_while):
+            pause = 0.0
         if pause:
             time.sleep(pause)
         if loss_mode == "float":

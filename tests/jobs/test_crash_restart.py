@@ -23,13 +23,17 @@ def test_kill9_of_rank1_restarts_and_ends_bit_identical(
 ) -> None:
     """SIGKILL of rank 1 mid-run: noticed within 0.1 s, one crash and one restart in the history,
     and the final model and optimizer are bit-identical to an uninterrupted run."""
-    final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
+    final, slow = tmp_path / "final.pt", tmp_path / "slow"
+    slow.touch()  # 0.1 s steps until the kill; the restarted attempt at full speed
+    job = write_job(
+        tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1", "SLOW_WHILE": str(slow)}
+    )
     with running(job) as proc:
         st = wait_progress(job, min_step=15)
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
         killed_at = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
+        slow.unlink()
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     evs = events(tmp_path / "run")

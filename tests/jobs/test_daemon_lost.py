@@ -24,8 +24,11 @@ def test_a_killed_daemons_attempt_is_closed_by_the_next_start(
     attempt_closed for attempt 1 ("supervisor lost", the ranks' last step from their step
     slots), charges no restart, resumes from the newest checkpoint and ends bit-identical; the
     history table shows no attempt left unknown and the summary counts the loss."""
-    final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
+    final, slow = tmp_path / "final.pt", tmp_path / "slow"
+    slow.touch()  # 0.1 s steps until the kill; the next start's at full speed
+    job = write_job(
+        tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1", "SLOW_WHILE": str(slow)}
+    )
     with running(job) as proc:
         wait_progress(job, min_step=25)
         tree = psutil.Process(proc.pid).children(recursive=True)
@@ -34,6 +37,7 @@ def test_a_killed_daemons_attempt_is_closed_by_the_next_start(
         proc.communicate(timeout=30)
         _, alive = psutil.wait_procs(tree, timeout=30)
         assert alive == [], "every rank and torchrun die with the daemon"
+    slow.unlink()
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stderr
     evs = events(tmp_path / "run")

@@ -38,14 +38,18 @@ def test_kill9_restart_from_the_zygote_is_quick_and_bit_identical(
     """Both ranks are the zygote's children; after kill -9 of rank 1 the next attempt's ranks
     (forked again) load the checkpoint within 4 s of the kill (cold starts take 5-8 s here), no
     rank starts cold, and the final state equals the cold reference run's bit for bit."""
-    final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
+    final, slow = tmp_path / "final.pt", tmp_path / "slow"
+    slow.touch()  # 0.1 s steps until the kill; the restarted attempt at full speed
+    job = write_job(
+        tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1", "SLOW_WHILE": str(slow)}
+    )
     with running(job) as proc:
         st = wait_progress(job, min_step=15)
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
         parents = _parents(st)  # before the kill: a reaped rank has no parent to ask for
         killed_at = time.time()
         os.kill(victim["pid"], signal.SIGKILL)
+        slow.unlink()
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert all("worker_sdk.spawn.zygote" in p for p in parents), parents

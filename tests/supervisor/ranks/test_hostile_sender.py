@@ -147,10 +147,12 @@ def test_hostile_frames_are_dropped_counted_and_harmless(
     the daemon lives on and the job ends bit-identical to an uninterrupted run."""
     final = tmp_path / "final.pt"
     marker = tmp_path / "unpickled"
+    slow = tmp_path / "slow"  # the steps take 0.25 s while it exists: time for the checks
+    slow.touch()
     job = write_job(
         tmp_path,
         total=TOTAL,
-        env={"FINAL": str(final), "STEP_SLEEP": "0.25"},
+        env={"FINAL": str(final), "STEP_SLEEP": "0.25", "SLOW_WHILE": str(slow)},
         heartbeat=f'interval = "0.2s"\nstartup_timeout = "60s"\ntransport = "{transport}"',
     )
     run_dir = tmp_path / "run"
@@ -192,6 +194,7 @@ def test_hostile_frames_are_dropped_counted_and_harmless(
             return st if real and all(r["last_step"] < TOTAL for r in ranks.values()) else None
 
         wait_for(real_ranks_again, timeout=10, what="the forged heartbeat forgotten", interval=0.2)
+        slow.unlink()  # the rest of the job at full speed
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert not marker.exists(), "something unpickled a received frame"
