@@ -54,6 +54,17 @@ def test_a_kill_resumes_from_the_trainers_newest_marked_checkpoint_bit_exactly(
     assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))
 
 
+def test_a_resume_at_an_epoch_boundary_is_bit_exact(tmp_path: Path, reference: Path) -> None:
+    """A checkpoint every 6 steps, rank 1 killed after step 14: the next attempt resumes from
+    out/checkpoint-12, the end of the first epoch, where the Trainer makes the next epoch's
+    iterator itself (accelerate's, which fetches a batch ahead), and ends bit-identical. rvsup
+    leaves the Trainer's RNG states alone: put back over them, the run differed."""
+    job = framework_job(tmp_path, WORKER, TOTAL, {"KILL_AT": "14"}, every=6)
+    _, evs = run_to_end(job)
+    assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 12]
+    assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))
+
+
 def test_sigterm_saves_the_trainers_checkpoint_at_a_common_step_and_nothing_is_redone(
     tmp_path: Path, reference: Path
 ) -> None:

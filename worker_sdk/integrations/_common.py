@@ -5,15 +5,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import worker_sdk
 from worker_sdk.contract import protocol as p
 
-__all__ = ["active", "fsync_tree"]
+__all__ = ["active", "fsync_tree", "resume_external"]
 
 
 def active() -> bool:
     """Whether the callbacks do anything: under rvsup, or with a checkpoint directory set for
     the SDK's standalone mode (``RVSUP_CHECKPOINT_DIR``). Otherwise they are no-ops."""
     return bool(os.environ.get(p.ENV_ENDPOINT) or os.environ.get(p.ENV_CHECKPOINT_DIR))
+
+
+def resume_external(total_steps: int | None) -> str | None:
+    """``worker_sdk.resume(external=True)`` for a framework that restores its own RNG states and
+    data position from its checkpoint: the path of the newest marked one (None: a fresh start)."""
+    _, path = worker_sdk.resume(external=True, total_steps=total_steps)
+    runtime = worker_sdk._current
+    if runtime is not None:
+        runtime.framework_restores_data()
+    return path
 
 
 def fsync_tree(path: Path) -> None:

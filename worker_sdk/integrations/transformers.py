@@ -31,7 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 import worker_sdk
 
-from ._common import active, fsync_tree
+from ._common import active, fsync_tree, resume_external
 
 __all__ = ["RvsupCallback"]
 
@@ -57,7 +57,7 @@ class RvsupCallback(TrainerCallback):
         if trainer is None:
             raise RuntimeError("RvsupCallback: on_init_end was not called by a Trainer")
         total = args.max_steps if args.max_steps > 0 else None
-        _, path = worker_sdk.resume(external=True, total_steps=total)
+        path = resume_external(total)  # the Trainer restores its RNG states and data position
         self.resume_from = path
         original = trainer.train
 

@@ -205,6 +205,15 @@ class Runtime:
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
         return self.requested == step
 
+    def framework_restores_data(self) -> None:
+        """A framework's own checkpoint restores its RNG states and data position (Hugging Face,
+        Lightning): no DataLoader window, which would put the marker's states back over the
+        framework's (a loader that fetches ahead, as accelerate's does, is not one the window
+        can follow)."""
+        if self.window is not None:
+            self.window.close()
+            self.window = None
+
     def _close_window(self) -> None:
         assert self.window is not None
         advice = self.window.close()
