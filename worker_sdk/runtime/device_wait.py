@@ -185,26 +185,19 @@ def timed_on_device(
     as ``stragglers.timed`` does; a call with ``async_op=True``, or on a stream being captured
     into a CUDA graph (``capturing``, by default :func:`stream_capturing`), is passed through
     untimed."""
-    import time
+    import functools
 
-    clock = time.perf_counter
+    from .stragglers import timed
+
+    host = timed(fn, total)  # on the host clock; async_op=True passed through untimed
     device = on_device or is_cuda_call
     captured = capturing or stream_capturing
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("async_op"):
+        if kwargs.get("async_op") or not device(args, kwargs):
+            return host(*args, **kwargs)
+        if captured():
             return fn(*args, **kwargs)
-        if device(args, kwargs):
-            if captured():
-                return fn(*args, **kwargs)
-            return ring.time(fn, args, kwargs)
-        t0 = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            total[0] += clock() - t0
+        return ring.time(fn, args, kwargs)
 
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    call.__name__ = fn.__name__
-    call.__doc__ = fn.__doc__
-    return call
+    return functools.update_wrapper(call, fn, assigned=("__name__", "__doc__"), updated=())
