@@ -24,7 +24,7 @@ def resume_external(total_steps: int | None) -> str | None:
     runtime = worker_sdk._current
     if runtime is not None:
         runtime.framework_restores_data()
-    return path
+    return None if path is None else str(path)
 
 
 def fsync_tree(path: Path) -> None:
