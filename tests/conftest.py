@@ -6,8 +6,10 @@ processes started for it outside its tree are found by the ``RVTEST_MARK`` varia
 before any test runs): ``tests/helpers/process_guard.py`` says why and how. After each process-level
 test, such processes that did not exist before it are killed and the test fails (a job's cgroup
 left populated holds such processes: they are ours, whatever group they are in); the empty groups
-of rvsup daemons killed by a test are removed. Long-lived cluster daemons of a session fixture
-(and what they run) are exempt until the session ends, when a last check exempts nothing.
+of rvsup daemons killed by a test are removed (each pytest process is in a cgroup of its own,
+so that it sees only the daemons its own tests killed: ``tests/helpers/cgroup_scope.py``).
+Long-lived cluster daemons of a session fixture (and what they run) are exempt until the
+session ends, when a last check exempts nothing.
 
 Under pytest-xdist (``-n``) every worker imports this module: each is the subreaper of what its
 own tests start and draws a marker value of its own, so one worker never takes the other's
@@ -29,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cgroup_scope import enter_own_group
 from tests.helpers.process_guard import ProcessGuard, guard
 from worker_sdk.spawn import cgroup as _cgroup
 from worker_sdk.spawn.cgroup import Group
@@ -72,7 +75,7 @@ def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"test left {len(left)} process(es) behind: {left}")
 
 
-_OWN_GROUP = _cgroup.own_group_dir()
+_OWN_GROUP = enter_own_group()  # a group per process: tests/helpers/cgroup_scope.py
 
 
 def _stale_groups() -> list[Group]:

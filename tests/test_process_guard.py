@@ -15,10 +15,12 @@ import psutil
 import pytest
 
 from tests.chaos.execute import Observed, guarded_run
+from tests.helpers.cgroup_scope import PREFIX
 from tests.helpers.escape import gone, leak_an_escaped_process
-from tests.helpers.harness import TRAINER, running, wait_for, wait_progress, write_job
+from tests.helpers.harness import TRAINER, running, rvsup, wait_for, wait_progress, write_job
 from tests.helpers.process_guard import guard
 from tests.helpers.spawning_worker import marked
+from worker_sdk.spawn.cgroup import own_group_dir
 
 pytestmark = pytest.mark.process
 
@@ -46,7 +48,7 @@ def test_the_chaos_runner_finds_and_ends_what_a_run_leaves(tmp_path: Path) -> No
     assert gone(leaked)
 
 
-@pytest.mark.serial  # kills a daemon: a job started meanwhile would end what it left
+@pytest.mark.kills_daemon
 def test_the_suite_guard_finds_what_a_forked_rank_leaked(tmp_path: Path) -> None:
     """A real job, its ranks forked from the zygote; each rank starts a child, a ``setsid()``
     grandchild and a double-forked daemon; rvsup is killed with SIGKILL, so nothing ends them:
@@ -100,3 +102,33 @@ def test_under_xdist_each_worker_guards_its_own_tests(tmp_path: Path) -> None:
     last = int((here / "left-to-the-end.pid").read_text())
     assert f"rvsup test suite: killed 1 leftover process(es): {{{last}: " in out, out
     assert gone(leaked) and gone(last)
+
+
+def test_a_start_ends_the_groups_of_dead_daemons_of_its_own_pytest_process_only(
+    tmp_path: Path,
+) -> None:
+    """This pytest process is in a cgroup of its own (tests/helpers/cgroup_scope.py). A job
+    started here removes the group a dead daemon left in it, and leaves alone the one a dead
+    daemon left in another pytest process's group (another xdist worker, whose test may still
+    be looking at it)."""
+    own = own_group_dir()
+    if own is None or not os.access(own, os.W_OK):
+        pytest.skip("no cgroup v2 group this process may make groups in")
+    assert Path(own).name == f"{PREFIX}{os.getpid()}"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with subprocess.Popen(["sleep", "60"]) as other:  # stands for the other worker, alive
+        try:
+            sibling = Path(own).parent / f"{PREFIX}{other.pid}"
+            (sibling / f"rvsup-{dead.pid}").mkdir(parents=True)
+            mine = Path(own) / f"rvsup-{dead.pid}"
+            mine.mkdir()
+            res = rvsup("start", str(write_job(tmp_path, total=3)), timeout=120)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert not mine.exists()
+            assert (sibling / f"rvsup-{dead.pid}").is_dir()
+        finally:
+            other.kill()
+            for group in (sibling / f"rvsup-{dead.pid}", sibling):
+                if group.is_dir():
+                    group.rmdir()

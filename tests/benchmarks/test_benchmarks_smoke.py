@@ -208,7 +208,7 @@ def test_ratio_of_medians_and_missing() -> None:
     assert ratio(Cell([1.0]), Cell([0.0])) is None
 
 
-@pytest.mark.serial  # it times rvsup and its peers
+@pytest.mark.kills_daemon  # each run's tree is SIGKILLed at its end (its figures are not checked)
 @pytest.mark.process
 def test_smoke_run_prints_tables_and_writes_json(tmp_path: Path) -> None:
     """``python -m benchmarks --smoke`` runs every smoke figure for real, prints each table and

@@ -1,16 +1,19 @@
 """The suite's two phases (registered by tests/conftest.py; docs/development.md).
 
 ``tests/run.sh`` runs the suite twice over: ``--phase shared`` selects every test that can share
-the machine with another one, run on two processes by pytest-xdist (``-n 2 --dist loadgroup``);
-``--phase serial`` selects the tests marked ``serial`` (a wall-clock bound, or a daemon killed or
-what a killed one left: any ``rvsup start`` ends what is left in the groups of dead daemons),
-run one at a time. Without ``--phase`` every test is selected; under xdist a serial test is then
+the machine with another one, run on several processes by pytest-xdist (``-n N --dist
+loadgroup``); ``--phase serial`` selects the tests marked ``serial`` (a wall-clock bound), run
+one at a time. A test marked ``kills_daemon`` (a daemon killed, or what a killed one left looked
+at) runs in the first phase where each pytest process is in a cgroup of its own
+(tests/helpers/cgroup_scope.py: an ``rvsup start`` ends what is left in the groups of dead
+daemons beside its own, and there those are only its own process's), and in the serial phase
+where it is not. Without ``--phase`` every test is selected; under xdist a serial test is then
 skipped, saying how to run it, rather than run beside another; ``--phase serial`` refuses ``-n``.
 
 The Slurm tests share one test cluster, which only one process of the machine may run at a
 time. Under ``--dist loadgroup`` the controller's scheduler is this module's: every test is a
 unit of work of its own but the Slurm tests, which are one unit, given whole to one worker (the
-largest unit first), to run one after the other beside the other worker's tests. (xdist's own
+largest unit first), to run one after the other beside the other workers' tests. (xdist's own
 ``xdist_group`` marker is lost under pytest 9: its workers rename ``item._nodeid``, which pytest
 9 no longer reads.) Under any other ``--dist`` the Slurm tests are skipped, saying why.
 """
@@ -21,7 +24,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cgroup_scope import in_own_group
+
 SHARED, SERIAL = "shared", "serial"
+KILLS_DAEMON = "kills_daemon"
 SLURM_UNIT = "tests/slurm/"  # the nodeids of the Slurm tests start so, and name their unit
 
 
@@ -30,14 +36,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--phase",
         choices=(SHARED, SERIAL),
         default=None,
-        help="shared: only the tests that can run beside others (for -n 2 --dist loadgroup); "
+        help="shared: only the tests that can run beside others (for -n 3 --dist loadgroup); "
         "serial: only the tests marked serial; default: all",
     )
 
 
 def is_serial(item: pytest.Item) -> bool:
     """Whether ``item`` must run alone on the machine (see the module)."""
-    return item.get_closest_marker(SERIAL) is not None
+    if item.get_closest_marker(SERIAL) is not None:
+        return True
+    return item.get_closest_marker(KILLS_DAEMON) is not None and not in_own_group()
 
 
 def pytest_configure(config: pytest.Config) -> None:

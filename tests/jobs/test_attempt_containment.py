@@ -25,8 +25,8 @@ from tests.helpers.harness import (
 )
 from tests.helpers.spawning_worker import marked, still_running
 
-# serial: kills daemons and checks what they left
-pytestmark = [pytest.mark.process, pytest.mark.serial]
+# kills daemons and checks what they left
+pytestmark = [pytest.mark.process, pytest.mark.kills_daemon]
 WORKER = TRAINER.with_name("spawning_worker.py")
 
 

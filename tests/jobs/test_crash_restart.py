@@ -84,7 +84,7 @@ def test_budget_is_counted_across_starts(tmp_path: Path) -> None:
     assert [e["attempt"] for e in named(evs, "attempt_started")] == [1, 2, 3]
 
 
-@pytest.mark.serial  # kills a daemon: a start meanwhile would end what it left
+@pytest.mark.kills_daemon
 def test_sigkill_of_the_daemon_leaves_no_orphan(tmp_path: Path) -> None:
     """SIGKILL of rvsup itself: torchrun and every rank die with it (parent-death signals)."""
     job = write_job(tmp_path, total=100000, env={"STEP_SLEEP": "0.02"})

@@ -13,8 +13,8 @@ import pytest
 from tests.helpers.harness import events, named, running, rvsup, wait_progress, write_job
 from tests.helpers.states import assert_same_state, load_final
 
-# serial: kills a daemon; the next start ends what it left
-pytestmark = [pytest.mark.process, pytest.mark.serial]
+# kills a daemon; the next start ends what it left
+pytestmark = [pytest.mark.process, pytest.mark.kills_daemon]
 
 
 def test_a_killed_daemons_attempt_is_closed_by_the_next_start(

@@ -106,7 +106,7 @@ def test_a_full_tmpfs_turns_the_tier_off_and_the_job_finishes(
     assert_same_state(load_final(reference_final), load_final(final))
 
 
-@pytest.mark.serial  # kills a daemon
+@pytest.mark.kills_daemon
 def test_a_killed_daemons_snapshots_are_used_by_the_next_start(
     tmp_path: Path, reference_final: Path
 ) -> None:
