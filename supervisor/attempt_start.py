@@ -80,6 +80,7 @@ def prepare(
         resume_at=budget.skip_to,
         resume_before=budget.resume_before,
     )
+    tracker.refresh()  # the ranks load the newest on disk: the history must say the same
     newest = tracker.newest_step
     before = budget.resume_before
     choice = memory.choose(newest, nnodes=1, resume_before=before)

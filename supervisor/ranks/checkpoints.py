@@ -136,6 +136,17 @@ class CommitTracker:
         self.committed: set[int] = {info.step for info in valid}
         """Every step committed (or found at start) and not discarded, pruned ones included."""
 
+    def refresh(self) -> None:
+        """Take the newest valid checkpoint on disk as the newest, also when its commit has not
+        been heard yet (the watcher's event still queued, or the rank's message lost with the
+        rank): it is the one the ranks will load. Its ``checkpoint_committed`` is still logged
+        when the commit is heard (:meth:`observe`)."""
+        valid, _ = layout.scan(self.directory)
+        if valid and (self.newest_step is None or valid[0].step > self.newest_step):
+            self.newest_step = valid[0].step
+            self.newest_world_size = valid[0].world_size
+            self.committed.add(valid[0].step)
+
     def path_of(self, step: int) -> Path:
         """Where the committed checkpoint of ``step`` lives (``worker_sdk.contract.layout`` names it)."""
         return self.directory / layout.committed_name(step)

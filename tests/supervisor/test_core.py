@@ -374,6 +374,26 @@ def test_commit_arriving_after_the_exit_counts(tmp_path: Path) -> None:
     assert second[0]["checkpoint"].endswith(layout.committed_name(2))
 
 
+def test_a_commit_not_yet_heard_is_where_the_next_attempt_resumes(tmp_path: Path) -> None:
+    """A checkpoint committed on disk whose commit the daemon has not heard (its watcher's event
+    still queued, the rank's message lost with the rank): the next attempt's attempt_started
+    names it and the step after it, as the ranks will load it, not an older one."""
+    rig = Rig(tmp_path, [])
+
+    async def commits_unheard_then_killed(
+        tree: FakeTree, ch: FakeChannel, clock: FakeClock
+    ) -> None:
+        await train(ch, clock, range(3))
+        make_checkpoint(rig.cfg.job.checkpoint_dir, 2)
+        tree.rank_killed(1)
+
+    rig.launches.scenarios += [commits_unheard_then_killed, succeeds]
+    assert rig.run() == ExitCode.OK
+    second = [e for e in rig.named("attempt_started") if e["attempt"] == 2]
+    assert second[0]["resume_step"] == 3
+    assert second[0]["checkpoint"].endswith(layout.committed_name(2))
+
+
 def test_gives_up_when_no_attempt_progresses(tmp_path: Path) -> None:
     """Ranks that crash at the same step every time: exit 3 after max_no_progress restarts,
     named deterministic."""
