@@ -11,6 +11,7 @@ on a pure v2 host it is ``/sys/fs/cgroup`` itself) and the process's own group i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -105,11 +106,14 @@ def join_beside(directory: str, peer: int) -> None:
     """Move this process into the group of process ``peer``, named ``directory`` when ``peer``
     asked: where ``peer`` was moved since, and ``directory`` removed (a warm standby's client is
     moved into its attempt's group and its own group removed, maybe before the standby it asked
-    the zygote for has joined it), into the group ``peer`` is in now. Raises OSError when it may
-    not, or when ``peer`` is gone."""
+    the zygote for has joined it), into the group ``peer`` is in now. The group may go at any
+    moment of the join: before it (ENOENT) or between opening its ``cgroup.procs`` and writing
+    to it (ENODEV). Raises OSError when it may not, or when ``peer`` is gone."""
     try:
         join(directory)
-    except FileNotFoundError:
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENODEV):
+            raise
         now = own_group_dir(peer)
         if now is None or now == directory:
             raise

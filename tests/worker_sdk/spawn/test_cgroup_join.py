@@ -21,6 +21,25 @@ getattr(cgroup, sys.argv[1])(*sys.argv[2:3], *map(int, sys.argv[3:]))
 print(cgroup.own_group_dir())
 """
 
+# join_beside, with the daemon's move of the client and removal of ``standby`` done between the
+# child's opening of standby's cgroup.procs and its write (the kernel then answers ENODEV)
+_JOIN_WHILE_REMOVED = """
+import os, sys
+from pathlib import Path
+from worker_sdk.spawn import cgroup
+standby, attempt, client = sys.argv[1], sys.argv[2], int(sys.argv[3])
+real_open = os.open
+def open_then_remove(path, *args, **kwargs):
+    fd = real_open(path, *args, **kwargs)
+    if path == os.path.join(standby, "cgroup.procs"):
+        Path(attempt, "cgroup.procs").write_text(str(client))
+        os.rmdir(standby)
+    return fd
+os.open = open_then_remove
+cgroup.join_beside(standby, client)
+print(cgroup.own_group_dir())
+"""
+
 
 @pytest.fixture
 def groups() -> Iterator[JobGroups]:
@@ -82,3 +101,39 @@ def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
     gone.wait(timeout=30)
     failed = _joined("join_beside", standby, str(gone.pid))
     assert failed.returncode != 0 and "FileNotFoundError" in failed.stderr
+
+
+def test_a_group_removed_while_it_is_being_joined_is_joined_beside(groups: JobGroups) -> None:
+    """The same race, one step later: the child has opened ``standby-N``'s cgroup.procs when the
+    daemon moves the client and removes the group, and its write fails with ENODEV. The child
+    ends in the attempt's group (it exited with 127, and the restart was charged: seen under
+    load as a launcher that exited 127 within 30 ms of its attempt's start)."""
+    standby = groups.standby()
+    attempt = Group(Path(groups.attempt(1)))
+    attempt.path.mkdir()
+    client = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        (Path(standby) / "cgroup.procs").write_text(str(client.pid))
+        joined = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _JOIN_WHILE_REMOVED,
+                standby,
+                str(attempt.path),
+                str(client.pid),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert not Path(standby).exists()
+        assert joined.returncode == 0, joined.stderr
+        assert joined.stdout.strip() == str(attempt.path)
+    finally:
+        assert client.stdin is not None
+        client.stdin.close()
+        client.wait(timeout=30)
