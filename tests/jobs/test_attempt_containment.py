@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -139,7 +140,22 @@ def test_a_node_group_ends_what_its_command_left(tmp_path: Path) -> None:
     ended = subprocess.run([*wrapper, *command("os._exit(3)")], env=env, timeout=120, check=False)
     assert (ended.returncode, marked(mark)) == (3, {})
     with subprocess.Popen([*wrapper, *command("time.sleep(300)")], env=env) as proc:
-        wait_for(lambda: len(marked(mark)) == 3, timeout=60, what="the helpers")
+        wrapper_sid = os.getsid(proc.pid)
+
+        def settled() -> bool:
+            """The three helpers, the daemon's double fork done: a process that carries the
+            mark in its own session, not its leader (the fork's first two carry it too)."""
+            found = marked(mark)
+            daemons = [pid for pid, label in found.items() if label.endswith("-daemon")]
+            if len(found) != 3 or len(daemons) != 1:
+                return False
+            try:
+                sid = os.getsid(daemons[0])
+            except ProcessLookupError:
+                return False
+            return sid not in (daemons[0], wrapper_sid)
+
+        wait_for(settled, timeout=60, what="the helpers")
         proc.kill()
     wait_for(lambda: not psutil.pid_exists(proc.pid), timeout=10, what="the wrapper's end")
     assert len(marked(mark)) == 3  # they outlive a wrapper killed with SIGKILL
