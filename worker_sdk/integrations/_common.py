@@ -23,7 +23,7 @@ def resume_external(total_steps: int | None) -> str | None:
     _, path = worker_sdk.resume(external=True, total_steps=total_steps)
     runtime = worker_sdk._current
     if runtime is not None:
-        runtime.framework_restores_data()
+        runtime.end_loader_window()
     return None if path is None else str(path)
 
 

@@ -205,11 +205,12 @@ class Runtime:
         self.next_due = 0.0 if self.sync_mode or in_flight else min(self.hb_due, self.save_due_t)
         return self.requested == step
 
-    def framework_restores_data(self) -> None:
-        """A framework's own checkpoint restores its RNG states and data position (Hugging Face,
-        Lightning): no DataLoader window, which would put the marker's states back over the
-        framework's (a loader that fetches ahead, as accelerate's does, is not one the window
-        can follow)."""
+    def end_loader_window(self) -> None:
+        """Put DataLoader.__iter__ back now, without the window's advice: at shutdown when no
+        step() came, and where a framework's own checkpoint restores its RNG states and data
+        position (the Hugging Face Trainer), where the window would put the marker's states
+        back over the framework's (a loader that fetches ahead, as accelerate's does, is not one
+        the window can follow)."""
         if self.window is not None:
             self.window.close()
             self.window = None
@@ -377,9 +378,7 @@ class Runtime:
         if self.memory is not None:
             self.memory.close()
             self.memory = None
-        if self.window is not None:  # no step() came: put DataLoader.__iter__ back
-            self.window.close()
-            self.window = None
+        self.end_loader_window()  # no step() came
         if self.channel is not None:
             self.channel.close()
         if self._dump_file is not None:

@@ -51,6 +51,18 @@ def groups() -> Iterator[JobGroups]:
     made.group().end()
 
 
+@pytest.fixture
+def client() -> Iterator[subprocess.Popen[bytes]]:
+    """A standby's client: a process that waits (on its stdin) until the test ends."""
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    yield waiting
+    assert waiting.stdin is not None
+    waiting.stdin.close()
+    waiting.wait(timeout=30)
+
+
 def _joined(function: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _JOIN, function, *args],
@@ -62,7 +74,7 @@ def _joined(function: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_standby_forked_after_its_client_was_moved_joins_the_clients_new_group(
-    groups: JobGroups,
+    groups: JobGroups, client: subprocess.Popen[bytes]
 ) -> None:
     """The race of a warm standby taken at once: its client waits in ``standby-N``, the daemon
     moves the client into the attempt's group and removes ``standby-N`` before the zygote's
@@ -70,26 +82,18 @@ def test_a_standby_forked_after_its_client_was_moved_joins_the_clients_new_group
     (as before) fails, and the child exited with 127."""
     standby = groups.standby()
     attempt = Group(Path(groups.attempt(1)))
-    client = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
-    try:
-        (Path(standby) / "cgroup.procs").write_text(str(client.pid))
-        assert own_group_dir(client.pid) == standby
-        attempt.take_from(Group(Path(standby)))
-        assert not Path(standby).exists()
-        assert own_group_dir(client.pid) == str(attempt.path)
+    (Path(standby) / "cgroup.procs").write_text(str(client.pid))
+    assert own_group_dir(client.pid) == standby
+    attempt.take_from(Group(Path(standby)))
+    assert not Path(standby).exists()
+    assert own_group_dir(client.pid) == str(attempt.path)
 
-        alone = _joined("join", standby)
-        assert alone.returncode != 0 and "FileNotFoundError" in alone.stderr
+    alone = _joined("join", standby)
+    assert alone.returncode != 0 and "FileNotFoundError" in alone.stderr
 
-        beside = _joined("join_beside", standby, str(client.pid))
-        assert beside.returncode == 0, beside.stderr
-        assert beside.stdout.strip() == str(attempt.path)
-    finally:
-        assert client.stdin is not None
-        client.stdin.close()
-        client.wait(timeout=30)
+    beside = _joined("join_beside", standby, str(client.pid))
+    assert beside.returncode == 0, beside.stderr
+    assert beside.stdout.strip() == str(attempt.path)
 
 
 def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
@@ -103,7 +107,9 @@ def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
     assert failed.returncode != 0 and "FileNotFoundError" in failed.stderr
 
 
-def test_a_group_removed_while_it_is_being_joined_is_joined_beside(groups: JobGroups) -> None:
+def test_a_group_removed_while_it_is_being_joined_is_joined_beside(
+    groups: JobGroups, client: subprocess.Popen[bytes]
+) -> None:
     """The same race, one step later: the child has opened ``standby-N``'s cgroup.procs when the
     daemon moves the client and removes the group, and its write fails with ENODEV. The child
     ends in the attempt's group (it exited with 127, and the restart was charged: seen under
@@ -111,29 +117,21 @@ def test_a_group_removed_while_it_is_being_joined_is_joined_beside(groups: JobGr
     standby = groups.standby()
     attempt = Group(Path(groups.attempt(1)))
     attempt.path.mkdir()
-    client = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    (Path(standby) / "cgroup.procs").write_text(str(client.pid))
+    joined = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _JOIN_WHILE_REMOVED,
+            standby,
+            str(attempt.path),
+            str(client.pid),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    try:
-        (Path(standby) / "cgroup.procs").write_text(str(client.pid))
-        joined = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _JOIN_WHILE_REMOVED,
-                standby,
-                str(attempt.path),
-                str(client.pid),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert not Path(standby).exists()
-        assert joined.returncode == 0, joined.stderr
-        assert joined.stdout.strip() == str(attempt.path)
-    finally:
-        assert client.stdin is not None
-        client.stdin.close()
-        client.wait(timeout=30)
+    assert not Path(standby).exists()
+    assert joined.returncode == 0, joined.stderr
+    assert joined.stdout.strip() == str(attempt.path)
