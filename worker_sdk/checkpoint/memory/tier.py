@@ -8,13 +8,15 @@ captured and copied into the staging arena; the writer process writes, checksums
 it (manifest, atomic rename) in the background. A snapshot is complete only once it is
 committed.
 
-Every snapshot starts with one small all-gather of four numbers per rank (whether its previous
+Every snapshot starts with one small all-gather of six numbers per rank (whether its previous
 snapshot worked, whether its writer is still busy with it, how long that one blocked, the
-training time per step since): the ranks take the same decisions from the same numbers, so
+training time per step since, the time snapshots have blocked it in this attempt, and the time
+since the attempt's first step): the ranks take the same decisions from the same numbers, so
 they snapshot at the same steps, put a snapshot off by one step together while some writer is
 busy (never waiting for it), and stop together when any of them cannot (a full ``/dev/shm``, a
-memory limit). ``"auto"`` picks the next interval
-from them (:func:`.interval.choose`). Between snapshots nothing runs: the runtime's per-step
+memory limit). ``"auto"`` takes a snapshot only when the attempt's blocked time stays within its
+budget, and otherwise puts it off by the steps that will make it so
+(:func:`.interval.steps_to_wait`). Between snapshots nothing runs: the runtime's per-step
 comparison of the step with the next step that needs its slow path covers them.
 """
 
@@ -79,6 +81,7 @@ class MemoryTier:
         self.failed: str | None = None  # why this rank's last snapshot failed (or the tier is off)
         self.off = False
         self._mark = (time.monotonic(), -1)  # (end of the last snapshot, its step)
+        self._began = self._mark[0]  # the attempt's first step
         self._reported = -_REPORT_EVERY_S
         self._pending_s = 0.0  # tries since the last snapshot that found a writer busy
         self._start_writer()
@@ -93,6 +96,7 @@ class MemoryTier:
     def start(self, last_finished: int) -> None:
         """The first snapshot is of the attempt's first step."""
         self._mark = (time.monotonic(), last_finished)
+        self._began = self._mark[0]
         self.next_step = last_finished + 1
 
     def snapshot(self, step: int, objects: Sequence[Stateful], extra: Any) -> None:
@@ -108,6 +112,8 @@ class MemoryTier:
             int(busy),
             int(self.last_blocked_s * _US),
             int(step_s * _US),
+            int((self.blocked_s + self._pending_s) * _US),
+            int((began - self._began) * _US),
         ]
         rows = all_gather_ints(mine) if self._group_active() else [mine]
         bad = [r for r, row in enumerate(rows) if not row[0]]
@@ -118,9 +124,20 @@ class MemoryTier:
             self.next_step = step + 1
             self._pending_s += time.monotonic() - began
             return
+        wait = 1
         if self.every is None:
-            blocked = max(row[2] for row in rows) / _US
-            self.interval = _interval.choose(blocked, max(row[3] for row in rows) / _US)
+            cost = max(row[2] for row in rows) / _US  # the next one's, estimated
+            blocked = max(row[4] for row in rows) / _US
+            elapsed = min(row[5] for row in rows) / _US
+            step_s = max(row[3] for row in rows) / _US
+            later = _interval.steps_to_wait(blocked, elapsed, cost, step_s)
+            if later:  # within budget only that many steps from now
+                self.next_step = step + later
+                self._pending_s += time.monotonic() - began
+                return
+            # when the one after this may come, if it costs what this one is estimated to
+            wait = max(1, _interval.steps_to_wait(blocked + cost, elapsed + cost, cost, step_s))
+            self.interval = step - self._mark[1]
         try:
             previous = self.saver.submit(step, objects, extra)
         except Exception as e:  # noqa: BLE001 - a full /dev/shm, a memory limit: off at the next snapshot
@@ -134,7 +151,7 @@ class MemoryTier:
         self.blocked_s += self.last_blocked_s
         self._pending_s = 0.0
         self._mark = (end, step)
-        self.next_step = step + self.interval
+        self.next_step = step + (self.every or wait)
         if end - self._reported >= _REPORT_EVERY_S:
             self._report(end)
 
