@@ -4,8 +4,8 @@
 # environment; test modules that need torch are skipped there), then the whole suite. Each pytest
 # run has two phases (docs/development.md): the tests that can share the machine (on $RVTEST_WORKERS
 # processes, pytest-xdist, where it is set above 0), then the serial ones, one at a time.
-#   RVTEST_WORKERS=n  processes of the first phase (default 0: one process; docs/development.md
-#                says why three, the fastest, are not the default yet)
+#   RVTEST_WORKERS=n  processes of the first phase (default 3, the fastest on 2 vCPUs: the phase is
+#                CPU-bound and a third worker keeps both cores busy; 0: in one process)
 #   VENV=dir     where the virtualenv lives (default .venv; CI passes a fresh one)
 #   VENV310=dir  where the torch-less Python 3.10 one lives (default $VENV/py310); built with the
 #                first Python 3.10 found (python3.10 on PATH, else pyenv's); when there is none,
@@ -77,7 +77,7 @@ two_phases() {
   shift
   RVTEST_SHARED_DIR=$(mktemp -d)
   export RVTEST_SHARED_DIR
-  "$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-0}" --dist loadgroup \
+  "$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-3}" --dist loadgroup \
     --phase shared "$@" || shared=$?
   if [ "$shared" != 2 ]; then # 2: interrupted (Ctrl-C, or errors while collecting)
     "$python" -m pytest -p no:cacheprovider --phase serial "$@" || serial=$?

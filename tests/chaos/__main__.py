@@ -2,6 +2,7 @@
 
     python -m tests.chaos --runs 200 --seed 1        # a campaign; prints every run and a summary
     python -m tests.chaos --runs 200 --seed 1 --start 111   # the same campaign's runs 111..199
+    python -m tests.chaos --runs 200 --seed 1 --memory auto  # the same, the memory tier on
     python -m tests.chaos --smoke                    # the regression schedules and one drawn
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
@@ -79,13 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         numbered = [(i, s) for i, s in numbered if not s.needs_tmpfs]
     schedules = [s for _, s in numbered]
     root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
+    sources: collections.Counter[str] = collections.Counter()
     try:
         refs = References(root)
-        results = [_one(i, s, root / f"run-{i:04d}", refs) for i, s in numbered]
+        results = [
+            _one(i, s, root / f"run-{i:04d}", refs, args.memory, sources) for i, s in numbered
+        ]
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary = _summary(schedules, results)
+    summary["memory_every_steps"] = args.memory or "off"
+    summary["resumed_from"] = dict(sorted(sources.items()))
     print(json.dumps(summary, indent=1) if args.json else _table(summary), flush=True)
     return 1 if summary["failed_runs"] else 0
 
@@ -111,7 +117,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the bad-node campaign on the Slurm testbed (tests/chaos/bad_node.py), --runs runs",
     )
     p.add_argument("--json", action="store_true", help="the summary as JSON")
+    p.add_argument(
+        "--memory",
+        metavar="EVERY",
+        help='the memory tier on: the jobs\' memory_every_steps ("auto" or a number of steps)',
+    )
     args = p.parse_args(argv)
+    if args.memory is not None and args.memory != "auto" and not args.memory.isdigit():
+        p.error(f'--memory takes "auto" or a number of steps, not {args.memory!r}')
     if not 0 <= args.start < max(args.runs, 1):
         p.error(f"--start must be in 0..{args.runs - 1}, got {args.start}")
     return args
@@ -143,15 +156,26 @@ class References:
         return self._states[left_out]
 
 
-def _one(index: int, s: Schedule, workdir: Path, refs: References) -> list[str]:
-    seen = execute(s, workdir)
+def _one(
+    index: int,
+    s: Schedule,
+    workdir: Path,
+    refs: References,
+    memory: str | None,
+    sources: collections.Counter[str],
+) -> list[str]:
+    seen = execute(s, workdir, memory=memory)
     problems = [*seen.errors, *_violations(s, seen, refs)]
+    for e in seen.events:
+        if e["event"] == "checkpoint_loaded" and e.get("checkpoint") is not None:
+            sources[str(e.get("source", "storage"))] += 1
     verdict = "ok" if not problems else "FAIL"
     print(f"run {index:4d} {seen.seconds:6.1f}s {verdict:4s} {s.text()}", flush=True)
     for p in problems:
         print(f"    {p}", flush=True)
     if problems:
-        print(f"    replay: python -m tests.chaos --replay '{s.text()}'", flush=True)
+        flag = "" if memory is None else f" --memory {memory}"
+        print(f"    replay: python -m tests.chaos --replay '{s.text()}'{flag}", flush=True)
     return problems
 
 
@@ -165,6 +189,8 @@ def _violations(s: Schedule, seen: Observed, refs: References) -> list[str]:
         history=seen.history,
     )
     out += [f"left behind: {line}" for line in seen.leftovers]
+    if seen.memory_left:
+        out.append(f"snapshots left in memory_dir after the job ended: {seen.memory_left}")
     if not s.gives_up:
         if seen.final is None or not seen.final.exists():
             out.append("no final state written")
@@ -195,8 +221,11 @@ def _summary(schedules: Sequence[Schedule], results: Sequence[list[str]]) -> dic
 
 
 def _table(summary: dict[str, Any]) -> str:
-    lines = [f"{k:22s} {v}" for k, v in summary.items() if k != "faults_by_kind"]
+    lines = [f"{k:22s} {v}" for k, v in summary.items() if not isinstance(v, dict)]
     lines += [f"  {k:20s} {v}" for k, v in summary["faults_by_kind"].items()]
+    if summary.get("resumed_from"):
+        lines.append("resumed_from")
+        lines += [f"  {k:20s} {v}" for k, v in summary["resumed_from"].items()]
     return "\n".join(lines)
 
 

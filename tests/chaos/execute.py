@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +56,8 @@ class Observed:
     """attempt -> checkpoint directory damaged after that attempt."""
     leftovers: list[str] = field(default_factory=list)
     history: str = ""
+    memory_left: list[str] = field(default_factory=list)
+    """What the job left in its ``memory_dir`` (the memory tier's snapshots) after it ended."""
     final: Path | None = None
     errors: list[str] = field(default_factory=list)
     """What went wrong in the runner itself (an aim missed, a timeout)."""
@@ -73,14 +77,21 @@ def reference(workdir: Path, omitted: Sequence[tuple[int, int]] = ()) -> Path:
     return final
 
 
-def execute(schedule: Schedule, workdir: Path) -> Observed:
-    """Run ``schedule`` in ``workdir`` (created); never leaves a process behind."""
+def execute(schedule: Schedule, workdir: Path, *, memory: str | None = None) -> Observed:
+    """Run ``schedule`` in ``workdir`` (created); never leaves a process behind. ``memory``:
+    the job's ``memory_every_steps`` (``"auto"`` or a number; None: the tier off), its
+    snapshots in a directory of its own in ``/dev/shm``."""
     workdir.mkdir(parents=True)
     final = workdir / "final.pt"
     seen = Observed(final=final)
     started = time.monotonic()
-    with _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt, guarded_run(seen):
-        job = _job(workdir, schedule, ckpt=str(ckpt), final=final)
+    with (
+        _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt,
+        _memory_dir(memory is not None, seen) as shm,
+        guarded_run(seen),
+    ):
+        tier = None if memory is None or shm is None else (memory, shm)
+        job = _job(workdir, schedule, ckpt=str(ckpt), final=final, memory=tier)
         try:
             _invocations(schedule, job, ckpt, seen, deadline=started + RUN_TIMEOUT_S)
         except (TimeoutError, subprocess.TimeoutExpired) as e:
@@ -99,9 +110,11 @@ def _job(
     final: Path,
     omit: str = "",
     paced: bool = True,
+    memory: tuple[str, Path] | None = None,
 ) -> Path:
     """The chaos job; ``paced``: slow steps that a fault from outside can be aimed at (a
-    reference run, with nothing to aim, runs at full speed: its final state is the same)."""
+    reference run, with nothing to aim, runs at full speed: its final state is the same);
+    ``memory``: the memory tier's interval and directory (None: storage only)."""
     env = {
         "FINAL": str(final),
         "STEP_SLEEP": STEP_SLEEP if paced else "0",
@@ -113,11 +126,17 @@ def _job(
     }
     if schedule.aims_at_saves:
         env["BALLAST_MB"] = BALLAST_MB
+    checkpoint = "every_steps = 10"
+    if memory is not None:
+        every, shm = memory
+        every = f'"{every}"' if every == "auto" else every
+        checkpoint += f'\nmemory_every_steps = {every}\nmemory_dir = "{shm}"'
     return write_job(
         workdir,
         name="chaos",
         total=TOTAL_STEPS,
         env=env,
+        checkpoint=checkpoint,
         heartbeat=f'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "{HANG_TIMEOUT}"',
         restart=(
             f'max_restarts = {schedule.max_restarts}\nbackoff = "0.1s"\nbackoff_max = "0.5s"\n'
@@ -273,3 +292,18 @@ def _checkpoint_dir(workdir: Path, *, tmpfs: bool) -> Any:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.contextmanager
+def _memory_dir(wanted: bool, seen: Observed) -> Iterator[Path | None]:
+    """A fresh directory in ``/dev/shm`` for the memory tier, or None; what the job left in it
+    goes to ``seen.memory_left`` (rvsup removes its snapshots when the job ends)."""
+    if not wanted:
+        yield None
+        return
+    path = Path(tempfile.mkdtemp(prefix="rvsup-chaos-", dir="/dev/shm"))
+    try:
+        yield path
+    finally:
+        seen.memory_left = sorted(str(p.relative_to(path)) for p in path.iterdir())
+        shutil.rmtree(path, ignore_errors=True)

@@ -4,10 +4,14 @@ from event lists."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from supervisor.config.load import load_config
+from tests.chaos.__main__ import References, _violations
+from tests.chaos.execute import Observed, _job
 from tests.chaos.invariants import check, expected_exit_codes
 from tests.chaos.rollbacks import omitted
 from tests.chaos.schedule import (
@@ -356,3 +360,31 @@ def test_the_ranges_left_out_are_merged() -> None:
         _ev("rolled_back", 3, to_step=19, resume_step=33),
     ]
     assert omitted(back) == ((0, 8), (20, 33))
+
+
+@pytest.mark.parametrize(("every", "parsed"), [("auto", None), ("3", 3)])
+def test_a_campaign_with_the_memory_tier_writes_it_into_the_job(
+    tmp_path: Path, every: str, parsed: int | None
+) -> None:
+    """``--memory EVERY`` gives every job of the campaign the memory tier, in its own
+    directory; without it the job is storage-only."""
+    s = parse("max_restarts=1 kill:1:13:1")
+    shm = tmp_path / "shm"
+    job = _job(tmp_path, s, ckpt="ckpt", final=tmp_path / "final.pt", memory=(every, shm))
+    cfg = load_config(job)
+    assert (cfg.checkpoint.memory_every_steps, cfg.checkpoint.memory_dir) == (parsed, str(shm))
+    (tmp_path / "plain").mkdir()
+    plain = load_config(_job(tmp_path / "plain", s, ckpt="ckpt", final=tmp_path / "final.pt"))
+    assert plain.checkpoint.memory_every_steps == 0
+
+
+def test_snapshots_left_after_the_job_are_a_violation(tmp_path: Path) -> None:
+    """A job that ended leaving its snapshots in memory_dir breaks an invariant: rvsup removes
+    them at every end of a job."""
+    s = parse("max_restarts=1 kill:1:13:1")
+    seen = Observed(memory_left=["rvsup-0-0123456789abcdef"])
+    problems = _violations(s, seen, References(tmp_path))
+    assert "snapshots left in memory_dir after the job ended: ['rvsup-0-0123456789abcdef']" in (
+        problems
+    )
+    assert not any("snapshots left" in p for p in _violations(s, Observed(), References(tmp_path)))
