@@ -76,6 +76,28 @@ def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final
     assert f"{redone} (memory)" in table
 
 
+def test_snapshots_start_at_once_with_a_writer_forked_beside_each_rank(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """The ranks are forked from the zygote, and so is each rank's snapshot writer, with torch
+    imported: no wait for a writer to start, so a kill -9 of rank 1 after step 8, 0.8 s into
+    the job, resumes from a snapshot of step 3 or later (a writer the rank starts itself,
+    importing torch, takes longer than that here), bit-identically."""
+    final = tmp_path / "final.pt"
+    job = write_job(
+        tmp_path,
+        env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "kill:1:8:1"},
+        checkpoint=_CHECKPOINT.format(shm=tmp_path / "shm"),
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evs = events(tmp_path / "run")
+    assert not named(evs, "cold_start"), "the ranks were to be forked from the zygote"
+    second = named(evs, "attempt_started")[1]
+    assert second["source"] == "memory" and 4 <= second["resume_step"] <= 9, second
+    assert_same_state(load_final(reference_final), load_final(final))
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 KiB tmpfs (root only): too small for any snapshot."""

@@ -117,6 +117,9 @@ ENV_SKIPPED_STEPS: Final = "RVSUP_SKIPPED_STEPS"
 ENV_MEMORY_DIR: Final = "RVSUP_MEMORY_DIR"
 ENV_MEMORY_EVERY: Final = "RVSUP_MEMORY_EVERY"
 ENV_MEMORY_RESUME: Final = "RVSUP_MEMORY_RESUME"
+# set in a rank forked from the zygote whose snapshot writer was forked beside it: "FD PID"
+# by fork_writer in worker_sdk/spawn/zygote_child.py
+ENV_FORKED_WRITER: Final = "RVSUP_FORKED_WRITER"
 ENV_VERIFY_EVERY: Final = "RVSUP_VERIFY_EVERY"  # compare the DDP replicas every N steps; 0: never
 
 # ---------------------------------------------------------------- reserved rank exit codes

@@ -104,6 +104,7 @@ def main(argv: Sequence[str]) -> int:
     job = _serve(listener, Served(unsafe, startup_env, added, cgroups.own_group_dir()))
     if job is None:
         return 0
+    child.fork_writer(job, base_path)  # where the memory tier is on
     return int(child.run(job, base_path))
 
 

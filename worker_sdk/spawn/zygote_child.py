@@ -6,25 +6,33 @@ parent-death signal, standard streams, working directory, umask, resource limits
 environment, the dispositions of the signals the zygote ignores, signal mask); :func:`run`
 gives the interpreter's state a cold start would have (``sys.argv``, ``sys.path[0]``, fresh
 ``sys.std*``, RNGs seeded from the OS) and runs the script or module in a fresh ``__main__``,
-reporting an uncaught exception as the interpreter does.
+reporting an uncaught exception as the interpreter does. Where the memory tier is on,
+:func:`fork_writer` first forks the rank's snapshot writer beside it, torch already imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from .pdeathsig import die_with_parent
 
-__all__ = ["SHIELDED", "Job", "become", "run", "set_cmdline"]
+__all__ = ["FORKED_WRITER", "SHIELDED", "Job", "become", "fork_writer", "run", "set_cmdline"]
 
 #: Signals the zygote ignores; a forked rank gets them back as its client had them.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Set in a rank whose snapshot writer was forked beside it: "FD PID", the rank's end of the
+#: writer's socket and the writer's pid (worker_sdk.contract.protocol.ENV_FORKED_WRITER).
+FORKED_WRITER = "RVSUP_FORKED_WRITER"
+_MEMORY_DIR = "RVSUP_MEMORY_DIR"  # worker_sdk.contract.protocol.ENV_MEMORY_DIR
+_WRITER = "worker_sdk.checkpoint.background.writer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,57 @@ def set_cmdline(argv: list[str]) -> bool:
     return True
 
 
+def fork_writer(job: Job, base_path: list[str]) -> int | None:
+    """Where the supervisor asked for the memory tier (``RVSUP_MEMORY_DIR``) and every rank runs
+    on this node, fork the rank's snapshot writer now, before any of the rank's code runs (no
+    thread, no device touched yet): it starts with torch imported, in milliseconds, where a
+    writer the rank starts itself runs a new interpreter and imports torch (seconds, during
+    which no snapshot can complete). The writer is the rank's child, dies with it (the
+    parent-death signal) and imports the writer module from the path the rank's program will
+    import from; the rank finds it in ``RVSUP_FORKED_WRITER`` (its end of the socket, and the
+    writer's pid), and starts one of its own when it is not there or has died. The writer's
+    pid, or None."""
+    env = os.environ
+    if not env.get(_MEMORY_DIR):
+        return None
+    world = env.get("WORLD_SIZE", "1")
+    if env.get("LOCAL_WORLD_SIZE", world) != world:  # several nodes: the tier is off
+        return None
+    try:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    rank = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the writer: never returns into the rank's code
+        code = 1
+        try:
+            mine.close()
+            set_cmdline([sys.executable, "-m", _WRITER, "(forked beside its rank)"])
+            sys.path[:] = _program_path(job, base_path)
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.set_num_threads(1)  # what a writer the rank starts gets (OMP_NUM_THREADS)
+            writer = importlib.import_module(_WRITER)
+            code = int(writer.main([str(theirs.detach()), str(rank)]))
+        except BaseException as exc:  # noqa: BLE001 -- the rank starts a writer of its own
+            print(f"rvsup: the forked snapshot writer ended: {exc!r}", file=sys.stderr)
+        finally:
+            os._exit(code)
+    theirs.close()
+    env[FORKED_WRITER] = f"{mine.detach()} {pid}"
+    return pid
+
+
+def _program_path(job: Job, base_path: list[str]) -> list[str]:
+    """``sys.path`` as the rank's program starts with it: its folder (a module: the working
+    directory) first."""
+    if job.program.is_module:
+        return [job.cwd, *base_path]
+    script = os.path.join(job.cwd, job.program.target)
+    return [os.path.dirname(os.path.realpath(script)), *base_path]
+
+
 def run(job: Job, base_path: list[str]) -> int:
     """Run the rank's script or module in a fresh ``__main__``, as ``python`` would."""
     program = job.program
@@ -86,8 +145,8 @@ def run(job: Job, base_path: list[str]) -> int:
     namespace = sys.modules["__main__"].__dict__
     namespace.clear()
     namespace.update(__name__="__main__", __doc__=None, __builtins__=__builtins__)
+    sys.path[:] = _program_path(job, base_path)
     if program.is_module:
-        sys.path[:] = [job.cwd, *base_path]
         code, spec = _module_code(program.target)
         sys.argv = [spec.origin or program.target, *program.args]
         namespace.update(
@@ -99,7 +158,6 @@ def run(job: Job, base_path: list[str]) -> int:
         )
     else:
         script = os.path.join(job.cwd, program.target)
-        sys.path[:] = [os.path.dirname(os.path.realpath(script)), *base_path]
         sys.argv = [program.target, *program.args]
         with open(script, "rb") as f:
             code = compile(f.read(), script, "exec", dont_inherit=True)

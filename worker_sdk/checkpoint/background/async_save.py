@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from typing import Any, ClassVar, Final
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.contract.layout import committed_name
+from worker_sdk.contract.protocol import ENV_FORKED_WRITER
 
 from .arena import Arena
 from .writer import SaveJob, mark_failed
@@ -68,12 +71,35 @@ class AsyncSaver:
         self.ck = checkpointer
         self.in_flight: _InFlight | None = None
         self._arenas: dict[str, Arena] = {}
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _ForkedWriter | None = None
         self._conn: Connection | None = None
 
     def start(self) -> None:
         """Start the writer now, so that its start-up (importing torch) overlaps training."""
         self._ensure_writer()
+
+    def adopt_forked(self) -> bool:
+        """Take the writer forked beside this rank before its code ran, where there is one and
+        it lives (``RVSUP_FORKED_WRITER``, set by the zygote's child: docs/memory-tier.md): no
+        interpreter to start, no torch to import. Once per process: the variable is removed."""
+        raw = os.environ.pop(ENV_FORKED_WRITER, None)
+        if raw is None or self._proc is not None:
+            return False
+        try:
+            fd, pid = (int(word) for word in raw.split())
+        except ValueError:
+            return False
+        writer = _ForkedWriter(pid)
+        try:
+            ours = stat.S_ISSOCK(os.fstat(fd).st_mode) and writer.poll() is None
+        except (OSError, ChildProcessError):  # not our child, or not our socket
+            return False
+        if not ours:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            return False
+        self._proc, self._conn = writer, Connection(fd)
+        return True
 
     # ------------------------------------------------------------------ the save
     def submit(self, step: int, objects: Sequence[Stateful], extra: Any) -> Outcome | None:
@@ -240,6 +266,40 @@ class AsyncSaver:
             arena.close()
         self._arenas[key] = fresh
         return fresh
+
+
+class _ForkedWriter:
+    """A writer forked beside the rank (this process's child), seen as a ``Popen`` is."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once it has ended (reaped here); raises ChildProcessError when the
+        pid is not this process's child."""
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                code = self.poll()
+            except ChildProcessError:  # reaped elsewhere (a script's own os.wait())
+                code = self.returncode = -1
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"writer {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 def _with_blocked(job: SaveJob, blocked_s: float) -> SaveJob:

@@ -87,7 +87,10 @@ class MemoryTier:
         self._start_writer()
 
     def _start_writer(self) -> None:
-        """Start the writer at once: its start-up (importing torch) overlaps the restore."""
+        """The writer forked beside this rank by the zygote, else one started at once (its
+        start-up, importing torch, overlaps the restore)."""
+        if self.saver.adopt_forked():
+            return
         try:
             self.saver.start()
         except OSError as e:

@@ -33,6 +33,9 @@ class _Saver:
         self.in_flight = None
         self.steps: list[int] = []
 
+    def adopt_forked(self) -> bool:
+        return False
+
     def start(self) -> None:
         pass
 
