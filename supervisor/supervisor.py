@@ -229,6 +229,7 @@ class Supervisor:
             self.events.log(JobGaveUp(reason=decision.reason))
             return False
         discarded = self.tracker.discard_from(decision.discard_from)
+        self.memory.discard_from(decision.discard_from)  # snapshots too: none is loaded later
         self.events.log(
             RolledBack(
                 from_step=anomaly.step,

@@ -105,6 +105,18 @@ class MemoryTier:
             env[p.ENV_MEMORY_RESUME] = str(choice.step)
         return env
 
+    def discard_from(self, step: int) -> tuple[int, ...]:
+        """A rollback: the complete snapshots of ``step`` (the anomaly's onset) or later are
+        discarded (they may hold the damage, and a later attempt would take the newest); the
+        steps discarded."""
+        gone = []
+        for info in layout.scan(self.directory)[0]:
+            if info.step >= step:
+                with contextlib.suppress(OSError):
+                    layout.discard(info.path)
+                    gone.append(info.step)
+        return tuple(sorted(gone))
+
     def path_of(self, step: int) -> Path:
         return self.directory / layout.committed_name(step)
 

@@ -3,9 +3,11 @@
 The memory tier (docs/memory-tier.md) keeps the newest snapshots of every rank's state in host
 memory. A snapshot counts only when it is complete for every rank (committed: every rank's part
 written and checksummed, the manifest renamed into place: ``worker_sdk.contract.layout``), and it
-is used only when it is newer than the newest storage checkpoint, and not from the onset of a
-loss anomaly on (the rollback's ``resume_before``), as a storage checkpoint would not be. The
-ranks verify the chosen snapshot's checksums as they load it and fall back to an older one, then
+is used only when it is newer than the newest storage checkpoint. The attempt after a rollback
+for a loss anomaly (``resume_before``: its onset) resumes from storage, the checkpoint the
+``rolled_back`` event names, never from memory: what it says was restored and skipped is what
+happened (the rollback also discards the snapshots from the onset on). The ranks verify
+the chosen snapshot's checksums as they load it and fall back to an older one, then
 to storage (``worker_sdk.checkpoint.memory.load``).
 """
 
@@ -41,11 +43,9 @@ def choose(
     memory_on: bool = True,
 ) -> ResumeChoice:
     """The newest of ``storage`` (its newest checkpoint step, None: none) and the complete
-    ``snapshots``' steps, a snapshot winning only when strictly newer; none from
-    ``resume_before`` on; snapshots only when ``memory_on`` (one node, the tier not off)."""
-    usable = sorted(
-        (s for s in snapshots if resume_before is None or s < resume_before), reverse=True
-    )
+    ``snapshots``' steps, a snapshot winning only when strictly newer; snapshots only when
+    ``memory_on`` (one node, the tier not off) and not after a rollback (``resume_before``)."""
+    usable = sorted(snapshots, reverse=True) if resume_before is None else []
     if memory_on and usable and (storage is None or usable[0] > storage):
         return ResumeChoice("memory", usable[0])
     if storage is None:

@@ -87,10 +87,15 @@ def _recommitted(events: Sequence[Mapping[str, Any]], path: str, after: int, bef
 
 
 def _memory_resume(
-    events: Sequence[Mapping[str, Any]], attempt: int, path: str, resume: int, floor: int
+    events: Sequence[Mapping[str, Any]],
+    attempt: int,
+    path: str,
+    resume: int,
+    floor: int,
+    damaged: Mapping[int, str],
 ) -> list[str]:
     """A resume from a memory snapshot (named ``step-NNNNNNNNNN``, not logged as committed): at
-    its step + 1, and never from a snapshot older than the newest storage checkpoint committed
+    its step + 1, and never from a snapshot older than the newest storage checkpoint usable
     before that attempt (the daemon takes memory only when it is newer)."""
     name = path.rstrip("/").rsplit("/", 1)[-1]
     if not name.startswith("step-") or not name[5:].isdigit():
@@ -99,12 +104,31 @@ def _memory_resume(
     out = []
     if resume != max(step + 1, floor):
         out.append(f"attempt {attempt} resumes at {resume} from snapshot {path}, not at {step + 1}")
-    storage = [e["step"] for e in _named(events, "checkpoint_committed") if e["attempt"] < attempt]
-    if storage and step < max(storage):
+    storage = _storage_before(events, attempt, damaged)
+    if storage is not None and step < storage:
         out.append(
-            f"attempt {attempt} resumes from snapshot {step}, older than storage's {max(storage)}"
+            f"attempt {attempt} resumes from snapshot {step}, older than storage's {storage}"
         )
     return out
+
+
+def _storage_before(
+    events: Sequence[Mapping[str, Any]], attempt: int, damaged: Mapping[int, str]
+) -> int | None:
+    """The newest storage checkpoint an attempt could load: committed before it, not discarded
+    by a rollback since, not damaged between two starts since (unless committed again)."""
+    disk: dict[str, int] = {}
+    for e in events:
+        if e.get("attempt", 0) >= attempt:
+            break
+        if e["event"] == "checkpoint_committed":
+            disk[e["path"]] = e["step"]
+        elif e["event"] == "rolled_back":
+            disk = {p: s for p, s in disk.items() if s < e["onset"]}
+    for after, path in damaged.items():
+        if after < attempt and not _recommitted(events, path, after, attempt):
+            disk.pop(path, None)
+    return max(disk.values(), default=None)
 
 
 def _resumes(
@@ -128,7 +152,7 @@ def _resumes(
                 out.append(f"attempt {attempt} resumes at {resume} from no checkpoint")
             continue
         if loaded[0].get("source") in ("memory", "replica"):
-            out.extend(_memory_resume(events, attempt, path, resume, floor))
+            out.extend(_memory_resume(events, attempt, path, resume, floor, damaged))
             continue
         step = committed.get(path)
         if step is None or resume != max(step + 1, floor):

@@ -12,8 +12,10 @@ at attempt ``a``, step ``s``, rank ``r``:
   ``discarded`` only steps ``>= s``; ``rollbacks_left`` counting down from ``max_rollbacks``;
 - then one ``restart_scheduled`` in ``a``: not charged, no backoff, the restarts left unchanged;
 - attempt ``a + 1`` loads ``to_step``'s checkpoint (an older one only if that one is reported
-  skipped as damaged); no later attempt loads a checkpoint the rollback discarded unless it was
-  committed again after it.
+  skipped as damaged), from storage, never from memory; no later attempt loads a checkpoint the
+  rollback discarded unless it was committed again after it, nor a memory snapshot of a step
+  from the onset up to the resume step (the rollback discards those: a later snapshot was taken
+  after it).
 
 A NaN the job gives up at (within ``skip_steps`` of the previous rollback's resume: deterministic;
 or past ``max_rollbacks``) has the same ``anomaly_detected``, no ``rolled_back``, and a
@@ -144,12 +146,18 @@ def _loads_after(r: Rollback, back: Mapping[str, Any], events: Events, index: in
             continue
         path = e["checkpoint"]
         step = None if path is None else _step_of(path)
+        memory = e.get("source") in ("memory", "replica")
+        if e["attempt"] == r.attempt + 1 and memory:
+            out.append(f"attempt {e['attempt']} loads {path} from memory after the rollback")
         if e["attempt"] == r.attempt + 1 and step != back["to_step"]:
             told = back["to_step"]
             damaged = told is not None and any(_step_of(p) == told for p in skipped)
             if not (damaged and (step is None or step < told)):
                 out.append(f"attempt {e['attempt']} loads step {step}, rolled back to {told}")
-        if step is not None and step >= r.step and not _committed_between(events, path, index, e):
+        if memory:
+            if step is not None and r.step <= step < r.resume:
+                out.append(f"attempt {e['attempt']} loads {path}, discarded by the rollback")
+        elif step is not None and step >= r.step and not _committed_between(events, path, index, e):
             out.append(f"attempt {e['attempt']} loads {path}, discarded by the rollback")
     return out
 

@@ -12,8 +12,8 @@ import pytest
 from supervisor.config.load import load_config
 from tests.chaos.__main__ import References, _violations
 from tests.chaos.execute import Observed, _job
-from tests.chaos.invariants import check, expected_exit_codes
-from tests.chaos.rollbacks import omitted
+from tests.chaos.invariants import _storage_before, check, expected_exit_codes
+from tests.chaos.rollbacks import _loads_after, omitted
 from tests.chaos.schedule import (
     ENDING,
     EXTERNAL,
@@ -388,3 +388,39 @@ def test_snapshots_left_after_the_job_are_a_violation(tmp_path: Path) -> None:
         problems
     )
     assert not any("snapshots left" in p for p in _violations(s, Observed(), References(tmp_path)))
+
+
+def test_a_memory_resume_is_judged_against_the_storage_it_could_load() -> None:
+    """Storage's newest that was damaged between two starts, or discarded by a rollback, does
+    not make a snapshot newer than the rest "older than storage"; one that was whole does."""
+    evs: list[dict[str, Any]] = [
+        {"event": "checkpoint_committed", "attempt": 1, "step": 19, "path": "/c/step-0000000019"},
+        {"event": "checkpoint_committed", "attempt": 2, "step": 49, "path": "/c/step-0000000049"},
+        {"event": "attempt_started", "attempt": 3},
+    ]
+    assert _storage_before(evs, 3, {2: "/c/step-0000000049"}) == 19
+    assert _storage_before(evs, 3, {}) == 49
+    rolled = [*evs[:2], {"event": "rolled_back", "attempt": 2, "onset": 30}, evs[2]]
+    assert _storage_before(rolled, 3, {}) == 19
+    assert _storage_before(evs, 1, {}) is None
+
+
+def test_a_load_from_memory_right_after_a_rollback_is_named() -> None:
+    """The attempt after a rollback resumes from storage (what rolled_back names), and no
+    attempt loads a snapshot of a step from the onset up to the resume step."""
+    s = parse("max_restarts=1 max_rollbacks=1 nan:0:13:1 kill:0:32:2")
+    (r,) = s.rollbacks
+    back = {"event": "rolled_back", "attempt": 1, "to_step": 9, "onset": 13, "resume_step": 16}
+    shm = "/dev/shm/x/step-00000000"
+    loads = [
+        back,
+        {"event": "checkpoint_loaded", "attempt": 2, "checkpoint": shm + "12", "source": "memory"},
+        {"event": "checkpoint_loaded", "attempt": 3, "checkpoint": shm + "14", "source": "memory"},
+        {"event": "checkpoint_loaded", "attempt": 4, "checkpoint": shm + "30", "source": "memory"},
+    ]
+    problems = _loads_after(r, back, loads, 0)
+    assert problems == [
+        f"attempt 2 loads {shm}12 from memory after the rollback",
+        "attempt 2 loads step 12, rolled back to 9",
+        f"attempt 3 loads {shm}14, discarded by the rollback",
+    ]

@@ -49,6 +49,18 @@ def test_only_complete_snapshots_newer_than_storage_are_chosen(tmp_path: Path) -
     assert not tier.directory.exists()
 
 
+def test_a_rollback_discards_the_snapshots_from_its_onset_on(tmp_path: Path) -> None:
+    """The snapshots of the onset and later may hold the damage: discarded, so that no later
+    attempt takes them as the newest; the attempt after the rollback resumes from storage."""
+    tier = _tier(tmp_path)
+    for step in (11, 12, 13, 14):
+        make_checkpoint_v2(tier.directory, step)
+    assert tier.discard_from(13) == (13, 14)
+    assert tier.complete_steps() == [12, 11]
+    assert tier.choose(9, nnodes=1, resume_before=13).source == "storage"
+    assert tier.choose(9, nnodes=1, resume_before=None).step == 12
+
+
 def test_off_means_no_snapshots_and_no_variables(tmp_path: Path) -> None:
     """memory_every_steps = "off": storage only, and the ranks are told nothing."""
     tier = _tier(tmp_path, 'memory_every_steps = "off"')

@@ -15,7 +15,7 @@ CASES = [
     (19, [24, 23], None, True, "memory", 24),
     (19, [19], None, True, "storage", 19),  # not strictly newer: storage wins
     (19, [17, 18], None, True, "storage", 19),  # older snapshots are never chosen
-    (19, [23, 24], 24, True, "memory", 23),  # a rollback: none from the onset on
+    (19, [23, 24], 24, True, "storage", 19),  # after a rollback: storage, as rolled_back says
     (19, [23, 24], 23, True, "storage", 19),
     (None, [23, 24], 5, True, None, None),
     (19, [23, 24], None, False, "storage", 19),  # the tier is off (several nodes, "off")

@@ -5,6 +5,8 @@ The ranks load the newest snapshot they can all read among those newer than the 
 checkpoint and not newer than the one named: each file is checked against the manifest (sizes)
 and its checksums (the CRC-32 of every record of the ``.pt`` files, of every DCP file), and a bad
 one is passed over with its reason, exactly as a storage checkpoint is. None left: storage.
+A storage checkpoint newer than storage's newest valid one that is damaged is reported skipped
+with its reason, as a load from storage reports it, though the ranks resume from memory.
 
 A restore that fails halfway (an object refused its state after others took theirs) is agreed
 on by every rank, the snapshot is discarded (so that the next attempt does not choose it again),
@@ -43,7 +45,7 @@ def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) ->
         or not on_one_node(checkpointer.world_size)
     ):
         return checkpointer.load_latest(objects, extra)
-    floor = _newest_storage_step(checkpointer.directory)
+    floor, damaged = _newest_storage_step(checkpointer.directory)
     lowest = 0 if floor is None else floor + 1
     restorer = Restorer(
         Path(directory),
@@ -61,7 +63,7 @@ def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) ->
     if not failed:
         assert result is not None
         if result.step is not None:
-            return result
+            return _with_skipped(result, damaged)
         storage = checkpointer.load_latest(objects, extra)
         return _with_skipped(storage, result.skipped)
     where = Path(directory) / layout.committed_name(int(chosen))
@@ -79,11 +81,24 @@ def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) ->
     return _with_skipped(checkpointer.load_latest(objects, extra), ((where, reason),))
 
 
-def _newest_storage_step(directory: Path) -> int | None:
-    valid, _ = layout.scan(directory)
+def _newest_storage_step(directory: Path) -> tuple[int | None, tuple[tuple[Path, str], ...]]:
+    """Storage's newest valid step (None: none), and the damaged ones newer than it."""
+    valid, skipped = layout.scan(directory)
     before = os.environ.get(p.ENV_RESUME_BEFORE)
     steps = [info.step for info in valid if not before or info.step < int(before)]
-    return steps[0] if steps else None
+    newest = steps[0] if steps else None
+    damaged = tuple(
+        (path, why)
+        for path, why in skipped
+        if (newest is None or _step(path) > newest)
+        and (not before or _step(path) < int(before))
+    )
+    return newest, damaged
+
+
+def _step(path: Path) -> int:
+    match = layout.COMMITTED_RE.match(path.name)
+    return -1 if match is None else int(match.group(1))
 
 
 def _failed_ranks(checkpointer: Checkpointer, ok: bool) -> list[int]:
