@@ -90,8 +90,7 @@ def _newest_storage_step(directory: Path) -> tuple[int | None, tuple[tuple[Path,
     damaged = tuple(
         (path, why)
         for path, why in skipped
-        if (newest is None or _step(path) > newest)
-        and (not before or _step(path) < int(before))
+        if (newest is None or _step(path) > newest) and (not before or _step(path) < int(before))
     )
     return newest, damaged
 
