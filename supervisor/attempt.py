@@ -218,8 +218,11 @@ class Attempt:
                 # external: rvsup's marker of the framework's own checkpoint (its manifest
                 # names it; the watchdog and a restarted daemon read it from there too)
                 self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
-            case m.CheckpointFailed() | m.CheckpointSkipped():
+            case m.CheckpointFailed():
                 self.events.log(self.checkpoints.trouble(msg.rank, body))
+            case m.CheckpointSkipped():
+                self.events.log(self.checkpoints.trouble(msg.rank, body))
+                self.tracker.mark_damaged(Path(body.path))  # no rollback target, not the newest
             case m.Snapshots() if (off := self.snapshots.heard(body)) is not None:
                 self.events.log(off)
             case m.Loaded():

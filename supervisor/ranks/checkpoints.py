@@ -135,13 +135,22 @@ class CommitTracker:
         self._seen: set[int] = set()
         self.committed: set[int] = {info.step for info in valid}
         """Every step committed (or found at start) and not discarded, pruned ones included."""
+        self.damaged: dict[int, float] = {}
+        """Checkpoints the ranks passed over as damaged (a checksum this daemon does not read):
+        step -> the manifest's ``created``. Not a rollback target, not the newest, until a new
+        commit of the same step replaces it."""
+
+    def _valid(self) -> list[layout.CheckpointInfo]:
+        """The valid committed checkpoints on disk that no rank found damaged, newest first."""
+        valid, _ = layout.scan(self.directory)
+        return [info for info in valid if self.damaged.get(info.step) != info.created]
 
     def refresh(self) -> None:
         """Take the newest valid checkpoint on disk as the newest, also when its commit has not
         been heard yet (the watcher's event still queued, or the rank's message lost with the
         rank): it is the one the ranks will load. Its ``checkpoint_committed`` is still logged
         when the commit is heard (:meth:`observe`)."""
-        valid, _ = layout.scan(self.directory)
+        valid = self._valid()
         if valid and (self.newest_step is None or valid[0].step > self.newest_step):
             self.newest_step = valid[0].step
             self.newest_world_size = valid[0].world_size
@@ -152,8 +161,27 @@ class CommitTracker:
         return self.directory / layout.committed_name(step)
 
     def steps(self) -> list[int]:
-        """The steps of the valid committed checkpoints, newest first."""
-        return [info.step for info in layout.scan(self.directory)[0]]
+        """The steps of the valid committed checkpoints, newest first (not those found damaged)."""
+        return [info.step for info in self._valid()]
+
+    def mark_damaged(self, path: Path) -> int | None:
+        """A rank passed over the checkpoint at ``path`` as damaged (``CKPT_SKIPPED``): it is
+        no rollback target and not the newest any more (the ranks will not load it either);
+        its step, or None for a path that is not a committed checkpoint of this directory."""
+        step = self.step_of(path)
+        if step is None or not _same_dir(path.parent, self.directory):
+            return None
+        try:
+            info = layout.validate(self.directory / path.name)
+        except (layout.CorruptCheckpointError, OSError):
+            info = None  # gone, or damaged in what this daemon reads too: scans skip it
+        if info is not None:
+            self.damaged[step] = info.created
+        if self.newest_step == step:
+            left = self._valid()
+            self.newest_step = left[0].step if left else None
+            self.newest_world_size = left[0].world_size if left else None
+        return step
 
     def discard_from(self, step: int) -> tuple[int, ...]:
         """Discard the committed checkpoints of ``step`` or later (a rollback: they may hold
@@ -165,7 +193,9 @@ class CommitTracker:
                 layout.discard(info.path)
         self._seen.difference_update(gone)
         self.committed = {s for s in self.committed if s < step}
-        left = [info for info in valid if info.step < step]
+        for s in gone:
+            self.damaged.pop(s, None)
+        left = [i for i in valid if i.step < step and self.damaged.get(i.step) != i.created]
         self.newest_step = left[0].step if left else None
         self.newest_world_size = left[0].world_size if left else None
         return gone
@@ -182,12 +212,15 @@ class CommitTracker:
         if m is None or path.parent != self.directory:
             return None
         step = int(m.group(1))
-        if step in self._seen:
+        if step in self._seen and step not in self.damaged:
             return None
         try:
             info = layout.validate(path)
         except (layout.CorruptCheckpointError, OSError):
             return None
+        if self.damaged.get(step) == info.created:
+            return None  # the damaged one, heard again
+        self.damaged.pop(step, None)  # a new commit of the step replaced it
         self._seen.add(step)
         self.committed.add(step)
         if self.newest_step is None or step > self.newest_step:
@@ -205,6 +238,14 @@ class CommitTracker:
             blocked_s=info.blocked_s,
             external=info.external,
         )
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    """Whether two paths name the same directory (a rank may name it by another path)."""
+    try:
+        return a == b or a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 class _Handler(FileSystemEventHandler):

@@ -547,3 +547,30 @@ def test_an_abort_after_every_script_ended_is_not_a_crash(tmp_path: Path) -> Non
     assert partial.run() == ExitCode.OK
     assert [f["kind"] for f in partial.named("failure_detected")] == ["crash"]
     assert [a["rank"] for a in partial.named("exit_aborted")] == [0]
+
+
+def test_a_checkpoint_the_ranks_found_damaged_is_no_rollback_target(tmp_path: Path) -> None:
+    """The newest checkpoint (step 23) is damaged in a checksum the daemon does not read: the
+    ranks pass it over (CKPT_SKIPPED) and load step 19. A non-finite loss at step 26 rolls back
+    to step 19, the checkpoint they can load, and ``rolled_back`` counts the steps from there."""
+    rig = Rig(tmp_path, [])
+    ckpt = rig.cfg.job.checkpoint_dir
+    make_checkpoint(ckpt, 19)
+    damaged = make_checkpoint(ckpt, 23)
+
+    async def skips_23_then_nan(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        for rank in range(2):
+            ch.put(rank, p.Kind.CKPT_SKIPPED, payload={"path": str(damaged), "reason": "crc"})
+        ch.put(0, p.Kind.LOADED, step=20, payload={"path": str(ckpt / layout.committed_name(19))})
+        await train(ch, clock, range(20, 26))
+        ch.put(0, p.Kind.LOSS_NONFINITE, step=26, value=float("nan"))
+        await asyncio.Event().wait()
+
+    rig.launches.scenarios += [skips_23_then_nan, succeeds]
+    assert rig.run() == ExitCode.OK
+    (skipped, _) = rig.named("checkpoint_skipped")
+    assert skipped["path"] == str(damaged)
+    (rolled,) = rig.named("rolled_back")
+    assert (rolled["to_step"], rolled["resume_step"], rolled["skipped_steps"]) == (19, 27, 7)
+    second = [e for e in rig.named("attempt_started") if e["attempt"] == 2]
+    assert second[0]["checkpoint"].endswith(layout.committed_name(19))
