@@ -36,6 +36,7 @@ from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 from worker_sdk.contract.layout import temp_name
+from worker_sdk.spawn.local_world import every_rank_here
 
 from . import interval as _interval
 
@@ -236,4 +237,4 @@ def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryT
 def on_one_node(world_size: int) -> bool:
     """Whether every rank runs on this node (torchrun's LOCAL_WORLD_SIZE): the memory tier's
     snapshots are per node, and replication to a buddy node is not built yet."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or world_size) == world_size
+    return every_rank_here(os.environ, world_size)

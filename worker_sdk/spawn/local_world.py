@@ -1,0 +1,19 @@
+"""Whether every rank of the job runs on this node (standard library only: the zygote's child
+asks before it forks a snapshot writer, the ranks before they take or load a snapshot)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["every_rank_here"]
+
+
+def every_rank_here(env: Mapping[str, str], world_size: int | None = None) -> bool:
+    """Whether torchrun's ``LOCAL_WORLD_SIZE`` is the whole world (``world_size``, or the
+    environment's ``WORLD_SIZE``; 1 where neither says). Unset: a job of one node. A value
+    that is not a number: not known to be one node."""
+    try:
+        world = int(env.get("WORLD_SIZE") or 1) if world_size is None else world_size
+        return int(env.get("LOCAL_WORLD_SIZE") or world) == world
+    except ValueError:
+        return False
