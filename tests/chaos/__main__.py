@@ -2,7 +2,7 @@
 
     python -m tests.chaos --runs 200 --seed 1        # a campaign; prints every run and a summary
     python -m tests.chaos --runs 200 --seed 1 --start 111   # the same campaign's runs 111..199
-    python -m tests.chaos --runs 200 --seed 1 --memory auto  # the same, the memory tier on
+    python -m tests.chaos --runs 200 --seed 1 --memory auto  # the memory tier on, its faults too
     python -m tests.chaos --smoke                    # the regression schedules and one drawn
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
@@ -35,7 +35,7 @@ from . import bad_node
 from .execute import Observed, execute, reference
 from .invariants import check
 from .rollbacks import omitted
-from .schedule import KINDS, Schedule, draw, parse
+from .schedule import KINDS, MEMORY, Schedule, draw, parse
 
 REGRESSIONS = (
     # a crash, a stop by SIGTERM, the stop's checkpoint corrupted before the next start
@@ -58,6 +58,12 @@ REGRESSIONS = (
     "max_restarts=1 max_rollbacks=1 nan:1:25:1 kill:0:29:2",
 )
 
+MEMORY_REGRESSIONS = (
+    # with --memory: the snapshot writers killed at step 6, then a rank killed while a snapshot
+    # is being written; rvsup killed, the newest snapshot corrupted before the next start
+    "max_restarts=1 writerkill:-:6:1 snapkill:1:12:1 daemonkill:-:30:2 shmcorrupt:-:0:2",
+)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
@@ -66,12 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard()  # the subreaper of every run's processes: what a run leaves is found (execute.py)
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
-    kinds = [k for k in KINDS if k != "enospc" or _can_mount()]
+    kinds = [
+        k for k in KINDS if (k != "enospc" or _can_mount()) and (k not in MEMORY or args.memory)
+    ]
     if args.replay:
         schedules = [parse(args.replay)]
     elif args.smoke:
         drawn = draw(random.Random(f"{args.seed}:0"), kinds=kinds, max_endings=2)
-        schedules = [*(parse(t) for t in REGRESSIONS), drawn]
+        regressions = [*REGRESSIONS, *(MEMORY_REGRESSIONS if args.memory else ())]
+        schedules = [*(parse(t) for t in regressions), drawn]
     else:
         schedules = [draw(random.Random(f"{args.seed}:{i}"), kinds=kinds) for i in range(args.runs)]
     numbered = list(enumerate(schedules))[args.start :]
@@ -80,18 +89,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         numbered = [(i, s) for i, s in numbered if not s.needs_tmpfs]
     schedules = [s for _, s in numbered]
     root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
-    sources: collections.Counter[str] = collections.Counter()
+    tally: collections.Counter[str] = collections.Counter()
     try:
         refs = References(root)
-        results = [
-            _one(i, s, root / f"run-{i:04d}", refs, args.memory, sources) for i, s in numbered
-        ]
+        results = [_one(i, s, root / f"run-{i:04d}", refs, args.memory, tally) for i, s in numbered]
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary = _summary(schedules, results)
     summary["memory_every_steps"] = args.memory or "off"
-    summary["resumed_from"] = dict(sorted(sources.items()))
+    if args.memory:
+        summary |= {k: tally[k] for k in _MEMORY_TALLY}
+    summary["resumed_from"] = {
+        k.partition(":")[2]: n for k, n in sorted(tally.items()) if k.startswith("from:")
+    }
     print(json.dumps(summary, indent=1) if args.json else _table(summary), flush=True)
     return 1 if summary["failed_runs"] else 0
 
@@ -125,6 +136,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.memory is not None and args.memory != "auto" and not args.memory.isdigit():
         p.error(f'--memory takes "auto" or a number of steps, not {args.memory!r}')
+    if args.replay:
+        try:
+            replayed = parse(args.replay)
+        except ValueError as e:
+            p.error(str(e))
+        if replayed.uses_memory and not args.memory:
+            p.error(f"{args.replay!r} has faults of the memory tier ({MEMORY}): add --memory")
     if not 0 <= args.start < max(args.runs, 1):
         p.error(f"--start must be in 0..{args.runs - 1}, got {args.start}")
     return args
@@ -162,13 +180,21 @@ def _one(
     workdir: Path,
     refs: References,
     memory: str | None,
-    sources: collections.Counter[str],
+    tally: collections.Counter[str],
 ) -> list[str]:
+    """Run ``s``, print its verdict; ``tally`` counts where attempts resumed from
+    ("from:memory") and what the memory tier's faults did (:data:`_MEMORY_TALLY`)."""
     seen = execute(s, workdir, memory=memory)
     problems = [*seen.errors, *_violations(s, seen, refs)]
     for e in seen.events:
         if e["event"] == "checkpoint_loaded" and e.get("checkpoint") is not None:
-            sources[str(e.get("source", "storage"))] += 1
+            tally[f"from:{e.get('source', 'storage')}"] += 1
+        elif e["event"] == "memory_tier_off":
+            tally["memory_tier_off"] += 1
+    tally["writers_killed"] += sum(seen.writers_killed.values())
+    tally["snapshots_damaged"] += len(seen.snapshot_damaged)
+    skipped = {e["path"] for e in seen.events if e["event"] == "checkpoint_skipped"}
+    tally["damaged_snapshots_skipped"] += len(set(seen.snapshot_damaged.values()) & skipped)
     verdict = "ok" if not problems else "FAIL"
     print(f"run {index:4d} {seen.seconds:6.1f}s {verdict:4s} {s.text()}", flush=True)
     for p in problems:
@@ -187,6 +213,7 @@ def _violations(s: Schedule, seen: Observed, refs: References) -> list[str]:
         save_killed=seen.save_killed,
         damaged=seen.damaged,
         history=seen.history,
+        snapshot_damaged=seen.snapshot_damaged,
     )
     out += [f"left behind: {line}" for line in seen.leftovers]
     if seen.memory_left:
@@ -201,6 +228,14 @@ def _violations(s: Schedule, seen: Observed, refs: References) -> list[str]:
             except AssertionError as e:
                 out.append(f"final state differs from the uninterrupted run {left_out}: {e}")
     return out
+
+
+_MEMORY_TALLY = (
+    "writers_killed",
+    "snapshots_damaged",
+    "damaged_snapshots_skipped",
+    "memory_tier_off",
+)
 
 
 def _exit_on_term(signum: int, frame: object) -> None:

@@ -41,6 +41,8 @@ TMPFS_SIZE = "4m"  # a few dozen of the trainer's checkpoints
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
+_FROM_OUTSIDE = ("term", "usr1", "daemonkill", "savekill", "snapkill", "writerkill")
+_FORKED_WRITER = "(forked beside its rank)"  # in the command line of a forked snapshot writer
 
 
 @dataclass
@@ -54,6 +56,10 @@ class Observed:
     """attempt -> step of the checkpoint being written when a rank was killed."""
     damaged: dict[int, str] = field(default_factory=dict)
     """attempt -> checkpoint directory damaged after that attempt."""
+    snapshot_damaged: dict[int, str] = field(default_factory=dict)
+    """attempt -> memory snapshot directory damaged after that attempt."""
+    writers_killed: dict[int, int] = field(default_factory=dict)
+    """attempt -> how many snapshot writers a ``writerkill`` killed in it."""
     leftovers: list[str] = field(default_factory=list)
     history: str = ""
     memory_left: list[str] = field(default_factory=list)
@@ -93,7 +99,7 @@ def execute(schedule: Schedule, workdir: Path, *, memory: str | None = None) -> 
         tier = None if memory is None or shm is None else (memory, shm)
         job = _job(workdir, schedule, ckpt=str(ckpt), final=final, memory=tier)
         try:
-            _invocations(schedule, job, ckpt, seen, deadline=started + RUN_TIMEOUT_S)
+            _invocations(schedule, job, (ckpt, shm), seen, deadline=started + RUN_TIMEOUT_S)
         except (TimeoutError, subprocess.TimeoutExpired) as e:
             seen.errors.append(f"timed out: {e}")
     seen.events = events(workdir / "run")
@@ -124,7 +130,7 @@ def _job(
         "LOSS": "float",  # every step's loss is watched: a NaN is caught at its step
         "OMIT_STEPS": omit,
     }
-    if schedule.aims_at_saves:
+    if schedule.aims_at_saves:  # a kill aimed at a snapshot needs none: see _wait_save
         env["BALLAST_MB"] = BALLAST_MB
     checkpoint = "every_steps = 10"
     if memory is not None:
@@ -160,9 +166,17 @@ def guarded_run(seen: Observed) -> Iterator[None]:
 
 
 def _invocations(
-    schedule: Schedule, job: Path, ckpt: Path, seen: Observed, *, deadline: float
+    schedule: Schedule,
+    job: Path,
+    dirs: tuple[Path, Path | None],
+    seen: Observed,
+    *,
+    deadline: float,
 ) -> None:
-    outside = [f for f in schedule.faults if f.kind in ("term", "usr1", "daemonkill", "savekill")]
+    """Every ``rvsup start`` of the run; ``dirs``: the checkpoint directory and the memory
+    tier's ``memory_dir`` (None: the tier off)."""
+    ckpt, shm = dirs
+    outside = [f for f in schedule.faults if f.kind in _FROM_OUTSIDE]
     env = rvsup_env()
     while True:
         proc = subprocess.Popen(
@@ -176,7 +190,7 @@ def _invocations(
             ended_by_us = False
             while outside and not ended_by_us:
                 fault = outside.pop(0)
-                ended_by_us = _strike(fault, proc, job, ckpt, seen, deadline)
+                ended_by_us = _strike(fault, proc, job, dirs, seen, deadline)
             _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             seen.exit_codes.append(proc.returncode)
             if proc.returncode not in (0, 3, 75, -signal.SIGKILL):
@@ -192,13 +206,18 @@ def _invocations(
                 damaged = _damage(ckpt, damage.kind)
                 if damaged is not None:
                     seen.damaged[damage.attempt] = damaged
+            elif damage.kind == "shmcorrupt" and shm is not None:
+                snapshots = next((d for d in shm.iterdir() if d.is_dir()), None)
+                damaged = None if snapshots is None else _damage(snapshots, "corrupt")
+                if damaged is not None:
+                    seen.snapshot_damaged[damage.attempt] = damaged
 
 
 def _strike(
     fault: Fault,
     proc: subprocess.Popen[str],
     job: Path,
-    ckpt: Path,
+    dirs: tuple[Path, Path | None],
     seen: Observed,
     deadline: float,
 ) -> bool:
@@ -207,8 +226,15 @@ def _strike(
     if st is None:
         seen.errors.append(f"{fault.text()}: rvsup ended before the fault's step")
         return False
-    if fault.kind == "savekill":
-        saving = _wait_save(ckpt, proc, deadline, fault.step)
+    if fault.kind == "writerkill":
+        seen.writers_killed[fault.attempt] = _kill_writers([r["pid"] for r in st["ranks"]])
+        return False
+    if fault.kind in ("savekill", "snapkill"):
+        ckpt, shm = dirs
+        if fault.kind == "savekill":
+            saving = _wait_save(ckpt, proc, deadline, fault.step)
+        else:  # the job's own directory inside memory_dir
+            saving = None if shm is None else _wait_save(shm, proc, deadline, fault.step, "*/")
         if saving is None:
             seen.errors.append(f"{fault.text()}: no save to aim at")
             return False
@@ -248,17 +274,34 @@ def _wait_step(
 
 
 def _wait_save(
-    ckpt: Path, proc: subprocess.Popen[str], deadline: float, from_step: int
+    ckpt: Path, proc: subprocess.Popen[str], deadline: float, from_step: int, below: str = ""
 ) -> int | None:
     """The step of the first checkpoint seen being written at ``from_step`` or later (not an
-    old checkpoint that a prune renamed aside to remove it)."""
+    old checkpoint that a prune renamed aside to remove it); ``below``: a glob of the folder
+    in ``ckpt`` it is written in ("*/": the snapshots' directory in ``memory_dir``). A
+    snapshot of the chaos job is written in milliseconds, and with ``"auto"`` they come every
+    step or two (with a ballast's megabytes, once in the job's 80 steps: the budget): a kill
+    aimed at one may land just after it was committed, a kill of a rank like any other."""
     while time.monotonic() < deadline and proc.poll() is None:
-        for tmp in ckpt.glob(".tmp-step-*"):
+        for tmp in ckpt.glob(f"{below}.tmp-step-*"):
             m = layout.TEMP_RE.match(tmp.name)
             if m and not m.group(2).startswith("rm-") and int(m.group(1)) >= from_step:
                 return int(m.group(1))
         time.sleep(0.002)
     return None
+
+
+def _kill_writers(ranks: Sequence[int]) -> int:
+    """SIGKILL the snapshot writers forked beside the ranks ``ranks`` (their children named
+    so, ``worker_sdk/spawn/zygote_child.py``); how many were killed."""
+    killed = 0
+    for pid in ranks:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children():
+                if _FORKED_WRITER in " ".join(child.cmdline()):
+                    child.kill()
+                    killed += 1
+    return killed
 
 
 def _damage(ckpt: Path, kind: str) -> str | None:

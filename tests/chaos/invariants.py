@@ -6,7 +6,8 @@ what was observed, returning every violation in words.
 - one ``attempt_started`` per attempt; its ranks report (``checkpoint_loaded``) a checkpoint
   that was committed, resuming at its step + 1 (or at the newest earlier rollback's resume
   step, when that is later), never a damaged or torn one; a damaged checkpoint is reported
-  skipped;
+  skipped; a snapshot damaged between two starts (the memory tier) is not loaded by the next
+  attempt, and is reported skipped when that attempt was started from it;
 - each attempt ends as its fault demands: the failure kind, the rank named first, the last step
   within one step of where the fault struck; a stop as ``job_stopped``; a lost daemon as
   ``attempt_closed`` "supervisor lost"; a NaN as ``nonfinite_loss`` of its rank, at its step or
@@ -51,13 +52,16 @@ def check(
     save_killed: Mapping[int, int],
     damaged: Mapping[int, str],
     history: str,
+    snapshot_damaged: Mapping[int, str] | None = None,
 ) -> list[str]:
-    """Every invariant ``events`` (the run's ``events.jsonl``) and the rest break."""
+    """Every invariant ``events`` (the run's ``events.jsonl``) and the rest break;
+    ``snapshot_damaged``: attempt -> the memory snapshot damaged after it."""
     out: list[str] = []
     want = expected_exit_codes(s)
     if list(exit_codes) != want:
         out.append(f"exit codes {list(exit_codes)}, expected {want}")
     out += _resumes(s, events, damaged)
+    out += _damaged_snapshots(events, snapshot_damaged or {})
     for attempt in range(1, s.attempts + 1):
         out += _ending(s, attempt, events, save_killed)
         out += _full_disk(s, attempt, events)
@@ -173,6 +177,24 @@ def _resumes(
     return out
 
 
+def _damaged_snapshots(
+    events: Sequence[Mapping[str, Any]], damaged: Mapping[int, str]
+) -> list[str]:
+    """A snapshot damaged between two starts is never loaded by the next attempt; when that
+    attempt was started from it (``attempt_started`` names it), the ranks report it skipped."""
+    out = []
+    for after, path in damaged.items():
+        attempt = after + 1
+        loaded = [e["checkpoint"] for e in _named(events, "checkpoint_loaded", attempt)]
+        if path in loaded:
+            out.append(f"attempt {attempt} loads snapshot {path}, damaged after attempt {after}")
+        named = [e.get("checkpoint") for e in _named(events, "attempt_started", attempt)]
+        skipped = {e["path"] for e in _named(events, "checkpoint_skipped", attempt)}
+        if path in named and path not in skipped:
+            out.append(f"the snapshot damaged after attempt {after} is not reported skipped")
+    return out
+
+
 def _ending(
     s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]], save_killed: Mapping[int, int]
 ) -> list[str]:
@@ -207,14 +229,16 @@ def _ending(
         out.append(f"{where}: ranks {f['ranks']}")
     elif len(ending) == 1 and f["ranks"][0] not in ranks:
         out.append(f"{where}: {kind} of rank {ending[0].rank} blames ranks {f['ranks']}")
-    struck = save_killed.get(attempt, ending[0].step) if kind == "savekill" else ending[0].step
+    aimed = kind in ("savekill", "snapkill")  # at a save (a snapshot): the step it caught
+    struck = save_killed.get(attempt, ending[0].step) if aimed else ending[0].step
     if kind in ROLLED_BACK:  # the ranks train on until the attempt is torn down
         if f["last_step"] is None or f["last_step"] < struck:
             out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
         return out
     # within one step: the step before, the one struck or, for a kill aimed at a save (which
     # lands a moment after the save was seen), the step the rank went on to run
-    near = (struck - 1, struck, struck + 1) if kind == "savekill" else (struck - 1, struck)
+    # a snapshot is written while its rank trains on: the kill may land two steps later
+    near = range(struck - 1, struck + (3 if kind == "snapkill" else 2 if aimed else 1))
     if f["last_step"] not in near:
         out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
     return out

@@ -14,6 +14,12 @@ and ``usr1`` (the signal to rvsup, then ``rvsup start`` again, as a requeue woul
 ``daemonkill`` (SIGKILL of rvsup, then ``rvsup start`` again), ``savekill`` (kill -9 of a rank
 while a checkpoint is being written, aimed at the save).
 
+With the memory tier on (``--memory``), three more (:data:`MEMORY`): ``snapkill`` (kill -9 of a
+rank while a snapshot is being written into ``memory_dir``, aimed at it as ``savekill`` at a
+save), ``writerkill`` (kill -9 of the snapshot writers forked beside the ranks at a step; the
+attempt goes on, and does not end by it) and ``shmcorrupt`` (a flipped byte in the newest
+snapshot, after rvsup itself was killed: the only end of a job that leaves its snapshots).
+
 A ``nan`` is not a failure of the processes but of the training: rvsup rolls the job back to the
 newest checkpoint before the step and resumes :data:`SKIP_STEPS` steps past it (the chaos job's
 ``[anomaly] skip_steps``), charging ``max_rollbacks``, not ``max_restarts``. It mixes with every
@@ -47,8 +53,10 @@ __all__ = [
     "KEEP_LAST",
     "KINDS",
     "LAST_STEP",
+    "MEMORY",
     "ROLLED_BACK",
     "SKIP_STEPS",
+    "STORAGE_KINDS",
     "TOTAL_STEPS",
     "Fault",
     "Rollback",
@@ -69,11 +77,15 @@ MAX_ROLLBACKS = 3
 """``[anomaly] max_rollbacks`` of a schedule whose line does not say (rvsup's default)."""
 
 IN_RANK = ("kill", "raise", "oom", "sigstop", "stuck", "nan")
-EXTERNAL = ("term", "usr1", "daemonkill", "savekill")
+EXTERNAL = ("term", "usr1", "daemonkill", "savekill", "snapkill")
 ENDING = IN_RANK + EXTERNAL
 DAMAGE = ("corrupt", "truncate")
-KINDS = (*ENDING, "enospc", *DAMAGE)
-CHARGED = frozenset({"kill", "raise", "oom", "sigstop", "stuck", "savekill"})
+MEMORY = ("snapkill", "writerkill", "shmcorrupt")
+"""The memory tier's faults: drawn only when the campaign runs with it on."""
+KINDS = (*ENDING, "enospc", *DAMAGE, "writerkill", "shmcorrupt")
+STORAGE_KINDS = tuple(k for k in KINDS if k not in MEMORY)
+"""The kinds of a campaign with the memory tier off."""
+CHARGED = frozenset({"kill", "raise", "oom", "sigstop", "stuck", "savekill", "snapkill"})
 """Ending kinds that spend one restart of the budget (stops and a lost daemon do not)."""
 ROLLED_BACK = frozenset({"nan"})
 """Ending kinds answered by a rollback: they spend one of ``max_rollbacks``, no restart."""
@@ -81,6 +93,7 @@ FAILURE_KIND = {
     "kill": "crash",
     "raise": "crash",
     "savekill": "crash",
+    "snapkill": "crash",
     "oom": "oom",
     "sigstop": "hang",
     "stuck": "hang",
@@ -90,6 +103,7 @@ FAILURE_KIND = {
 
 _FIRST_STEP = 3  # the first attempt has finished a few steps before anything strikes
 _AFTER_EXTERNAL = 15  # an outside fault lands a few steps after its aim; the next one waits
+_AFTER_WRITERS = 5  # the writers are killed a few steps after their aim: the ending comes after
 LAST_STEP = TOTAL_STEPS - 8
 """The last step a fault aims at (the runner slows the steps from here on)."""
 
@@ -207,7 +221,13 @@ class Schedule:
 
     @property
     def aims_at_saves(self) -> bool:
+        """Whether a kill is aimed at a save (a large ballast makes it last)."""
         return any(f.kind == "savekill" for f in self.faults)
+
+    @property
+    def uses_memory(self) -> bool:
+        """Whether a fault needs the memory tier on."""
+        return any(f.kind in MEMORY for f in self.faults)
 
     def trainer_faults(self) -> str:
         """The trainer's ``FAULT`` switches for the in-rank faults."""
@@ -244,7 +264,9 @@ def parse(text: str) -> Schedule:
     return Schedule(int(value), tuple(faults), rollbacks)
 
 
-def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int = 3) -> Schedule:
+def draw(
+    rng: random.Random, *, kinds: Sequence[str] = STORAGE_KINDS, max_endings: int = 3
+) -> Schedule:
     """A random schedule of 1..``max_endings`` ending faults, using only ``kinds``.
 
     Steps are drawn so that every fault strikes: the next attempt resumes at most where the
@@ -255,7 +277,8 @@ def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int =
     """
     # a full disk and a save made large to be aimed at do not fit together: one or the other
     full_disk = "enospc" in kinds and rng.random() < 0.3
-    ending_kinds = [k for k in ENDING if k in kinds and not (full_disk and k == "savekill")]
+    aimed = ("savekill", "snapkill")
+    ending_kinds = [k for k in ENDING if k in kinds and not (full_disk and k in aimed)]
     ending_kinds += ["pair"] if "kill" in kinds else []
     ending_kinds += ["nan"] if "nan" in kinds else []  # twice as likely (module docstring)
     faults: list[Fault] = []
@@ -264,6 +287,10 @@ def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int =
     skip_to: int | None = None  # the newest rollback's resume step
     attempt = 1
     for _ in range(rng.randint(1, max_endings)):
+        if "writerkill" in kinds and rng.random() < 0.3 and low < LAST_STEP:
+            writers = rng.randint(low, min(low + 6, LAST_STEP - 1))
+            faults.append(Fault("writerkill", attempt, writers))  # then the ending, later
+            low = writers + _AFTER_WRITERS
         if full_disk and rng.random() < 0.5 and low + ENOSPC_STEPS + 2 < LAST_STEP:
             fill = rng.randint(low, min(low + 6, LAST_STEP - ENOSPC_STEPS - 2))
             faults.append(Fault("enospc", attempt, fill, 0))
@@ -272,6 +299,8 @@ def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int =
             break
         step = rng.randint(low, min(low + 10, LAST_STEP))
         kind = rng.choice(ending_kinds)
+        if kind in aimed and any(f.kind in aimed and f.kind != kind for f in faults):
+            kind = "kill"  # a save's ballast makes snapshots rare ("auto"): one aim or the other
         if kind in ("sigstop", "stuck"):  # a step done first, else the startup timeout applies
             step = max(step, previous + 2)
         past = LAST_STEP + 1 if skip_to is None else skip_to + SKIP_STEPS  # a fresh NaN from
@@ -282,13 +311,15 @@ def draw(rng: random.Random, *, kinds: Sequence[str] = KINDS, max_endings: int =
             faults += [Fault(first, attempt, step, 0), Fault(second, attempt, step, 1)]
         elif kind in IN_RANK:
             faults.append(Fault(kind, attempt, step, rng.randrange(2)))
-        elif kind == "savekill":  # aimed at the first save after the step: one must follow
+        elif kind in ("savekill", "snapkill"):  # aimed at the next save (snapshot) after it
             step = min(step, TOTAL_STEPS - 20)
             faults.append(Fault(kind, attempt, step, rng.randrange(2)))
         else:
             faults.append(Fault(kind, attempt, step))
         if kind in ("term", "usr1", "daemonkill") and rng.random() < 0.4:
             faults.append(Fault(rng.choice(DAMAGE), attempt, 0))
+        if kind == "daemonkill" and "shmcorrupt" in kinds and rng.random() < 0.6:
+            faults.append(Fault("shmcorrupt", attempt, 0))
         previous = step
         if kind == "nan":  # the next attempt starts past the skipped steps
             skip_to = max(step + 1, step + SKIP_STEPS)

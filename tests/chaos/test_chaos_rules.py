@@ -10,15 +10,23 @@ from typing import Any
 import pytest
 
 from supervisor.config.load import load_config
-from tests.chaos.__main__ import References, _violations
+from tests.chaos.__main__ import References, _parse_args, _violations
 from tests.chaos.execute import Observed, _job
-from tests.chaos.invariants import _storage_before, check, expected_exit_codes
+from tests.chaos.invariants import (
+    _damaged_snapshots,
+    _storage_before,
+    check,
+    expected_exit_codes,
+)
 from tests.chaos.rollbacks import _loads_after, omitted
 from tests.chaos.schedule import (
     ENDING,
     EXTERNAL,
     IN_RANK,
+    KINDS,
+    MEMORY,
     SKIP_STEPS,
+    STORAGE_KINDS,
     TOTAL_STEPS,
     Rollback,
     draw,
@@ -424,3 +432,91 @@ def test_a_load_from_memory_right_after_a_rollback_is_named() -> None:
         "attempt 2 loads step 12, rolled back to 9",
         f"attempt 3 loads {shm}14, discarded by the rollback",
     ]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_memory_tiers_faults_are_drawn_only_when_asked_and_always_strike(seed: int) -> None:
+    """Without the memory tier's kinds a draw is what it always was (none of them); with them,
+    a writers' kill comes a few steps before its attempt's ending fault, a corrupted snapshot
+    only after a killed daemon (the one end of a job that leaves its snapshots), and a kill
+    aimed at a snapshot never in a schedule with one aimed at a save (whose ballast makes
+    snapshots rare)."""
+    rng = f"11:{seed}"
+    plain = draw(random.Random(rng))
+    assert not plain.uses_memory
+    assert plain == draw(random.Random(rng), kinds=STORAGE_KINDS)
+    s = draw(random.Random(rng), kinds=KINDS)
+    assert parse(s.text()) == s
+    kinds = {f.kind for f in s.faults}
+    assert not {"savekill", "snapkill"} <= kinds, s.text()
+    for f in s.faults:
+        ending = s.ending(f.attempt)
+        if f.kind == "writerkill" and ending:
+            assert f.step + 5 <= ending[0].step, s.text()
+        if f.kind == "shmcorrupt":
+            assert [e.kind for e in ending] == ["daemonkill"], s.text()
+
+
+def test_a_campaign_draws_every_kind_of_the_memory_tier() -> None:
+    """Over a campaign's worth of draws, each of the memory tier's kinds comes up."""
+    drawn = {f.kind for i in range(200) for f in draw(random.Random(f"1:{i}"), kinds=KINDS).faults}
+    assert set(MEMORY) <= drawn
+
+
+def test_a_memory_fault_needs_the_memory_tier() -> None:
+    """Replaying a schedule with a fault of the memory tier without ``--memory`` is refused
+    (exit 2), before anything runs; a line that does not parse is refused too."""
+    with pytest.raises(SystemExit) as refused:
+        _parse_args(["--replay", "max_restarts=1 snapkill:1:12:1"])
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit):
+        _parse_args(["--replay", "max_restarts=1 snapkil:1:12:1", "--memory", "3"])
+    assert _parse_args(["--replay", "max_restarts=1 snapkill:1:12:1", "--memory", "3"]).memory
+
+
+def _snapshot_history(*, loaded: str, skipped: bool) -> list[dict[str, Any]]:
+    snap = "/dev/shm/x/step-0000000021"
+    return [
+        _ev("attempt_started", 2, checkpoint=snap, source="memory"),
+        *([_ev("checkpoint_skipped", 2, path=snap)] if skipped else []),
+        _ev("checkpoint_loaded", 2, checkpoint=loaded, source="storage"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("loaded", "skipped", "problem"),
+    [
+        ("/c/step-0000000019", True, None),
+        ("/c/step-0000000019", False, "the snapshot damaged after attempt 1 is not reported"),
+        ("/dev/shm/x/step-0000000021", True, "attempt 2 loads snapshot /dev/shm/x/step-0000000021"),
+    ],
+)
+def test_a_snapshot_damaged_between_starts_is_skipped_never_loaded(
+    loaded: str, skipped: bool, problem: str | None
+) -> None:
+    """The attempt after a corrupted snapshot, started from it, reports it skipped and loads
+    something else; loading it, or passing it over silently, is named."""
+    found = _damaged_snapshots(
+        _snapshot_history(loaded=loaded, skipped=skipped), {1: "/dev/shm/x/step-0000000021"}
+    )
+    if problem is None:
+        assert found == []
+    else:
+        assert any(problem in f for f in found), found
+
+
+@pytest.mark.parametrize(("last_step", "ok"), [(11, True), (14, True), (15, False)])
+def test_a_kill_aimed_at_a_snapshot_may_land_two_steps_later(last_step: int, ok: bool) -> None:
+    """A snapshot of step 12 is written while its rank trains on: the kill aimed at it may
+    name step 11 to 14, never 15."""
+    events = _crash_then_success()
+    events[3] = {**events[3], "last_step": last_step}
+    found = check(
+        parse("max_restarts=2 snapkill:1:5:1"),
+        exit_codes=[0],
+        events=events,
+        save_killed={1: 12},
+        damaged={},
+        history="1 crash\n2 succeeded",
+    )
+    assert (not any("reported at last step" in v for v in found)) is ok, found
