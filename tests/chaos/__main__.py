@@ -8,9 +8,9 @@
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
 Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
-its schedule line, which ``--replay`` runs again. Needs root for the ``enospc`` fault (a small
-tmpfs); without it that kind is left out, and the summary says so. Exit 0 when every invariant
-held in every run, 1 otherwise.
+its schedule line, which ``--replay`` runs again. Needs root for the ``enospc`` and ``shmfull``
+faults (a small tmpfs); without it those kinds are left out, and the summary says so. Exit 0
+when every invariant held in every run, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ MEMORY_REGRESSIONS = (
     # with --memory: the snapshot writers killed at step 6, then a rank killed while a snapshot
     # is being written; rvsup killed, the newest snapshot corrupted before the next start
     "max_restarts=1 writerkill:-:6:1 snapkill:1:12:1 daemonkill:-:30:2 shmcorrupt:-:0:2",
+    # memory_dir full from step 5 to 13: the tier off for the attempt, then a crash
+    "max_restarts=1 shmfull:0:5:1 kill:1:20:1",
 )
 
 
@@ -73,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [
-        k for k in KINDS if (k != "enospc" or _can_mount()) and (k not in MEMORY or args.memory)
+        k
+        for k in KINDS
+        if (k not in ("enospc", "shmfull") or _can_mount()) and (k not in MEMORY or args.memory)
     ]
     if args.replay:
         schedules = [parse(args.replay)]
@@ -85,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedules = [draw(random.Random(f"{args.seed}:{i}"), kinds=kinds) for i in range(args.runs)]
     numbered = list(enumerate(schedules))[args.start :]
     if not _can_mount():
-        print("not root: enospc faults (a full tmpfs) left out", flush=True)
+        print("not root: enospc and shmfull faults (a full tmpfs) left out", flush=True)
         numbered = [(i, s) for i, s in numbered if not s.needs_tmpfs]
     schedules = [s for _, s in numbered]
     root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
@@ -185,7 +189,7 @@ def _one(
     """Run ``s``, print its verdict; ``tally`` counts where attempts resumed from
     ("from:memory") and what the memory tier's faults did (:data:`_MEMORY_TALLY`)."""
     seen = execute(s, workdir, memory=memory)
-    problems = [*seen.errors, *_violations(s, seen, refs)]
+    problems = [*seen.errors, *_violations(s, seen, refs, memory)]
     for e in seen.events:
         if e["event"] == "checkpoint_loaded" and e.get("checkpoint") is not None:
             tally[f"from:{e.get('source', 'storage')}"] += 1
@@ -205,7 +209,9 @@ def _one(
     return problems
 
 
-def _violations(s: Schedule, seen: Observed, refs: References) -> list[str]:
+def _violations(
+    s: Schedule, seen: Observed, refs: References, memory: str | None = None
+) -> list[str]:
     out = check(
         s,
         exit_codes=seen.exit_codes,
@@ -214,6 +220,7 @@ def _violations(s: Schedule, seen: Observed, refs: References) -> list[str]:
         damaged=seen.damaged,
         history=seen.history,
         snapshot_damaged=seen.snapshot_damaged,
+        memory_every=int(memory) if memory and memory.isdigit() else None,
     )
     out += [f"left behind: {line}" for line in seen.leftovers]
     if seen.memory_left:

@@ -38,6 +38,7 @@ STEP_SLEEP = "0.04"
 TAIL_SLEEP = "0.25"
 HANG_TIMEOUT = "4s"
 TMPFS_SIZE = "4m"  # a few dozen of the trainer's checkpoints
+SHM_TMPFS_SIZE = "8m"  # memory_dir for a shmfull fault: the job's snapshots and room to spare
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
@@ -92,8 +93,8 @@ def execute(schedule: Schedule, workdir: Path, *, memory: str | None = None) -> 
     seen = Observed(final=final)
     started = time.monotonic()
     with (
-        _checkpoint_dir(workdir, tmpfs=schedule.needs_tmpfs) as ckpt,
-        _memory_dir(memory is not None, seen) as shm,
+        _checkpoint_dir(workdir, tmpfs=schedule.fills_checkpoints) as ckpt,
+        _memory_dir(memory is not None, seen, tmpfs=schedule.fills_memory) as shm,
         guarded_run(seen),
     ):
         tier = None if memory is None or shm is None else (memory, shm)
@@ -326,27 +327,37 @@ def _damage(ckpt: Path, kind: str) -> str | None:
 def _checkpoint_dir(workdir: Path, *, tmpfs: bool) -> Any:
     path = workdir / "ckpt"
     path.mkdir()
-    if not tmpfs:
+    with _mounted(path, TMPFS_SIZE) if tmpfs else contextlib.nullcontext():
         yield path
-        return
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs", str(path)]
+
+
+@contextlib.contextmanager
+def _mounted(path: Path, size: str) -> Iterator[None]:
+    """A tmpfs of ``size`` mounted on ``path`` for the block (root)."""
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)]
     subprocess.run(mount, check=True, capture_output=True)
     try:
-        yield path
+        yield
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @contextlib.contextmanager
-def _memory_dir(wanted: bool, seen: Observed) -> Iterator[Path | None]:
-    """A fresh directory in ``/dev/shm`` for the memory tier, or None; what the job left in it
-    goes to ``seen.memory_left`` (rvsup removes its snapshots when the job ends)."""
+def _memory_dir(wanted: bool, seen: Observed, *, tmpfs: bool = False) -> Iterator[Path | None]:
+    """A fresh directory in ``/dev/shm`` for the memory tier (``tmpfs``: a small tmpfs of its
+    own, that a ``shmfull`` fault fills), or None; what the job left in it goes to
+    ``seen.memory_left`` (rvsup removes its snapshots when the job ends; the trainer's
+    ``filler`` is not rvsup's)."""
     if not wanted:
         yield None
         return
     path = Path(tempfile.mkdtemp(prefix="rvsup-chaos-", dir="/dev/shm"))
     try:
-        yield path
+        with _mounted(path, SHM_TMPFS_SIZE) if tmpfs else contextlib.nullcontext():
+            try:
+                yield path
+            finally:
+                left = (p for p in path.iterdir() if p.name != "filler")
+                seen.memory_left = sorted(str(p.relative_to(path)) for p in left)
     finally:
-        seen.memory_left = sorted(str(p.relative_to(path)) for p in path.iterdir())
         shutil.rmtree(path, ignore_errors=True)

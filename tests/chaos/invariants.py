@@ -16,6 +16,7 @@ what was observed, returning every violation in words.
   that spends the budget), ``restarts_left`` counting down from ``max_restarts``; a rollback
   spends none of it;
 - a full disk shows as ``checkpoint_failed`` ("No space left") in its window, and nothing else;
+  a full ``memory_dir`` as ``memory_tier_off`` ("No space left"), and nothing else;
 - the job ends with ``job_succeeded`` or ``job_gave_up``; ``rvsup history`` has no attempt
   left ``unknown`` or ``running``.
 """
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .rollbacks import check_rollbacks
-from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, Schedule
+from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, SHMFULL_STEPS, Schedule
 
 __all__ = ["check", "expected_exit_codes"]
 
@@ -53,9 +54,11 @@ def check(
     damaged: Mapping[int, str],
     history: str,
     snapshot_damaged: Mapping[int, str] | None = None,
+    memory_every: int | None = None,
 ) -> list[str]:
     """Every invariant ``events`` (the run's ``events.jsonl``) and the rest break;
-    ``snapshot_damaged``: attempt -> the memory snapshot damaged after it."""
+    ``snapshot_damaged``: attempt -> the memory snapshot damaged after it; ``memory_every``:
+    the job's ``memory_every_steps`` when a number (None: "auto" or the tier off)."""
     out: list[str] = []
     want = expected_exit_codes(s)
     if list(exit_codes) != want:
@@ -65,6 +68,7 @@ def check(
     for attempt in range(1, s.attempts + 1):
         out += _ending(s, attempt, events, save_killed)
         out += _full_disk(s, attempt, events)
+        out += _full_memory(s, attempt, events, memory_every)
     out += _budget(s, events)
     out += check_rollbacks(s, events)
     final = "job_gave_up" if s.gives_up else "job_succeeded"
@@ -257,6 +261,24 @@ def _full_disk(s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]]) -
         ]
         if not failed:
             out.append(f"attempt {attempt}: no checkpoint_failed (No space left) in {window}")
+    return out
+
+
+def _full_memory(
+    s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]], every: int | None
+) -> list[str]:
+    """A full ``memory_dir`` turns the tier off for the attempt, with an event that says why,
+    when a snapshot falls within the window (snapshots every ``every`` steps, a step later
+    while a writer is busy); the run goes on (the other invariants)."""
+    if every is None or every > SHMFULL_STEPS // 2:
+        return []
+    out = []
+    for f in s.in_attempt(attempt):
+        if f.kind != "shmfull":
+            continue
+        off = [e for e in _named(events, "memory_tier_off", attempt) if "No space" in e["reason"]]
+        if not off:
+            out.append(f"attempt {attempt}: memory_dir full from step {f.step}, no memory_tier_off")
     return out
 
 

@@ -14,11 +14,13 @@ and ``usr1`` (the signal to rvsup, then ``rvsup start`` again, as a requeue woul
 ``daemonkill`` (SIGKILL of rvsup, then ``rvsup start`` again), ``savekill`` (kill -9 of a rank
 while a checkpoint is being written, aimed at the save).
 
-With the memory tier on (``--memory``), three more (:data:`MEMORY`): ``snapkill`` (kill -9 of a
+With the memory tier on (``--memory``), four more (:data:`MEMORY`): ``snapkill`` (kill -9 of a
 rank while a snapshot is being written into ``memory_dir``, aimed at it as ``savekill`` at a
 save), ``writerkill`` (kill -9 of the snapshot writers forked beside the ranks at a step; the
-attempt goes on, and does not end by it) and ``shmcorrupt`` (a flipped byte in the newest
-snapshot, after rvsup itself was killed: the only end of a job that leaves its snapshots).
+attempt goes on, and does not end by it), ``shmfull`` (``memory_dir``, a small tmpfs, full for
+:data:`SHMFULL_STEPS` steps, as ``enospc`` fills the checkpoints') and ``shmcorrupt`` (a
+flipped byte in the newest snapshot, after rvsup itself was killed: the only end of a job that
+leaves its snapshots).
 
 A ``nan`` is not a failure of the processes but of the training: rvsup rolls the job back to the
 newest checkpoint before the step and resumes :data:`SKIP_STEPS` steps past it (the chaos job's
@@ -55,6 +57,7 @@ __all__ = [
     "LAST_STEP",
     "MEMORY",
     "ROLLED_BACK",
+    "SHMFULL_STEPS",
     "SKIP_STEPS",
     "STORAGE_KINDS",
     "TOTAL_STEPS",
@@ -71,6 +74,8 @@ KEEP_LAST = 3
 """The chaos job's ``[checkpoint] keep_last`` (the default)."""
 ENOSPC_STEPS = 12
 """Steps for which an ``enospc`` fault keeps the checkpoint file system full (one save falls in)."""
+SHMFULL_STEPS = 8
+"""Steps for which a ``shmfull`` fault keeps ``memory_dir`` full (snapshots every few steps)."""
 SKIP_STEPS = 3
 """The chaos job's ``[anomaly] skip_steps``: a rollback after a NaN at step s resumes at s + 3."""
 MAX_ROLLBACKS = 3
@@ -80,9 +85,9 @@ IN_RANK = ("kill", "raise", "oom", "sigstop", "stuck", "nan")
 EXTERNAL = ("term", "usr1", "daemonkill", "savekill", "snapkill")
 ENDING = IN_RANK + EXTERNAL
 DAMAGE = ("corrupt", "truncate")
-MEMORY = ("snapkill", "writerkill", "shmcorrupt")
+MEMORY = ("snapkill", "writerkill", "shmfull", "shmcorrupt")
 """The memory tier's faults: drawn only when the campaign runs with it on."""
-KINDS = (*ENDING, "enospc", *DAMAGE, "writerkill", "shmcorrupt")
+KINDS = (*ENDING, "enospc", *DAMAGE, "writerkill", "shmfull", "shmcorrupt")
 STORAGE_KINDS = tuple(k for k in KINDS if k not in MEMORY)
 """The kinds of a campaign with the memory tier off."""
 CHARGED = frozenset({"kill", "raise", "oom", "sigstop", "stuck", "savekill", "snapkill"})
@@ -217,7 +222,17 @@ class Schedule:
 
     @property
     def needs_tmpfs(self) -> bool:
+        """Whether a file system is filled: the checkpoints' or ``memory_dir`` (root mounts a
+        small tmpfs for it)."""
+        return any(f.kind in ("enospc", "shmfull") for f in self.faults)
+
+    @property
+    def fills_checkpoints(self) -> bool:
         return any(f.kind == "enospc" for f in self.faults)
+
+    @property
+    def fills_memory(self) -> bool:
+        return any(f.kind == "shmfull" for f in self.faults)
 
     @property
     def aims_at_saves(self) -> bool:
@@ -239,6 +254,9 @@ class Schedule:
             elif f.kind == "enospc":
                 out.append(f"fill:{f.rank}:{f.step}:{f.attempt}")
                 out.append(f"unfill:{f.rank}:{f.step + ENOSPC_STEPS}:{f.attempt}")
+            elif f.kind == "shmfull":
+                out.append(f"shmfill:{f.rank}:{f.step}:{f.attempt}")
+                out.append(f"shmunfill:{f.rank}:{f.step + SHMFULL_STEPS}:{f.attempt}")
         return ",".join(out)
 
 
@@ -277,8 +295,10 @@ def draw(
     """
     # a full disk and a save made large to be aimed at do not fit together: one or the other
     full_disk = "enospc" in kinds and rng.random() < 0.3
+    full_shm = "shmfull" in kinds and rng.random() < 0.3
     aimed = ("savekill", "snapkill")
-    ending_kinds = [k for k in ENDING if k in kinds and not (full_disk and k in aimed)]
+    filled = full_disk or full_shm  # a small tmpfs holds no ballast
+    ending_kinds = [k for k in ENDING if k in kinds and not (filled and k in aimed)]
     ending_kinds += ["pair"] if "kill" in kinds else []
     ending_kinds += ["nan"] if "nan" in kinds else []  # twice as likely (module docstring)
     faults: list[Fault] = []
@@ -295,6 +315,10 @@ def draw(
             fill = rng.randint(low, min(low + 6, LAST_STEP - ENOSPC_STEPS - 2))
             faults.append(Fault("enospc", attempt, fill, 0))
             low = fill + ENOSPC_STEPS + 1
+        if full_shm and rng.random() < 0.5 and low + SHMFULL_STEPS + 2 < LAST_STEP:
+            fill = rng.randint(low, min(low + 6, LAST_STEP - SHMFULL_STEPS - 2))
+            faults.append(Fault("shmfull", attempt, fill, 0))
+            low = fill + SHMFULL_STEPS + 1
         if low > LAST_STEP:
             break
         step = rng.randint(low, min(low + 10, LAST_STEP))

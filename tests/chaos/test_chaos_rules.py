@@ -14,6 +14,7 @@ from tests.chaos.__main__ import References, _parse_args, _violations
 from tests.chaos.execute import Observed, _job
 from tests.chaos.invariants import (
     _damaged_snapshots,
+    _full_memory,
     _storage_before,
     check,
     expected_exit_codes,
@@ -25,6 +26,7 @@ from tests.chaos.schedule import (
     IN_RANK,
     KINDS,
     MEMORY,
+    SHMFULL_STEPS,
     SKIP_STEPS,
     STORAGE_KINDS,
     TOTAL_STEPS,
@@ -520,3 +522,41 @@ def test_a_kill_aimed_at_a_snapshot_may_land_two_steps_later(last_step: int, ok:
         history="1 crash\n2 succeeded",
     )
     assert (not any("reported at last step" in v for v in found)) is ok, found
+
+
+@pytest.mark.parametrize(
+    ("every", "reason", "ok"),
+    [
+        (3, "OSError: [Errno 28] No space left on device", True),
+        (3, None, False),
+        (3, "rank(s) [1] could not take their snapshot", False),
+        (None, None, True),  # "auto": no snapshot need fall in the window
+        (10, None, True),  # snapshots rarer than the window
+    ],
+)
+def test_a_full_memory_dir_turns_the_tier_off_with_its_reason(
+    every: int | None, reason: str | None, ok: bool
+) -> None:
+    """A full memory_dir while snapshots come every few steps must show as memory_tier_off
+    saying no space was left."""
+    events = [
+        _ev("attempt_started", 1),
+        *([_ev("memory_tier_off", 1, reason=reason)] if reason else []),
+        _ev("job_succeeded", 1),
+    ]
+    found = _full_memory(parse("max_restarts=0 shmfull:0:5:1"), 1, events, every)
+    assert (found == []) is ok, found
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_full_memory_dir_ends_before_its_attempts_ending_fault(seed: int) -> None:
+    """The window of a drawn shmfull lies before its attempt's ending fault, and never beside
+    an aimed kill (the small tmpfs holds no ballast)."""
+    s = draw(random.Random(f"12:{seed}"), kinds=KINDS)
+    for f in s.faults:
+        if f.kind == "shmfull":
+            ending = s.ending(f.attempt)
+            assert not ending or f.step + SHMFULL_STEPS < ending[0].step, s.text()
+            assert not {"savekill", "snapkill"} & {g.kind for g in s.faults}, s.text()
+    trainer = s.trainer_faults()
+    assert ("shmfill" in trainer) == s.fills_memory == ("shmunfill" in trainer)

@@ -8,7 +8,8 @@ CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), mismatch
 (a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
 ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
-directory's file system with a file, remove it), hostoom (join the memory-limited cgroup OOM_CGROUP
+directory's file system with a file, remove it), shmfill / shmunfill (the same in the memory
+tier's memory_dir), hostoom (join the memory-limited cgroup OOM_CGROUP
 and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
 before resume() in attempt n. STEP_SLEEP=seconds slows every step, TAIL_SLEEP=seconds the steps from
 TAIL_FROM on (room for an outside fault aimed near the end); SLOW_WHILE=path: STEP_SLEEP only
@@ -62,6 +63,16 @@ def evaluate(seconds: float) -> None:
         a = torch.tanh(a @ a)
 
 
+def _fill(filler: Path) -> None:
+    """Write ``filler`` until its file system is full."""
+    with open(filler, "ab", buffering=0) as f:  # unbuffered: closing it cannot fail
+        try:
+            while True:
+                f.write(b"\0" * 2**16)
+        except OSError:
+            pass
+
+
 def inject(kind: str, step: int) -> None:
     if kind == "raise":
         raise RuntimeError(f"injected failure at step {step}")
@@ -98,15 +109,13 @@ def inject(kind: str, step: int) -> None:
     if kind == "exit0":
         os._exit(0)
     if kind == "fill":  # fill the checkpoint directory's file system (a file named "filler")
-        filler = Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler"
-        with open(filler, "ab", buffering=0) as f:  # unbuffered: closing it cannot fail
-            try:
-                while True:
-                    f.write(b"\0" * 2**16)
-            except OSError:
-                pass
+        _fill(Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler")
     if kind == "unfill":
         (Path(os.environ["RVSUP_CHECKPOINT_DIR"]) / "filler").unlink()
+    if kind == "shmfill":  # the same in the memory tier's memory_dir (beside the job's folder)
+        _fill(Path(os.environ["RVSUP_MEMORY_DIR"]).parent / "filler")
+    if kind == "shmunfill":
+        (Path(os.environ["RVSUP_MEMORY_DIR"]).parent / "filler").unlink()
     if (
         kind == "hostoom"
     ):  # move into a memory-limited cgroup, then allocate until the kernel kills us
