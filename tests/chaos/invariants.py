@@ -269,12 +269,15 @@ def _full_memory(
 ) -> list[str]:
     """A full ``memory_dir`` turns the tier off for the attempt, with an event that says why,
     when a snapshot falls within the window (snapshots every ``every`` steps, a step later
-    while a writer is busy); the run goes on (the other invariants)."""
+    while a writer is busy); the run goes on (the other invariants). Not after the writers
+    were killed in the attempt: the ranks' new writers import torch for seconds, every
+    snapshot put off meanwhile, and none may be written while it is full."""
     if every is None or every > SHMFULL_STEPS // 2:
         return []
     out = []
     for f in s.in_attempt(attempt):
-        if f.kind != "shmfull":
+        killed = any(g.kind == "writerkill" and g.step < f.step for g in s.in_attempt(attempt))
+        if f.kind != "shmfull" or killed:
             continue
         off = [e for e in _named(events, "memory_tier_off", attempt) if "No space" in e["reason"]]
         if not off:

@@ -546,6 +546,8 @@ def test_a_full_memory_dir_turns_the_tier_off_with_its_reason(
     ]
     found = _full_memory(parse("max_restarts=0 shmfull:0:5:1"), 1, events, every)
     assert (found == []) is ok, found
+    after_writers = parse("max_restarts=0 writerkill:-:3:1 shmfull:0:5:1")
+    assert _full_memory(after_writers, 1, events, every) == []  # new writers start cold
 
 
 @pytest.mark.parametrize("seed", range(100))
