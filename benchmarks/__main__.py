@@ -23,6 +23,7 @@ from . import (
     fig_footprint,
     fig_lifecycle,
     fig_live,
+    fig_memory_goodput,
     fig_sdk,
     fig_slow,
     machine,
@@ -47,6 +48,7 @@ FIGURES: dict[str, Callable[[Context], Table]] = {
     "slow": fig_slow.slow,
     "anomaly": fig_anomaly.anomaly,
     "live": fig_live.live,
+    "memory_goodput": fig_memory_goodput.memory_goodput,
 }
 SMOKE_FIGURES = ("crash", "sdk", "checkpoint", "scale", "anomaly")
 NVRX_ENV = "RVSUP_BENCH_NVRX_VENV"

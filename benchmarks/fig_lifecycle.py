@@ -30,7 +30,8 @@ def _peers(ctx: Context) -> dict[str, Tool]:
     return tools
 
 
-def _na(tools: dict[str, Tool], cells: dict[str, Cell | str]) -> dict[str, Cell | str]:
+def mark_unavailable(tools: dict[str, Tool], cells: dict[str, Cell | str]) -> dict[str, Cell | str]:
+    """``cells`` with the column of every tool that cannot run here saying why."""
     for col, tool in tools.items():
         if tool.unavailable():
             cells[col] = tool.unavailable() or ""
@@ -82,11 +83,13 @@ def preempt(ctx: Context) -> Table:
         f"{p.ckpt_every}), then the same command again",
         list(tools),
     )
-    t.row("steps lost on resume", _na(tools, dict(lost)))
-    t.row("SIGTERM -> every process gone", _na(tools, dict(stop)))
+    t.row("steps lost on resume", mark_unavailable(tools, dict(lost)))
+    t.row("SIGTERM -> every process gone", mark_unavailable(tools, dict(stop)))
     t.row(
         "launcher exit codes",
-        _na(tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}),
+        mark_unavailable(
+            tools, {c: ", ".join(f"{k} x{v}" for k, v in codes[c].items()) or "-" for c in tools}
+        ),
     )
     ours = lost["rvsup"]
     if ours.values:
@@ -139,9 +142,12 @@ def goodput(ctx: Context) -> Table:
         f"5. Goodput (useful-step time / wall time): {g} steps with faults {schedule}",
         list(tools),
     )
-    t.row("goodput", _na(tools, dict(good)))
-    t.row("wall time", _na(tools, dict(wall)))
-    t.row("finished all steps", _na(tools, {c: f"{finished[c]}/{p.n_goodput}" for c in tools}))
+    t.row("goodput", mark_unavailable(tools, dict(good)))
+    t.row("wall time", mark_unavailable(tools, dict(wall)))
+    t.row(
+        "finished all steps",
+        mark_unavailable(tools, {c: f"{finished[c]}/{p.n_goodput}" for c in tools}),
+    )
     first_peer = next(iter(list(tools)[1:]), None)
     if first_peer is not None:
         t.add_ratio(f"goodput rvsup / {first_peer}", good["rvsup (auto)"], good[first_peer])
@@ -174,8 +180,8 @@ def cold(ctx: Context) -> Table:
                 steps[col].add(1000 * sorted(durations)[len(durations) // 2])
             ctx.log(f"cold {i + 1}/{p.n} {col}: {fmt(o.cold_start_s(), ' s')}")
     t = Table("cold", "6. Cold start: launch -> first step on all ranks (no fault)", list(tools))
-    t.row("launch -> first step on all ranks", _na(tools, dict(first)))
-    t.row("median step time (rank 0)", _na(tools, dict(steps)))
+    t.row("launch -> first step on all ranks", mark_unavailable(tools, dict(first)))
+    t.row("median step time (rank 0)", mark_unavailable(tools, dict(steps)))
     t.add_ratio("cold start rvsup / torchrun", first["rvsup"], first["torchrun"])
     t.add_ratio(
         "cold start rvsup / rvsup (cold ranks)", first["rvsup"], first["rvsup (cold ranks)"]

@@ -220,7 +220,8 @@ class Rvsup(Tool):
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
     native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
     hang_timeout_max: str | None = None  # None: rvsup's default
-    memory_every_steps: int | None = None  # the memory tier's interval; None: the default (off)
+    memory_every_steps: int | str | None = None  # the memory tier's interval ("auto" or a
+    # number of steps); None: the default (off)
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])
@@ -255,7 +256,7 @@ on_oom = {json.dumps(self.on_oom)}
     def _memory_line(self) -> str:
         if self.memory_every_steps is None:
             return ""
-        return f"memory_every_steps = {self.memory_every_steps}\n"
+        return f"memory_every_steps = {json.dumps(self.memory_every_steps)}\n"
 
     def _hang_timeout_max_line(self) -> str:
         if self.hang_timeout_max is None:
