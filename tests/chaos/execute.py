@@ -42,7 +42,16 @@ SHM_TMPFS_SIZE = "8m"  # memory_dir for a shmfull fault: the job's snapshots and
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
-_FROM_OUTSIDE = ("term", "usr1", "daemonkill", "savekill", "snapkill", "writerkill")
+_FROM_OUTSIDE = (
+    "term",
+    "usr1",
+    "daemonkill",
+    "savekill",
+    "snapkill",
+    "zygotekill",
+    "writerkill",
+)
+_ZYGOTE = "-m worker_sdk.spawn.zygote "  # in a zygote's command line
 _FORKED_WRITER = "(forked beside its rank)"  # in the command line of a forked snapshot writer
 
 
@@ -54,7 +63,8 @@ class Observed:
     exit_codes: list[int] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     save_killed: dict[int, int] = field(default_factory=dict)
-    """attempt -> step of the checkpoint being written when a rank was killed."""
+    """attempt -> step of the checkpoint (or snapshot) being written when a rank was killed,
+    or the ranks' step when the zygote was."""
     damaged: dict[int, str] = field(default_factory=dict)
     """attempt -> checkpoint directory damaged after that attempt."""
     snapshot_damaged: dict[int, str] = field(default_factory=dict)
@@ -230,6 +240,16 @@ def _strike(
     if fault.kind == "writerkill":
         seen.writers_killed[fault.attempt] = _kill_writers([r["pid"] for r in st["ranks"]])
         return False
+    if fault.kind == "zygotekill":
+        zygotes = [z for z in psutil.Process(proc.pid).children(recursive=True) if _is_zygote(z)]
+        if not zygotes:
+            seen.errors.append(f"{fault.text()}: no zygote to kill")
+            return False
+        for zygote in zygotes:
+            with contextlib.suppress(psutil.Error):
+                zygote.kill()
+        seen.save_killed[fault.attempt] = min(r["last_step"] for r in st["ranks"])
+        return False
     if fault.kind in ("savekill", "snapkill"):
         ckpt, shm = dirs
         if fault.kind == "savekill":
@@ -290,6 +310,15 @@ def _wait_save(
                 return int(m.group(1))
         time.sleep(0.002)
     return None
+
+
+def _is_zygote(process: psutil.Process) -> bool:
+    """Whether ``process`` is a node's zygote (``worker_sdk/spawn/zygote.py``; the ranks it
+    forks show their own command lines)."""
+    try:
+        return _ZYGOTE in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _kill_writers(ranks: Sequence[int]) -> int:

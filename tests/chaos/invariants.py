@@ -231,9 +231,10 @@ def _ending(
     ranks = {g.rank for g in ending}
     if not f["ranks"] or not set(f["ranks"]) <= {0, 1}:
         out.append(f"{where}: ranks {f['ranks']}")
-    elif len(ending) == 1 and f["ranks"][0] not in ranks:
+    elif len(ending) == 1 and kind != "zygotekill" and f["ranks"][0] not in ranks:
         out.append(f"{where}: {kind} of rank {ending[0].rank} blames ranks {f['ranks']}")
-    aimed = kind in ("savekill", "snapkill")  # at a save (a snapshot): the step it caught
+    # at a save (a snapshot): the step it caught; the zygote: the ranks' step just before
+    aimed = kind in ("savekill", "snapkill", "zygotekill")
     struck = save_killed.get(attempt, ending[0].step) if aimed else ending[0].step
     if kind in ROLLED_BACK:  # the ranks train on until the attempt is torn down
         if f["last_step"] is None or f["last_step"] < struck:
@@ -242,7 +243,8 @@ def _ending(
     # within one step: the step before, the one struck or, for a kill aimed at a save (which
     # lands a moment after the save was seen), the step the rank went on to run
     # a snapshot is written while its rank trains on: the kill may land two steps later
-    near = range(struck - 1, struck + (3 if kind == "snapkill" else 2 if aimed else 1))
+    late = 3 if kind in ("snapkill", "zygotekill") else 2 if aimed else 1
+    near = range(struck - 1, struck + late)
     if f["last_step"] not in near:
         out.append(f"{where}: {kind} at step {struck} reported at last step {f['last_step']}")
     return out

@@ -14,13 +14,14 @@ and ``usr1`` (the signal to rvsup, then ``rvsup start`` again, as a requeue woul
 ``daemonkill`` (SIGKILL of rvsup, then ``rvsup start`` again), ``savekill`` (kill -9 of a rank
 while a checkpoint is being written, aimed at the save).
 
-With the memory tier on (``--memory``), four more (:data:`MEMORY`): ``snapkill`` (kill -9 of a
+With the memory tier on (``--memory``), five more (:data:`MEMORY`): ``snapkill`` (kill -9 of a
 rank while a snapshot is being written into ``memory_dir``, aimed at it as ``savekill`` at a
-save), ``writerkill`` (kill -9 of the snapshot writers forked beside the ranks at a step; the
-attempt goes on, and does not end by it), ``shmfull`` (``memory_dir``, a small tmpfs, full for
-:data:`SHMFULL_STEPS` steps, as ``enospc`` fills the checkpoints') and ``shmcorrupt`` (a
-flipped byte in the newest snapshot, after rvsup itself was killed: the only end of a job that
-leaves its snapshots).
+save), ``zygotekill`` (kill -9 of the node's zygote, whose ranks die with it: the next attempt
+starts a zygote again, and the snapshots, files in ``memory_dir``, outlive it), ``writerkill``
+(kill -9 of the snapshot writers forked beside the ranks at a step; the attempt goes on, and
+does not end by it), ``shmfull`` (``memory_dir``, a small tmpfs, full for :data:`SHMFULL_STEPS`
+steps, as ``enospc`` fills the checkpoints') and ``shmcorrupt`` (a flipped byte in the newest
+snapshot, after rvsup itself was killed: the only end of a job that leaves its snapshots).
 
 A ``nan`` is not a failure of the processes but of the training: rvsup rolls the job back to the
 newest checkpoint before the step and resumes :data:`SKIP_STEPS` steps past it (the chaos job's
@@ -82,15 +83,17 @@ MAX_ROLLBACKS = 3
 """``[anomaly] max_rollbacks`` of a schedule whose line does not say (rvsup's default)."""
 
 IN_RANK = ("kill", "raise", "oom", "sigstop", "stuck", "nan")
-EXTERNAL = ("term", "usr1", "daemonkill", "savekill", "snapkill")
+EXTERNAL = ("term", "usr1", "daemonkill", "savekill", "snapkill", "zygotekill")
 ENDING = IN_RANK + EXTERNAL
 DAMAGE = ("corrupt", "truncate")
-MEMORY = ("snapkill", "writerkill", "shmfull", "shmcorrupt")
+MEMORY = ("snapkill", "zygotekill", "writerkill", "shmfull", "shmcorrupt")
 """The memory tier's faults: drawn only when the campaign runs with it on."""
 KINDS = (*ENDING, "enospc", *DAMAGE, "writerkill", "shmfull", "shmcorrupt")
 STORAGE_KINDS = tuple(k for k in KINDS if k not in MEMORY)
 """The kinds of a campaign with the memory tier off."""
-CHARGED = frozenset({"kill", "raise", "oom", "sigstop", "stuck", "savekill", "snapkill"})
+CHARGED = frozenset(
+    {"kill", "raise", "oom", "sigstop", "stuck", "savekill", "snapkill", "zygotekill"}
+)
 """Ending kinds that spend one restart of the budget (stops and a lost daemon do not)."""
 ROLLED_BACK = frozenset({"nan"})
 """Ending kinds answered by a rollback: they spend one of ``max_rollbacks``, no restart."""
@@ -99,6 +102,7 @@ FAILURE_KIND = {
     "raise": "crash",
     "savekill": "crash",
     "snapkill": "crash",
+    "zygotekill": "crash",
     "oom": "oom",
     "sigstop": "hang",
     "stuck": "hang",

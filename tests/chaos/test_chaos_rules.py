@@ -562,3 +562,25 @@ def test_a_full_memory_dir_ends_before_its_attempts_ending_fault(seed: int) -> N
             assert not {"savekill", "snapkill"} & {g.kind for g in s.faults}, s.text()
     trainer = s.trainer_faults()
     assert ("shmfill" in trainer) == s.fills_memory == ("shmunfill" in trainer)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "last_step", "ok"),
+    [([0, 1], 12, True), ([1], 14, True), ([0], 10, False), ([0, 1], 15, False)],
+)
+def test_a_killed_zygote_is_a_crash_of_any_rank_near_the_step_struck(
+    ranks: list[int], last_step: int, ok: bool
+) -> None:
+    """The zygote killed when the ranks were at step 12: a crash naming any of its ranks, the
+    last step from 11 to 14."""
+    events = _crash_then_success()
+    events[3] = {**events[3], "ranks": ranks, "last_step": last_step}
+    found = check(
+        parse("max_restarts=2 zygotekill:-:10:1"),
+        exit_codes=[0],
+        events=events,
+        save_killed={1: 12},
+        damaged={},
+        history="1 crash\n2 succeeded",
+    )
+    assert (found == []) is ok, found
