@@ -30,6 +30,8 @@ def test_the_columns_compare_the_memory_tier_with_storage_only_and_the_peers(
     smoke profile only the two rvsup columns."""
     full = goodput_tools(Context(PROFILES["quick"], tmp_path, None))
     assert list(full)[:2] == [MEMORY, STORAGE] and len(full) == 4
-    assert isinstance(full[MEMORY], Rvsup) and full[MEMORY].memory_every_steps == "auto"
+    memory = full[MEMORY]
+    assert isinstance(memory, Rvsup)
+    assert memory.memory_every_steps == "auto"
     smoke = goodput_tools(Context(PROFILES["smoke"], tmp_path, None))
     assert list(smoke) == [MEMORY, STORAGE]
