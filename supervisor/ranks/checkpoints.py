@@ -186,16 +186,12 @@ class CommitTracker:
     def discard_from(self, step: int) -> tuple[int, ...]:
         """Discard the committed checkpoints of ``step`` or later (a rollback: they may hold
         the damage); the steps discarded. The newest known becomes the newest left."""
-        valid, _ = layout.scan(self.directory)
-        gone = tuple(info.step for info in valid if info.step >= step)
-        for info in valid:
-            if info.step >= step:
-                layout.discard(info.path)
+        gone, before = layout.discard_from(self.directory, step)
         self._seen.difference_update(gone)
         self.committed = {s for s in self.committed if s < step}
         for s in gone:
             self.damaged.pop(s, None)
-        left = [i for i in valid if i.step < step and self.damaged.get(i.step) != i.created]
+        left = [i for i in before if self.damaged.get(i.step) != i.created]
         self.newest_step = left[0].step if left else None
         self.newest_world_size = left[0].world_size if left else None
         return gone

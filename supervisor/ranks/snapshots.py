@@ -109,13 +109,7 @@ class MemoryTier:
         """A rollback: the complete snapshots of ``step`` (the anomaly's onset) or later are
         discarded (they may hold the damage, and a later attempt would take the newest); the
         steps discarded."""
-        gone = []
-        for info in layout.scan(self.directory)[0]:
-            if info.step >= step:
-                with contextlib.suppress(OSError):
-                    layout.discard(info.path)
-                    gone.append(info.step)
-        return tuple(sorted(gone))
+        return tuple(sorted(layout.discard_from(self.directory, step)[0]))
 
     def path_of(self, step: int) -> Path:
         return self.directory / layout.committed_name(step)

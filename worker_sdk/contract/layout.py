@@ -77,6 +77,7 @@ __all__ = [
     "CorruptCheckpointError",
     "committed_name",
     "discard",
+    "discard_from",
     "fsync_dir",
     "is_rvsup_entry",
     "latest",
@@ -153,6 +154,20 @@ def discard(path: Path) -> None:
     os.rename(path, aside)
     fsync_dir(path.parent)
     _remove_tree(aside)
+
+
+def discard_from(directory: Path, step: int) -> tuple[tuple[int, ...], list[CheckpointInfo]]:
+    """Discard the valid committed checkpoints of ``step`` or later (a rollback: they may hold
+    the damage): the steps discarded (newest first; one that could not be removed is not
+    among them) and the valid ones before ``step``, newest first."""
+    valid, _ = scan(directory)
+    gone = []
+    for info in valid:
+        if info.step >= step:
+            with contextlib.suppress(OSError):
+                discard(info.path)
+                gone.append(info.step)
+    return tuple(gone), [info for info in valid if info.step < step]
 
 
 def read_protect(directory: Path) -> int | None:

@@ -365,6 +365,20 @@ def test_half_removed_checkpoint_never_looks_committed(
     assert os.listdir(tmp_path) == [committed_name(2)]
 
 
+def test_discard_from_a_step_keeps_the_ones_before(tmp_path: Path) -> None:
+    """A rollback's discard: the valid checkpoints of the step and later go (their steps,
+    newest first), the ones before stay and are listed, newest first; a damaged one is no
+    valid checkpoint and is left alone."""
+    for step in (5, 9, 14, 19):
+        make_checkpoint(tmp_path, step)
+    (tmp_path / committed_name(19) / SHARED).write_bytes(b"short")  # damaged: not valid
+    gone, before = layout.discard_from(tmp_path, 9)
+    assert gone == (14, 9)
+    assert [info.step for info in before] == [5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [committed_name(5), committed_name(19)]
+    assert layout.discard_from(tmp_path / "missing", 0) == ((), [])
+
+
 def test_layout_does_not_import_torch() -> None:
     """The supervisor imports worker_sdk.contract.layout, so it must not pull in torch."""
     code = "import sys, worker_sdk.contract.layout; sys.exit('torch' in sys.modules)"
