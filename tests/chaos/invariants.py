@@ -23,10 +23,11 @@ what was observed, returning every violation in words.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .rollbacks import check_rollbacks
+from .rollbacks import check_rollbacks, on_disk
 from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, SHMFULL_STEPS, Schedule
 
 __all__ = ["check", "expected_exit_codes"]
@@ -125,14 +126,7 @@ def _storage_before(
 ) -> int | None:
     """The newest storage checkpoint an attempt could load: committed before it, not discarded
     by a rollback since, not damaged between two starts since (unless committed again)."""
-    disk: dict[str, int] = {}
-    for e in events:
-        if e.get("attempt", 0) >= attempt:
-            break
-        if e["event"] == "checkpoint_committed":
-            disk[e["path"]] = e["step"]
-        elif e["event"] == "rolled_back":
-            disk = {p: s for p, s in disk.items() if s < e["onset"]}
+    disk = on_disk(itertools.takewhile(lambda e: e.get("attempt", 0) < attempt, events))
     for after, path in damaged.items():
         if after < attempt and not _recommitted(events, path, after, attempt):
             disk.pop(path, None)

@@ -26,12 +26,12 @@ no earlier than the newest earlier rollback's resume step (checked with the resu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .schedule import KEEP_LAST, ROLLED_BACK, Rollback, Schedule
 
-__all__ = ["check_rollbacks", "omitted"]
+__all__ = ["check_rollbacks", "omitted", "on_disk"]
 
 Events = Sequence[Mapping[str, Any]]
 
@@ -181,16 +181,24 @@ def _gave_up(s: Schedule, attempt: int, events: Events) -> list[str]:
     return out
 
 
+def on_disk(events: Iterable[Mapping[str, Any]], keep_last: int | None = None) -> dict[str, int]:
+    """The storage checkpoints on disk after ``events`` (path -> step): every commit, the
+    ``keep_last`` newest kept (None: every one), rollbacks' discards removed."""
+    disk: dict[str, int] = {}
+    for e in events:
+        if e["event"] == "checkpoint_committed":
+            disk[e["path"]] = e["step"]
+            if keep_last is not None:
+                disk = dict(sorted(disk.items(), key=lambda item: item[1])[-keep_last:])
+        elif e["event"] == "rolled_back":
+            disk = {p: s for p, s in disk.items() if s < e["onset"]}
+    return disk
+
+
 def _newest_before(events: Events, index: int, step: int) -> int | None:
     """The newest checkpoint of a step before ``step`` on disk when ``events[index]`` was
-    written: every commit, the ``KEEP_LAST`` newest kept, rollbacks' discards removed."""
-    disk: set[int] = set()
-    for e in events[:index]:
-        if e["event"] == "checkpoint_committed":
-            disk = set(sorted(disk | {e["step"]})[-KEEP_LAST:])
-        elif e["event"] == "rolled_back":
-            disk = {d for d in disk if d < e["onset"]}
-    earlier = [d for d in disk if d < step]
+    written (pruned to the ``KEEP_LAST`` newest)."""
+    earlier = [s for s in on_disk(events[:index], KEEP_LAST).values() if s < step]
     return max(earlier) if earlier else None
 
 
