@@ -6,7 +6,8 @@ what was observed, returning every violation in words.
 - one ``attempt_started`` per attempt; its ranks report (``checkpoint_loaded``) a checkpoint
   that was committed, resuming at its step + 1 (or at the newest earlier rollback's resume
   step, when that is later), never a damaged or torn one; a damaged checkpoint is reported
-  skipped; a snapshot damaged between two starts (the memory tier) is not loaded by the next
+  skipped, unless the next attempt resumed from a newer memory snapshot (reading no
+  storage); a snapshot damaged between two starts (the memory tier) is not loaded by the next
   attempt, and is reported skipped when that attempt was started from it;
 - each attempt ends as its fault demands: the failure kind, the rank named first, the last step
   within one step of where the fault struck; a stop as ``job_stopped``; a lost daemon as
@@ -170,7 +171,9 @@ def _resumes(
         if bad:
             out.append(f"attempt {attempt} loads {path}, damaged after attempt {bad[0]}")
     for attempt, path in damaged.items():
-        if path not in skipped:
+        after = _named(events, "checkpoint_loaded", attempt + 1)
+        from_memory = any(e.get("source") in ("memory", "replica") for e in after)
+        if path not in skipped and not from_memory:  # a resume from memory reads no storage
             out.append(f"the checkpoint damaged after attempt {attempt} is not reported skipped")
     return out
 

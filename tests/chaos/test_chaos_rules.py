@@ -584,3 +584,31 @@ def test_a_killed_zygote_is_a_crash_of_any_rank_near_the_step_struck(
         history="1 crash\n2 succeeded",
     )
     assert (found == []) is ok, found
+
+
+@pytest.mark.parametrize(("source", "reported"), [("memory", False), ("storage", True)])
+def test_a_damaged_checkpoint_need_not_be_reported_when_the_next_attempt_resumes_from_memory(
+    source: str, reported: bool
+) -> None:
+    """After a killed daemon whose newest storage checkpoint was then corrupted, the next
+    attempt resuming from a newer snapshot reads no storage: the damage is not reported, and
+    that is no violation; resuming from storage without reporting it is one."""
+    loaded = "/dev/shm/x/step-0000000012" if source == "memory" else "/c/step-4"
+    events = [
+        _ev("attempt_started", 1),
+        _ev("checkpoint_loaded", 1, resume_step=0, checkpoint=None),
+        _ev("checkpoint_committed", 1, step=4, path="/c/step-4"),
+        _ev("checkpoint_committed", 1, step=9, path="/c/step-9"),
+        _ev("attempt_started", 2),
+        _ev("checkpoint_loaded", 2, resume_step=13, checkpoint=loaded, source=source),
+        _ev("job_succeeded", 2),
+    ]
+    found = check(
+        parse("max_restarts=0 daemonkill:-:12:1 corrupt:-:0:1"),
+        exit_codes=[-9, 0],
+        events=events,
+        save_killed={},
+        damaged={1: "/c/step-9"},
+        history="1 supervisor lost\n2 succeeded",
+    )
+    assert any("not reported skipped" in v for v in found) is reported, found
