@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.fig_memory_goodput import MEMORY, STORAGE, goodput_tools
+from benchmarks.fig_memory_goodput import MEMORY, MEMORY_FIXED, STORAGE, goodput_tools
 from benchmarks.profiles import PROFILES, Context
 from benchmarks.tools import Rvsup, Spec
 from supervisor.config import load_config
@@ -26,12 +26,12 @@ def test_an_rvsup_column_writes_its_memory_tier_into_the_job(
 def test_the_columns_compare_the_memory_tier_with_storage_only_and_the_peers(
     tmp_path: Path,
 ) -> None:
-    """The full figure has rvsup with and without the tier, torchrun and ft_launcher; the
-    smoke profile only the two rvsup columns."""
+    """The full figure has rvsup with the tier ("auto" and a number) and without, torchrun and
+    ft_launcher; the smoke profile only the rvsup columns."""
     full = goodput_tools(Context(PROFILES["quick"], tmp_path, None))
-    assert list(full)[:2] == [MEMORY, STORAGE] and len(full) == 4
+    assert list(full)[:3] == [MEMORY, MEMORY_FIXED, STORAGE] and len(full) == 5
     memory = full[MEMORY]
     assert isinstance(memory, Rvsup)
     assert memory.memory_every_steps == "auto"
     smoke = goodput_tools(Context(PROFILES["smoke"], tmp_path, None))
-    assert list(smoke) == [MEMORY, STORAGE]
+    assert list(smoke) == [MEMORY, MEMORY_FIXED, STORAGE]
