@@ -229,7 +229,10 @@ class Supervisor:
             self.events.log(JobGaveUp(reason=decision.reason))
             return False
         discarded = self.tracker.discard_from(decision.discard_from)
-        self.memory.discard_from(decision.discard_from)  # snapshots too: none is loaded later
+        # snapshots newer than the checkpoint restored: those of the onset and later may hold
+        # the damage, and those before it hold steps the rollback skips; none is loaded later
+        restored = decision.restore_step
+        self.memory.discard_from(0 if restored is None else restored + 1)
         self.events.log(
             RolledBack(
                 from_step=anomaly.step,

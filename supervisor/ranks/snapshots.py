@@ -106,9 +106,9 @@ class MemoryTier:
         return env
 
     def discard_from(self, step: int) -> tuple[int, ...]:
-        """A rollback: the complete snapshots of ``step`` (the anomaly's onset) or later are
-        discarded (they may hold the damage, and a later attempt would take the newest); the
-        steps discarded."""
+        """A rollback: the complete snapshots of ``step`` (the one after the checkpoint it
+        restores) or later are discarded (they may hold the damage, or steps the rollback
+        skips, and a later attempt would take the newest); the steps discarded."""
         return tuple(sorted(layout.discard_from(self.directory, step)[0]))
 
     def path_of(self, step: int) -> Path:

@@ -154,8 +154,9 @@ def _loads_after(r: Rollback, back: Mapping[str, Any], events: Events, index: in
             damaged = told is not None and any(_step_of(p) == told for p in skipped)
             if not (damaged and (step is None or step < told)):
                 out.append(f"attempt {e['attempt']} loads step {step}, rolled back to {told}")
-        if memory:
-            if step is not None and r.step <= step < r.resume:
+        if memory:  # every snapshot newer than the checkpoint restored went with it
+            restored = -1 if back["to_step"] is None else back["to_step"]
+            if step is not None and restored < step < r.resume:
                 out.append(f"attempt {e['attempt']} loads {path}, discarded by the rollback")
         elif step is not None and step >= r.step and not _committed_between(events, path, index, e):
             out.append(f"attempt {e['attempt']} loads {path}, discarded by the rollback")

@@ -417,7 +417,8 @@ def test_a_memory_resume_is_judged_against_the_storage_it_could_load() -> None:
 
 def test_a_load_from_memory_right_after_a_rollback_is_named() -> None:
     """The attempt after a rollback resumes from storage (what rolled_back names), and no
-    attempt loads a snapshot of a step from the onset up to the resume step."""
+    attempt loads a snapshot of a step after the checkpoint restored, up to the resume step
+    (those before the onset hold steps the rollback skipped)."""
     s = parse("max_restarts=1 max_rollbacks=1 nan:0:13:1 kill:0:32:2")
     (r,) = s.rollbacks
     back = {"event": "rolled_back", "attempt": 1, "to_step": 9, "onset": 13, "resume_step": 16}
@@ -432,6 +433,7 @@ def test_a_load_from_memory_right_after_a_rollback_is_named() -> None:
     assert problems == [
         f"attempt 2 loads {shm}12 from memory after the rollback",
         "attempt 2 loads step 12, rolled back to 9",
+        f"attempt 2 loads {shm}12, discarded by the rollback",
         f"attempt 3 loads {shm}14, discarded by the rollback",
     ]
 
@@ -612,3 +614,21 @@ def test_a_damaged_checkpoint_need_not_be_reported_when_the_next_attempt_resumes
         history="1 supervisor lost\n2 succeeded",
     )
     assert any("not reported skipped" in v for v in found) is reported, found
+
+
+def test_a_later_load_of_a_snapshot_between_the_restore_and_the_onset_is_named() -> None:
+    """Two attempts after a rollback to step 9 (onset 13, on at 16), a snapshot of step 11 holds
+    steps the rollback skipped: loading it is named; one of step 16 or later is not."""
+    s = parse("max_restarts=1 max_rollbacks=1 nan:0:13:1 kill:0:32:2")
+    (r,) = s.rollbacks
+    back = {"event": "rolled_back", "attempt": 1, "to_step": 9, "onset": 13, "resume_step": 16}
+    shm = "/dev/shm/x/step-00000000"
+    loads = [
+        back,
+        {"event": "checkpoint_loaded", "attempt": 2, "checkpoint": "/c/step-9", "source": "x"},
+        {"event": "checkpoint_loaded", "attempt": 3, "checkpoint": shm + "11", "source": "memory"},
+        {"event": "checkpoint_loaded", "attempt": 4, "checkpoint": shm + "31", "source": "memory"},
+    ]
+    assert _loads_after(r, back, loads, 0) == [
+        f"attempt 3 loads {shm}11, discarded by the rollback"
+    ]

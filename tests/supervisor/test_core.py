@@ -17,12 +17,13 @@ from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
 from supervisor.process import native
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget
 from supervisor.rules.observation import StopReason
 from supervisor.rules.states import ExitCode, JobState
 from supervisor.supervisor import Supervisor
-from tests.helpers.checkpoint_dirs import make_checkpoint
+from tests.helpers.checkpoint_dirs import make_checkpoint, make_checkpoint_v2
 from tests.helpers.core_fakes import (
     FakeChannel,
     FakeClock,
@@ -574,3 +575,34 @@ def test_a_checkpoint_the_ranks_found_damaged_is_no_rollback_target(tmp_path: Pa
     assert (rolled["to_step"], rolled["resume_step"], rolled["skipped_steps"]) == (19, 27, 7)
     second = [e for e in rig.named("attempt_started") if e["attempt"] == 2]
     assert second[0]["checkpoint"].endswith(layout.committed_name(19))
+
+
+def test_a_rollback_discards_the_snapshots_newer_than_the_checkpoint_it_restores(
+    tmp_path: Path,
+) -> None:
+    """Snapshots of steps 21 and 22 (before the NaN's onset at 23, after the checkpoint of
+    step 19 the rollback restores) go with the rollback: a later attempt resumes from step 19
+    at step 24, as ``rolled_back`` says, never from snapshot 22 (which would keep steps 20-22,
+    which the rollback skipped). Found by the chaos campaign with the memory tier on."""
+    shm = tmp_path / "shm"
+    rig = Rig(tmp_path, [], extra=f'[checkpoint]\nmemory_every_steps = 1\nmemory_dir = "{shm}"')
+    ckpt = rig.cfg.job.checkpoint_dir
+    make_checkpoint(ckpt, 19)
+    snapshots = snapshot_dir(rig.cfg)
+
+    async def snapshots_then_nan(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+        await train(ch, clock, range(20, 23))
+        for step in (21, 22):
+            make_checkpoint_v2(snapshots, step)
+        ch.put(0, p.Kind.LOSS_NONFINITE, step=23, value=float("nan"))
+        await asyncio.Event().wait()
+
+    rig.launches.scenarios += [snapshots_then_nan, rank1_killed, succeeds]
+    assert rig.run() == ExitCode.OK
+    (rolled,) = rig.named("rolled_back")
+    assert (rolled["to_step"], rolled["resume_step"]) == (19, 24)
+    for later in (2, 3):
+        (started,) = [e for e in rig.named("attempt_started") if e["attempt"] == later]
+        assert started["source"] == "storage", started
+        assert started["checkpoint"].endswith(layout.committed_name(19))
+    assert not layout.scan(snapshots)[0]
