@@ -329,6 +329,9 @@ def draw(
         kind = rng.choice(ending_kinds)
         if kind in aimed and any(f.kind in aimed and f.kind != kind for f in faults):
             kind = "kill"  # a save's ballast makes snapshots rare ("auto"): one aim or the other
+        writers_killed = any(f.kind == "writerkill" and f.attempt == attempt for f in faults)
+        if kind == "snapkill" and writers_killed:
+            kind = "kill"  # new writers import torch for seconds: no snapshot to aim at then
         if kind in ("sigstop", "stuck"):  # a step done first, else the startup timeout applies
             step = max(step, previous + 2)
         past = LAST_STEP + 1 if skip_to is None else skip_to + SKIP_STEPS  # a fresh NaN from

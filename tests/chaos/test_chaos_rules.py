@@ -453,6 +453,9 @@ def test_the_memory_tiers_faults_are_drawn_only_when_asked_and_always_strike(see
     assert parse(s.text()) == s
     kinds = {f.kind for f in s.faults}
     assert not {"savekill", "snapkill"} <= kinds, s.text()
+    for attempt in range(1, s.attempts + 1):  # a kill aimed at a snapshot needs live writers
+        here = {f.kind for f in s.in_attempt(attempt)}
+        assert not {"writerkill", "snapkill"} <= here, s.text()
     for f in s.faults:
         ending = s.ending(f.attempt)
         if f.kind == "writerkill" and ending:
