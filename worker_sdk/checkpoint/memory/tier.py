@@ -85,6 +85,7 @@ class MemoryTier:
         self._began = self._mark[0]  # the attempt's first step
         self._reported = -_REPORT_EVERY_S
         self._pending_s = 0.0  # tries since the last snapshot that found a writer busy
+        self._check_s = 0.0  # how long the last check that put the snapshot off blocked
         self._start_writer()
 
     def _start_writer(self) -> None:
@@ -118,6 +119,7 @@ class MemoryTier:
             int(step_s * _US),
             int((self.blocked_s + self._pending_s) * _US),
             int((began - self._began) * _US),
+            int(self._check_s * _US),
         ]
         rows = all_gather_ints(mine) if self._group_active() else [mine]
         bad = [r for r, row in enumerate(rows) if not row[0]]
@@ -135,9 +137,14 @@ class MemoryTier:
             elapsed = min(row[5] for row in rows) / _US
             step_s = max(row[3] for row in rows) / _US
             later = _interval.steps_to_wait(blocked, elapsed, cost, step_s)
-            if later:  # within budget only that many steps from now
+            if later:  # within budget only that many steps from now, the next check's own
+                # cost (its all-gather, as long as the last one's) included: one check, not a
+                # chase of ever closer ones, each pushing the target further
+                check = max(row[6] for row in rows) / _US
+                later = _interval.steps_to_wait(blocked + check, elapsed, cost, step_s)
                 self.next_step = step + later
-                self._pending_s += time.monotonic() - began
+                self._check_s = time.monotonic() - began
+                self._pending_s += self._check_s
                 return
             # when the one after this may come, if it costs what this one is estimated to
             wait = max(1, _interval.steps_to_wait(blocked + cost, elapsed + cost, cost, step_s))
