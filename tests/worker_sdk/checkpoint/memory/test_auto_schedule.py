@@ -63,12 +63,12 @@ def _train(
     clock = _Clock()
     savers: list[_Saver] = []
 
-    def saver(ck: object) -> _Saver:
+    def make_saver(ck: object) -> _Saver:
         savers.append(_Saver(clock, costs))
         return savers[-1]
 
     monkeypatch.setattr(tier_module, "time", SimpleNamespace(monotonic=clock.monotonic))
-    monkeypatch.setattr(tier_module, "AsyncSaver", saver)
+    monkeypatch.setattr(tier_module, "AsyncSaver", make_saver)
     if check_s is not None:
 
         def gather(mine: list[int]) -> list[list[int]]:
