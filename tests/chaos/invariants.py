@@ -17,7 +17,7 @@ what was observed, returning every violation in words.
   that spends the budget), ``restarts_left`` counting down from ``max_restarts``; a rollback
   spends none of it;
 - a full disk shows as ``checkpoint_failed`` ("No space left") in its window, and nothing else;
-  a full ``memory_dir`` as ``memory_tier_off`` ("No space left"), and nothing else;
+  a full ``memory_dir`` as ``memory_tier_off`` ("No space left") if anything, never a failure;
 - the job ends with ``job_succeeded`` or ``job_gave_up``; ``rvsup history`` has no attempt
   left ``unknown`` or ``running``.
 """
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .rollbacks import check_rollbacks, on_disk
-from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, SHMFULL_STEPS, Schedule
+from .schedule import CHARGED, ENOSPC_STEPS, FAILURE_KIND, ROLLED_BACK, Schedule
 
 __all__ = ["check", "expected_exit_codes"]
 
@@ -266,21 +266,24 @@ def _full_disk(s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]]) -
 def _full_memory(
     s: Schedule, attempt: int, events: Sequence[Mapping[str, Any]], every: int | None
 ) -> list[str]:
-    """A full ``memory_dir`` turns the tier off for the attempt, with an event that says why,
-    when a snapshot falls within the window (snapshots every ``every`` steps, a step later
-    while a writer is busy); the run goes on (the other invariants). Not after the writers
-    were killed in the attempt: the ranks' new writers import torch for seconds, every
-    snapshot put off meanwhile, and none may be written while it is full."""
-    if every is None or every > SHMFULL_STEPS // 2:
+    """A full ``memory_dir`` never fails the run (the other invariants); where it turns the
+    tier off, the event says no space was left. Its absence is no violation: a snapshot
+    committed just before the fill prunes an older one, and the space freed may take the
+    next snapshots of the window (seed 4, run 86 of ``--memory 3``; the test of
+    tests/jobs/test_memory_tier.py shows the event on a tmpfs too small for any snapshot).
+    Not after the writers were killed in the attempt: they died, which turns it off too."""
+    if every is None:
         return []
     out = []
     for f in s.in_attempt(attempt):
         killed = any(g.kind == "writerkill" and g.step < f.step for g in s.in_attempt(attempt))
         if f.kind != "shmfull" or killed:
             continue
-        off = [e for e in _named(events, "memory_tier_off", attempt) if "No space" in e["reason"]]
-        if not off:
-            out.append(f"attempt {attempt}: memory_dir full from step {f.step}, no memory_tier_off")
+        reasons = [e["reason"] for e in _named(events, "memory_tier_off", attempt)]
+        if reasons and not any("No space" in r for r in reasons):
+            out.append(
+                f"attempt {attempt}: memory_dir full from step {f.step}, tier off: {reasons}"
+            )
     return out
 
 

@@ -533,17 +533,16 @@ def test_a_kill_aimed_at_a_snapshot_may_land_two_steps_later(last_step: int, ok:
     ("every", "reason", "ok"),
     [
         (3, "OSError: [Errno 28] No space left on device", True),
-        (3, None, False),
+        (3, None, True),  # the space a prune freed took the window's snapshots
         (3, "rank(s) [1] could not take their snapshot", False),
-        (None, None, True),  # "auto": no snapshot need fall in the window
-        (10, None, True),  # snapshots rarer than the window
+        (None, None, True),  # "auto"
     ],
 )
 def test_a_full_memory_dir_turns_the_tier_off_with_its_reason(
     every: int | None, reason: str | None, ok: bool
 ) -> None:
-    """A full memory_dir while snapshots come every few steps must show as memory_tier_off
-    saying no space was left."""
+    """A full memory_dir that turns the tier off says no space was left; one that the
+    snapshots of the window did not meet (space freed by a prune) is no violation."""
     events = [
         _ev("attempt_started", 1),
         *([_ev("memory_tier_off", 1, reason=reason)] if reason else []),
