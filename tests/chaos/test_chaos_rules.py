@@ -227,17 +227,26 @@ def test_kinds_are_partitioned() -> None:
 def test_a_kill_aimed_at_a_save_may_land_in_the_next_step(last_step: int, ok: bool) -> None:
     """A kill aimed at the save of step 9 lands a moment after the save was seen: the failure
     may name step 8, 9 or the step 10 the rank went on to run, never 11."""
+    found = _judge_aimed("max_restarts=2 savekill:1:5:1", struck=9, last_step=last_step)
+    assert (not any("reported at last step" in v for v in found)) is ok, found
+
+
+def _judge_aimed(
+    line: str, *, struck: int, last_step: int, ranks: list[int] | None = None
+) -> list[str]:
+    """The violations of a crash then a success, the crash's fault aimed at step ``struck``
+    (the save or snapshot it caught, or the ranks' step when the zygote was killed), the
+    failure naming ``last_step`` (and ``ranks``, when given)."""
     events = _crash_then_success()
-    events[3] = {**events[3], "last_step": last_step}
-    found = check(
-        parse("max_restarts=2 savekill:1:5:1"),
+    events[3] = {**events[3], "last_step": last_step, **({} if ranks is None else {"ranks": ranks})}
+    return check(
+        parse(line),
         exit_codes=[0],
         events=events,
-        save_killed={1: 9},
+        save_killed={1: struck},
         damaged={},
         history="1 crash\n2 succeeded",
     )
-    assert (not any("reported at last step" in v for v in found)) is ok, found
 
 
 _NAN_LINE = "max_restarts=1 max_rollbacks=1 nan:1:25:1 kill:0:29:2"
@@ -516,16 +525,7 @@ def test_a_snapshot_damaged_between_starts_is_skipped_never_loaded(
 def test_a_kill_aimed_at_a_snapshot_may_land_two_steps_later(last_step: int, ok: bool) -> None:
     """A snapshot of step 12 is written while its rank trains on: the kill aimed at it may
     name step 11 to 14, never 15."""
-    events = _crash_then_success()
-    events[3] = {**events[3], "last_step": last_step}
-    found = check(
-        parse("max_restarts=2 snapkill:1:5:1"),
-        exit_codes=[0],
-        events=events,
-        save_killed={1: 12},
-        damaged={},
-        history="1 crash\n2 succeeded",
-    )
+    found = _judge_aimed("max_restarts=2 snapkill:1:5:1", struck=12, last_step=last_step)
     assert (not any("reported at last step" in v for v in found)) is ok, found
 
 
@@ -577,15 +577,8 @@ def test_a_killed_zygote_is_a_crash_of_any_rank_near_the_step_struck(
 ) -> None:
     """The zygote killed when the ranks were at step 12: a crash naming any of its ranks, the
     last step from 11 to 14."""
-    events = _crash_then_success()
-    events[3] = {**events[3], "ranks": ranks, "last_step": last_step}
-    found = check(
-        parse("max_restarts=2 zygotekill:-:10:1"),
-        exit_codes=[0],
-        events=events,
-        save_killed={1: 12},
-        damaged={},
-        history="1 crash\n2 succeeded",
+    found = _judge_aimed(
+        "max_restarts=2 zygotekill:-:10:1", struck=12, last_step=last_step, ranks=ranks
     )
     assert (found == []) is ok, found
 
