@@ -6,6 +6,7 @@ import shutil
 import signal
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from . import records
 from .fig_faults import slug
@@ -100,13 +101,64 @@ def preempt(ctx: Context) -> Table:
 
 
 # ---------------------------------------------------------------- 5. goodput
-def goodput(ctx: Context) -> Table:
-    p = ctx.profile
-    g = p.goodput_steps
-    schedule = (
+GOODPUT_STEP_S = 0.03  # the workload's pace, for the cap
+
+
+def mixed_faults(g: int) -> str:
+    """Figure 5's schedule in ``g`` steps: kill -9, SIGSTOP, kill -9, stuck in gloo."""
+    return (
         f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100},"
         f"stuck:1:{g * 85 // 100}"
     )
+
+
+@dataclass
+class GoodputRuns:
+    """What the goodput trials of every column measured."""
+
+    good: dict[str, Cell]
+    wall: dict[str, Cell]
+    redone: dict[str, Cell]  # steps rank 0 finished twice
+    finished: Counter[str]
+    cap: float | None  # None: no trial ran
+
+
+def goodput_runs(ctx: Context, tools: dict[str, Tool], every: int, name: str) -> GoodputRuns:
+    """``n_goodput`` runs per column of :func:`mixed_faults` with a storage checkpoint every
+    ``every`` steps, columns in turn (``name``: the scratch folder and the log's label)."""
+    p = ctx.profile
+    g = p.goodput_steps
+    runs = GoodputRuns(
+        {c: Cell(digits=3) for c in tools},
+        {c: Cell(unit=" s", digits=1) for c in tools},
+        {c: Cell(digits=0) for c in tools},
+        Counter[str](),
+        None,
+    )
+    for i in range(p.n_goodput):
+        for col, tool in tools.items():
+            if tool.unavailable():
+                continue
+            pg = None if col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
+            spec = Spec(g, every, mixed_faults(g), pg, max_restarts=10)
+            runs.cap = 3 * g * GOODPUT_STEP_S + 240
+            o = run_trial(tool, spec, ctx.scratch / name / slug(col) / str(i), runs.cap)
+            runs.wall[col].add(o.wall_s)
+            runs.good[col].add(records.useful_step_seconds(o.records) / o.wall_s)
+            runs.redone[col].add(float(records.steps_computed_twice(o.records, 0)))
+            runs.finished[col] += int(o.completed())
+            ctx.log(
+                f"{name} {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
+                f"goodput={runs.good[col].values[-1]:.3f} "
+                f"redone={runs.redone[col].values[-1]:.0f}"
+            )
+    return runs
+
+
+def goodput(ctx: Context) -> Table:
+    p = ctx.profile
+    g = p.goodput_steps
+    schedule = mixed_faults(g)
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(),
         f"torchrun (workaround, pg {PG_TIMEOUT_S:g} s)": Torchrun(share_store=False),
@@ -117,26 +169,8 @@ def goodput(ctx: Context) -> Table:
     }
     if p.smoke:
         tools = dict(list(tools.items())[:2])
-    good = {c: Cell(digits=3) for c in tools}
-    wall = {c: Cell(unit=" s", digits=1) for c in tools}
-    finished = Counter[str]()
-    cap = None
-    for i in range(p.n_goodput):
-        for col, tool in tools.items():
-            if tool.unavailable():
-                continue
-            pg = None if col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
-            spec = Spec(g, max(10, g // 20), schedule, pg, max_restarts=10)
-            step_s = 0.03
-            cap = 3 * g * step_s + 240
-            o = run_trial(tool, spec, ctx.scratch / "goodput" / slug(col) / str(i), cap)
-            wall[col].add(o.wall_s)
-            good[col].add(records.useful_step_seconds(o.records) / o.wall_s)
-            finished[col] += int(o.completed())
-            ctx.log(
-                f"goodput {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
-                f"goodput={good[col].values[-1]:.3f}"
-            )
+    runs = goodput_runs(ctx, tools, max(10, g // 20), "goodput")
+    good, wall, finished, cap = runs.good, runs.wall, runs.finished, runs.cap
     t = Table(
         "goodput",
         f"5. Goodput (useful-step time / wall time): {g} steps with faults {schedule}",

@@ -11,21 +11,15 @@ and ft_launcher, all on the same workload in one run.
 
 from __future__ import annotations
 
-from collections import Counter
-
-from . import records
-from .fig_faults import slug
-from .fig_lifecycle import mark_unavailable
+from .fig_lifecycle import GOODPUT_STEP_S, goodput_runs, mark_unavailable, mixed_faults
 from .profiles import CONFIGURED_HANG_S, PG_TIMEOUT_S, Context
-from .table import Cell, Table
-from .tools import FtLauncher, Rvsup, Spec, Tool, Torchrun
-from .trials import run_trial
+from .table import Table
+from .tools import FtLauncher, Rvsup, Tool, Torchrun
 
 MEMORY = 'rvsup (memory tier "auto")'
 EVERY = 5
 MEMORY_FIXED = f"rvsup (memory tier, every {EVERY})"
 STORAGE = "rvsup (storage only)"
-STEP_S = 0.03  # the workload's pace, for the cap
 
 
 def goodput_tools(ctx: Context) -> dict[str, Tool]:
@@ -48,31 +42,11 @@ def memory_goodput(ctx: Context) -> Table:
     p = ctx.profile
     g = p.goodput_steps
     every = max(10, g // 3)
-    schedule = (
-        f"kill:1:{g * 15 // 100},sigstop:0:{g * 40 // 100},kill:0:{g * 65 // 100},"
-        f"stuck:1:{g * 85 // 100}"
-    )
+    schedule = mixed_faults(g)
     tools = goodput_tools(ctx)
-    good = {c: Cell(digits=3) for c in tools}
-    wall = {c: Cell(unit=" s", digits=1) for c in tools}
-    redone = {c: Cell(digits=0) for c in tools}
-    finished = Counter[str]()
-    cap = 3 * g * STEP_S + 240
-    for i in range(p.n_goodput):
-        for col, tool in tools.items():
-            if tool.unavailable():
-                continue
-            pg = None if col.startswith(("rvsup", "ft_")) else PG_TIMEOUT_S
-            spec = Spec(g, every, schedule, pg, max_restarts=10)
-            o = run_trial(tool, spec, ctx.scratch / "memory_goodput" / slug(col) / str(i), cap)
-            wall[col].add(o.wall_s)
-            good[col].add(records.useful_step_seconds(o.records) / o.wall_s)
-            redone[col].add(float(records.steps_computed_twice(o.records, 0)))
-            finished[col] += int(o.completed())
-            ctx.log(
-                f"memory goodput {i + 1}/{p.n_goodput} {col}: wall={o.wall_s:.1f} s "
-                f"goodput={good[col].values[-1]:.3f} redone={redone[col].values[-1]:.0f}"
-            )
+    runs = goodput_runs(ctx, tools, every, "memory_goodput")
+    good, wall, redone, finished = runs.good, runs.wall, runs.redone, runs.finished
+    cap = 3 * g * GOODPUT_STEP_S + 240
     t = Table(
         "memory_goodput",
         f"13. Goodput with a storage checkpoint every {every} steps: {g} steps with faults "
