@@ -28,7 +28,7 @@ from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, w
 from tests.helpers.process_guard import guard
 from worker_sdk.contract import layout
 
-from .schedule import LAST_STEP, SKIP_STEPS, TOTAL_STEPS, Fault, Schedule
+from .schedule import EXTERNAL, LAST_STEP, SKIP_STEPS, TOTAL_STEPS, Fault, Schedule
 
 __all__ = ["Observed", "execute", "guarded_run", "reference"]
 
@@ -42,15 +42,7 @@ SHM_TMPFS_SIZE = "8m"  # memory_dir for a shmfull fault: the job's snapshots and
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
-_FROM_OUTSIDE = (
-    "term",
-    "usr1",
-    "daemonkill",
-    "savekill",
-    "snapkill",
-    "zygotekill",
-    "writerkill",
-)
+_FROM_OUTSIDE = (*EXTERNAL, "writerkill")  # the runner strikes these, the trainer the rest
 _ZYGOTE = "-m worker_sdk.spawn.zygote "  # in a zygote's command line
 _FORKED_WRITER = "(forked beside its rank)"  # in the command line of a forked snapshot writer
 
