@@ -7,6 +7,7 @@ the job's state.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from supervisor.ranks.snapshots import MemoryTier
 from supervisor.record import rundir
 from supervisor.record.schema import AttemptStarted, ColdStart
 from supervisor.rules.budget import Budget
+from supervisor.rules.resume_source import ResumeChoice
+from worker_sdk.contract import protocol as p
 
 __all__ = ["AttemptStart", "LaunchSource", "SlurmIds", "prepare"]
 
@@ -86,15 +89,21 @@ def prepare(
     choice = memory.choose(newest, nnodes=1, resume_before=before)
     rank_env.update(memory.environment(choice))
     plan = launches.plan(n, rank_env)
-    if plan.nnodes > 1:  # the ranks ignore the memory tier across nodes (phase A)
-        choice = memory.choose(newest, nnodes=plan.nnodes, resume_before=before)
+    if plan.nnodes > 1:  # every node its own copy: this node's says (docs/memory-tier.md)
+        joining = memory.joining(plan.alloc.nodes if plan.alloc is not None else ())
+        choice = memory.choose(newest, nnodes=plan.nnodes, resume_before=before, joining=joining)
+        plan = _memory_told(plan, memory, choice)
+    elif memory.usable() and memory.gather_here():  # one node now, after several
+        choice = memory.choose(newest, nnodes=1, resume_before=before)
+        plan = _memory_told(plan, memory, choice)
     saved_by = tracker.newest_world_size
     world_size = plan.nnodes * plan.nproc_per_node
     resume_step = max(choice.resume_step, budget.skip_to or 0)
-    if choice.source == "memory":
+    if choice.source in ("memory", "replica"):
         assert choice.step is not None
-        loaded_from: str | None = str(memory.path_of(choice.step))
-        saved_by = world_size  # a snapshot is of this node's ranks, as many as now
+        path = memory.path_of(choice.step, plan.nnodes)
+        loaded_from: str | None = str(path)
+        saved_by = memory.world_size_of(path) or world_size
     else:
         loaded_from = None if newest is None else str(tracker.path_of(newest))
     started = AttemptStarted(
@@ -109,3 +118,9 @@ def prepare(
         source=choice.source,
     )
     return AttemptStart(plan, resume_step, started)
+
+
+def _memory_told(plan: LaunchPlan, memory: MemoryTier, choice: ResumeChoice) -> LaunchPlan:
+    """``plan`` with the ranks told ``choice`` (made once the plan's nodes were known)."""
+    env = {k: v for k, v in plan.env.items() if k != p.ENV_MEMORY_RESUME}
+    return dataclasses.replace(plan, env={**env, **memory.environment(choice)})

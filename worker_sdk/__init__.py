@@ -152,7 +152,7 @@ def resume(
         memory = from_environment(
             rank=rank, world_size=world_size, attempt_tag=settings.attempt_tag
         )
-        loaded = load(checkpointer, objects, extra)  # the memory tier's snapshot, else storage
+        loaded = load(checkpointer, objects, extra, memory)  # a snapshot, else storage
     else:
         loaded = LoadResult(step=None, path=None, extra=extra, skipped=())
     channel = None

@@ -197,8 +197,8 @@ class CheckpointSection:
       N steps, from which a restart resumes when it is newer than storage's newest; ``"auto"``
       picks N so that snapshots block ``step()`` for at most 1 % of the training time (every
       step when the state is small); ``"off"`` (or 0) disables it. Off by default until it is
-      proven across the suite and the chaos campaign. On one node only: a job on
-      several nodes runs storage-only.
+      proven across the suite and the chaos campaign. On several nodes every node keeps a
+      copy of every snapshot, so that a lost node's ranks resume from another node's memory.
     - ``memory_dir`` (default ``"/dev/shm"``): the tmpfs the snapshots live in (the job's own
       directory is made inside it and removed at the job's end).
     """

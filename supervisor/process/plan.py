@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import Path
 
 from supervisor.config import JobConfig
 from supervisor.config.torchrun import Torchrun, job_python
@@ -25,6 +27,7 @@ from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
+from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation, srun_argv
@@ -50,7 +53,10 @@ class Launches:
         """The daemon's environment variables no child inherits (:func:`launch_plan.build_plan`)."""
         self.groups = groups
         """The job's cgroups; None: the teardown walks the process tree instead."""
-        self._sweep = sweep_nodes if sweep is None else sweep
+        snapshots = snapshot_dir(cfg) if cfg.checkpoint.memory_every_steps != 0 else None
+        self._sweep = (
+            functools.partial(sweep_nodes, snapshots=snapshots) if sweep is None else sweep
+        )
         self.alloc = alloc
         self.torchrun = torchrun
         self.nodes_needed = launch_plan.nodes_needed(cfg, alloc)
@@ -190,12 +196,18 @@ class Launches:
         return end_group(groups.group())
 
 
-def sweep_nodes(alloc: Allocation, job_name: str, *, timeout_s: float = 30.0) -> None:
+def sweep_nodes(
+    alloc: Allocation, job_name: str, *, snapshots: Path | None = None, timeout_s: float = 30.0
+) -> None:
     """At the end of a multi-node job, on every node: what the attempts' node wrappers
     (``worker_sdk.spawn.node_group``) could not end, because srun's teardown SIGKILLed them with
-    their torchrun, is ended (one short step of a wrapper with nothing to run: it ends the
-    groups of wrappers that are gone before it runs it)."""
-    inner = [sys.executable, "-m", "worker_sdk.spawn.node_group", "0", "true"]
+    their torchrun, is ended (one short step of a wrapper: it ends the groups of wrappers that
+    are gone before it runs its command), and the node's copies of the job's memory snapshots
+    under ``snapshots`` go (``worker_sdk.checkpoint.memory.sweep``)."""
+    command = ["true"]
+    if snapshots is not None:
+        command = [sys.executable, "-m", "worker_sdk.checkpoint.memory.sweep", str(snapshots)]
+    inner = [sys.executable, "-m", "worker_sdk.spawn.node_group", "0", *command]
     argv = srun_argv(alloc, inner, job_name=f"{job_name}-sweep")
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(

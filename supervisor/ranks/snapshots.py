@@ -75,33 +75,66 @@ class MemoryTier:
     def __init__(self, cfg: JobConfig) -> None:
         self.every = cfg.checkpoint.memory_every_steps  # None: "auto"; 0: off
         self.directory = snapshot_dir(cfg)
+        self._nodes: set[str] | None = None  # the previous attempt's (several nodes)
 
-    def usable(self, nnodes: int = 1) -> bool:
-        """Whether the next attempt takes snapshots: configured, and on one node."""
-        return self.every != 0 and nnodes == 1
+    def usable(self) -> bool:
+        """Whether the next attempt takes snapshots: configured."""
+        return self.every != 0
 
-    def complete_steps(self) -> list[int]:
+    def node_directory(self, nnodes: int) -> Path:
+        """Where this node keeps the snapshots of an attempt on ``nnodes`` nodes: on several,
+        every node its own complete copy, in a folder named for its host
+        (``worker_sdk.checkpoint.memory.nodes``)."""
+        return self.directory if nnodes == 1 else layout.node_folder(self.directory)
+
+    def complete_steps(self, nnodes: int = 1) -> list[int]:
         """The steps of the snapshots complete for every rank (their manifests check out)."""
-        return [info.step for info in layout.scan(self.directory)[0]]
+        return [info.step for info in layout.scan(self.node_directory(nnodes))[0]]
 
     def choose(
-        self, storage: int | None, *, nnodes: int, resume_before: int | None
+        self,
+        storage: int | None,
+        *,
+        nnodes: int,
+        resume_before: int | None,
+        joining: bool = False,
     ) -> ResumeChoice:
         """Where the next attempt resumes from (:func:`supervisor.rules.resume_source.choose`)."""
-        on = self.usable(nnodes)
-        steps = self.complete_steps() if on else []
-        return choose(storage, steps, resume_before=resume_before, memory_on=on)
+        on = self.usable()
+        steps = self.complete_steps(nnodes) if on else []
+        return choose(storage, steps, resume_before=resume_before, memory_on=on, joining=joining)
+
+    def gather_here(self) -> tuple[int, ...]:
+        """An attempt on one node after attempts on several (``launch.min_nnodes``): this
+        node's copies move to where the ranks of one node look for snapshots (a rename on the
+        same tmpfs); the steps moved. Where the one node is not this one, it has none."""
+        moved = []
+        here = layout.node_folder(self.directory)
+        for info in layout.scan(here)[0]:
+            final = self.directory / info.path.name
+            if os.path.lexists(final):
+                continue
+            with contextlib.suppress(OSError):
+                os.rename(info.path, final)
+                moved.append(info.step)
+        return tuple(sorted(moved))
+
+    def joining(self, nodes: tuple[str, ...]) -> bool:
+        """Record the nodes of the attempt about to start: whether one of them ran none of the
+        previous attempt (its copies, if any, are of another time: it gets the chosen one
+        from a node that has it). False for the daemon's first attempt."""
+        before, self._nodes = self._nodes, set(nodes)
+        return before is not None and bool(self._nodes - before)
 
     def environment(self, choice: ResumeChoice) -> dict[str, str]:
-        """The RVSUP_MEMORY_* variables of the next attempt (none when the tier is off; the
-        ranks ignore them when they run on several nodes)."""
+        """The RVSUP_MEMORY_* variables of the next attempt (none when the tier is off)."""
         if not self.usable():
             return {}
         env = {
             p.ENV_MEMORY_DIR: str(self.directory),
             p.ENV_MEMORY_EVERY: "auto" if self.every is None else str(self.every),
         }
-        if choice.source == "memory" and choice.step is not None:
+        if choice.source in ("memory", "replica") and choice.step is not None:
             env[p.ENV_MEMORY_RESUME] = str(choice.step)
         return env
 
@@ -109,10 +142,24 @@ class MemoryTier:
         """A rollback: the complete snapshots of ``step`` (the one after the checkpoint it
         restores) or later are discarded (they may hold the damage, or steps the rollback
         skips, and a later attempt would take the newest); the steps discarded."""
-        return tuple(sorted(layout.discard_from(self.directory, step)[0]))
+        folders = [self.directory]
+        with contextlib.suppress(OSError):
+            folders += [entry for entry in self.directory.iterdir() if entry.is_dir()]
+        discarded: set[int] = set()
+        for folder in folders:  # this node's copies (each node's are discarded by its ranks)
+            discarded.update(layout.discard_from(folder, step)[0])
+        return tuple(sorted(discarded))
 
-    def path_of(self, step: int) -> Path:
-        return self.directory / layout.committed_name(step)
+    def path_of(self, step: int, nnodes: int = 1) -> Path:
+        return self.node_directory(nnodes) / layout.committed_name(step)
+
+    @staticmethod
+    def world_size_of(path: Path) -> int | None:
+        """The ranks a snapshot holds (its manifest's), None when it no longer checks out."""
+        try:
+            return layout.validate(path).world_size
+        except layout.CorruptCheckpointError:
+            return None
 
     def remove(self) -> None:
         """The job has ended: its snapshots go (best effort)."""

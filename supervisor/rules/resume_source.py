@@ -1,4 +1,5 @@
-"""Where the next attempt resumes from: a memory snapshot or storage. Pure, table-tested.
+"""Where the next attempt resumes from: a memory snapshot (this node's, or a copy another node
+sends a node that joins) or storage. Pure, table-tested.
 
 The memory tier (docs/memory-tier.md) keeps the newest snapshots of every rank's state in host
 memory. A snapshot counts only when it is complete for every rank (committed: every rank's part
@@ -19,7 +20,7 @@ from typing import Literal
 
 __all__ = ["ResumeChoice", "Source", "choose"]
 
-Source = Literal["memory", "storage"]
+Source = Literal["memory", "replica", "storage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +42,16 @@ def choose(
     *,
     resume_before: int | None = None,
     memory_on: bool = True,
+    joining: bool = False,
 ) -> ResumeChoice:
     """The newest of ``storage`` (its newest checkpoint step, None: none) and the complete
     ``snapshots``' steps, a snapshot winning only when strictly newer; snapshots only when
-    ``memory_on`` (one node, the tier not off) and not after a rollback (``resume_before``)."""
+    ``memory_on`` (the tier not off) and not after a rollback (``resume_before``). A snapshot
+    is a ``replica`` when ``joining``: a node of the attempt ran none of the previous one (a
+    spare in place of a lost node), so it holds no copy and gets one from a node that does."""
     usable = sorted(snapshots, reverse=True) if resume_before is None else []
     if memory_on and usable and (storage is None or usable[0] > storage):
-        return ResumeChoice("memory", usable[0])
+        return ResumeChoice("replica" if joining else "memory", usable[0])
     if storage is None:
         return ResumeChoice(None, None)
     return ResumeChoice("storage", storage)

@@ -29,6 +29,8 @@ _VENV_LINE: Final = re.compile(r"^RVSUP_VENV=.*$", re.MULTILINE)
 _JOB_LINE: Final = re.compile(r"^JOB_TOML=.*$", re.MULTILINE)
 _SHELL_START: Final = re.compile(r"^set -eu$", re.MULTILINE)
 _POLL_S: Final = 0.2
+REFERENCE_STEPS: Final = 60  # the uninterrupted job's (conftest.py, ``reference``)
+NODELIST: Final = re.compile(r"--nodelist=(\S+)")
 
 T = TypeVar("T")
 
@@ -87,6 +89,7 @@ def write_trainer_job(
     slurm: str = 'requeue = "auto"\nstop_before_end = 0',
     nnodes: str = '"auto"',
     health: str = "",
+    checkpoint: str = "every_steps = 10",
 ) -> TrainerJob:
     """A job.toml running the trainer with 2 ranks on every node of the allocation (or on
     ``nnodes`` of them)."""
@@ -110,7 +113,7 @@ def write_trainer_job(
             "launch": (
                 f'nproc_per_node = 2\nnnodes = {nnodes}\nterm_timeout = "3s"\nstop_timeout = "30s"'
             ),
-            "checkpoint": "every_steps = 10",
+            "checkpoint": checkpoint,
             "heartbeat": (
                 'interval = "0.2s"\nstartup_timeout = "60s"\n'
                 f"hang_timeout = {json.dumps(hang_timeout)}"
@@ -121,6 +124,16 @@ def write_trainer_job(
         },
     )
     return job
+
+
+def attempt_nodes(job: TrainerJob) -> list[list[str]]:
+    """Each attempt's nodes, as its srun's --nodelist names them."""
+    out = []
+    for attempt in job.named("attempt_started"):
+        found = [NODELIST.match(arg) for arg in attempt["launcher"]]
+        lists = [m.group(1).split(",") for m in found if m]
+        out.append(lists[0] if lists else [])
+    return out
 
 
 def batch_script(job: TrainerJob) -> str:
@@ -150,12 +163,17 @@ def venv_problem() -> str | None:
     return None
 
 
-def submit(cluster: SlurmCluster, job: TrainerJob, *sbatch_args: str) -> str:
-    """sbatch the example script for ``job`` (on node1 and node2 unless ``sbatch_args`` say
-    otherwise); output appended to job.out. Returns the job id."""
+def sbatch_job(cluster: SlurmCluster, job: TrainerJob, *sbatch_args: str) -> str:
+    """sbatch the example script for ``job`` (output appended to job.out); the job id."""
     return cluster.sbatch(
-        batch_script(job), f"--output={job.output}", f"--job-name={job.name}", PAIR, *sbatch_args
+        batch_script(job), f"--output={job.output}", f"--job-name={job.name}", *sbatch_args
     )
+
+
+def submit(cluster: SlurmCluster, job: TrainerJob, *sbatch_args: str) -> str:
+    """sbatch the example script for ``job`` on node1 and node2 (``sbatch_args`` may say
+    otherwise); the job id."""
+    return sbatch_job(cluster, job, PAIR, *sbatch_args)
 
 
 def wait_until(predicate: Callable[[], T | None], *, timeout: float, what: str) -> T:

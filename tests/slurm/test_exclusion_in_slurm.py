@@ -28,58 +28,24 @@ from tests.helpers.harness import TRAINER
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
     TrainerJob,
-    batch_script,
+    attempt_nodes,
     ranks_past,
-    venv_problem,
+    sbatch_job,
     wait_until,
     write_trainer_job,
 )
+from tests.slurm.node_loss import run_to_end
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_venv")]
 
 TOTAL = 20
 START_S = 150.0
 END_S = 200.0
-NODELIST = re.compile(r"--nodelist=(\S+)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_venv() -> None:
-    """The example script activates a virtualenv: this Python's."""
-    problem = venv_problem()
-    if problem is not None:
-        pytest.skip(problem)
-
-
-def _sbatch(cluster: SlurmCluster, job: TrainerJob, *args: str) -> str:
-    return cluster.sbatch(
-        batch_script(job), f"--output={job.output}", f"--job-name={job.name}", *args
-    )
 
 
 def _with_health(job: TrainerJob, health: str) -> TrainerJob:
     job.job_toml.write_text(job.job_toml.read_text() + f"\n[health]\n{health}\n")
     return job
-
-
-def _attempt_nodes(job: TrainerJob) -> list[list[str]]:
-    """Each attempt's nodes, as its srun's --nodelist names them."""
-    out = []
-    for attempt in job.named("attempt_started"):
-        found = [NODELIST.match(arg) for arg in attempt["launcher"]]
-        lists = [m.group(1).split(",") for m in found if m]
-        out.append(lists[0] if lists else [])
-    return out
-
-
-def _finish(cluster: SlurmCluster, job: TrainerJob, job_id: str) -> None:
-    """Wait for the job to leave the queue; past the deadline cancel it and fail."""
-    try:
-        cluster.wait_gone(job_id, timeout=START_S + END_S)
-    except TimeoutError:
-        cluster.scancel(job_id)
-        cluster.wait_gone(job_id, timeout=60)
-        raise AssertionError(f"job {job_id} did not end:\n{job.output_text()[-3000:]}") from None
 
 
 def _exc_node_list(cluster: SlurmCluster, job_id: str) -> str:
@@ -105,7 +71,7 @@ def crashing_node(
         nnodes="2",
         restart='max_restarts = 4\nbackoff = "0.1s"\nbackoff_max = "0.5s"\nmax_no_progress = 4',
     )
-    job_id = _sbatch(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
+    job_id = sbatch_job(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
     try:
         wait_until(
             lambda: len(job.named("attempt_started")) >= 3 and ranks_past(job, 10),
@@ -117,7 +83,7 @@ def crashing_node(
         slurm_cluster.scancel(job_id)
         slurm_cluster.wait_gone(job_id, timeout=60)
         raise
-    _finish(slurm_cluster, job, job_id)
+    run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
     return job, time.monotonic() - begin
 
 
@@ -132,7 +98,7 @@ def test_a_node_whose_ranks_crash_twice_is_excluded(
     (excluded,) = job.named("node_excluded")
     assert (excluded["node"], excluded["failures"]) == ("node2", 2)
     assert excluded["reason"] == "2 failures attributed to it"
-    nodes = _attempt_nodes(job)
+    nodes = attempt_nodes(job)
     assert nodes[:3] == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
     assert all(later == ["node1", "node3"] for later in nodes[2:]), nodes
 
@@ -195,7 +161,7 @@ def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
     plain = f"command = {json.dumps([sys.executable, str(TRAINER)])}"
     assert plain in text
     job.job_toml.write_text(text.replace(plain, f"command = {json.dumps(command)}"))
-    job_id = _sbatch(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
+    job_id = sbatch_job(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
     try:
         running = wait_until(
             lambda: ranks_past(job, 5) if len(job.named("attempt_started")) >= 3 else None,
@@ -206,13 +172,13 @@ def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
         slurm_cluster.scancel(job_id)
         slurm_cluster.wait_gone(job_id, timeout=60)
         raise
-    _finish(slurm_cluster, job, job_id)
+    run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
     assert {r["host"] for r in running["ranks"]} == {"node1", "node3"}, running["ranks"]
     failures = [(f["kind"], f["nodes"]) for f in job.named("failure_detected")]
     assert failures == [("crash", ["node2"])] * 2, job.output_text()[-3000:]
     (excluded,) = job.named("node_excluded")
     assert excluded["node"] == "node2"
-    assert _attempt_nodes(job) == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
+    assert attempt_nodes(job) == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
     assert job.named("job_succeeded")
 
 
@@ -236,7 +202,7 @@ def unhealthy_node(
         'test "$SLURMD_NODENAME" != node2 || { echo "GPU 1: 12 uncorrectable ECC errors"; exit 1; }'
     )
     _with_health(job, f'command = {json.dumps(["sh", "-c", check])}\ntimeout = "20s"')
-    job_id = _sbatch(slurm_cluster, job, "--nodes=2")
+    job_id = sbatch_job(slurm_cluster, job, "--nodes=2")
     try:
         wait_until(
             lambda: len(job.named("job_started")) >= 2, timeout=START_S, what="the requeued start"
@@ -246,7 +212,7 @@ def unhealthy_node(
         slurm_cluster.wait_gone(job_id, timeout=60)
         raise
     exc_node_list = _exc_node_list(slurm_cluster, job_id)
-    _finish(slurm_cluster, job, job_id)
+    run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
     return job, exc_node_list, time.monotonic() - begin
 
 
@@ -284,9 +250,9 @@ def test_the_requeue_after_an_exclusion_does_not_land_on_the_node(
     job, _, seconds = unhealthy_node
     starts = job.named("job_started")
     assert [s["restart_count"] for s in starts] == [0, 1], job.output_text()[-3000:]
-    assert _attempt_nodes(job) == [["node1", "node3"]]
+    assert attempt_nodes(job) == [["node1", "node3"]]
     assert job.named("job_succeeded")
-    assert job.named("node_excluded")[0]["node"] not in _attempt_nodes(job)[0]
+    assert job.named("node_excluded")[0]["node"] not in attempt_nodes(job)[0]
     print(f"\nunhealthy-node scenario: {seconds:.1f}s")
 
 

@@ -17,8 +17,6 @@ import contextlib
 import datetime
 import os
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,28 +31,21 @@ from supervisor.slurm import text as slurm_text
 from tests.helpers.states import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
+    REFERENCE_STEPS,
     TrainerJob,
     ranks_past,
     submit,
-    venv_problem,
     wait_until,
     write_trainer_job,
 )
+from tests.slurm.node_loss import kill_node_during, run_to_end
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_venv")]
 
-TOTAL = 60  # steps of every job here (the reference's too: the final states must compare)
+TOTAL = REFERENCE_STEPS  # every job's here (the reference's, conftest.py: the final states compare)
 START_S = 90.0  # a 2-node job's start: scheduling, 6 Python processes importing torch on 2 cores
 END_S = 120.0  # from the last signal to the job leaving the queue (requeues included)
 ZYGOTE_CMDLINE = "worker_sdk.spawn.zygote --socket"  # what a zygote's command line shows
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_venv() -> None:
-    """The example script activates a virtualenv: this Python's."""
-    problem = venv_problem()
-    if problem is not None:
-        pytest.skip(problem)
 
 
 @pytest.fixture
@@ -66,16 +57,6 @@ def cancel_later(slurm_cluster: SlurmCluster) -> Iterator[list[str]]:
         slurm_cluster.scancel(job_id)
     for job_id in jobs:
         slurm_cluster.wait_gone(job_id, timeout=60)
-
-
-def _run_to_end(cluster: SlurmCluster, job: TrainerJob, job_id: str, timeout: float) -> None:
-    """Wait for the job to leave the queue; past ``timeout`` cancel it and fail with its output."""
-    try:
-        cluster.wait_gone(job_id, timeout=timeout)
-    except TimeoutError:
-        cluster.scancel(job_id)
-        cluster.wait_gone(job_id, timeout=60)
-        raise AssertionError(f"job {job_id} did not end:\n{job.output_text()[-3000:]}") from None
 
 
 @contextlib.contextmanager
@@ -101,7 +82,7 @@ def _past_step_12(
     with _cancelled_on_error(cluster, job_id):
         status = wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at 12")
         yield job, job_id, status
-    _run_to_end(cluster, job, job_id, timeout=START_S + END_S)
+    run_to_end(cluster, job, job_id, timeout=START_S + END_S)
 
 
 def _failure_kinds(job: TrainerJob) -> list[str]:
@@ -118,18 +99,6 @@ def _rank_logs(job: TrainerJob, attempt: int | None = None) -> str:
 
 def _when(event: dict[str, Any]) -> float:
     return datetime.datetime.fromisoformat(event["timestamp"]).timestamp()
-
-
-@pytest.fixture(scope="module")
-def reference(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> TrainerJob:
-    """The 2 x 2 job run without interruption: one attempt, no failure, its final state."""
-    job = write_trainer_job(tmp_path_factory.mktemp("reference"), total=TOTAL)
-    job_id = submit(slurm_cluster, job)
-    _run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
-    assert _failure_kinds(job) == [], job.output_text()[-3000:]
-    assert len(job.named("attempt_started")) == 1
-    assert job.named("job_succeeded") and job.final.exists()
-    return job
 
 
 # ------------------------------------------- a rank killed on node2, then node2's zygote
@@ -258,7 +227,7 @@ def test_term_then_usr1_requeue_and_resume_with_zero_steps_redone(
     assert stop["step"] is not None, job.output_text()[-3000:]
     wait_until(lambda: ranks_past(job, stop["step"] + 5), timeout=START_S, what="the requeued run")
     slurm_cluster.scancel(job_id, "--batch", "--signal=USR1")
-    _run_to_end(slurm_cluster, job, job_id, timeout=END_S + START_S)
+    run_to_end(slurm_cluster, job, job_id, timeout=END_S + START_S)
 
     started = job.named("job_started")
     assert [(s["slurm_job_id"], s["restart_count"]) for s in started] == [
@@ -297,7 +266,7 @@ def test_stop_before_end_of_a_real_time_limit_requeues_and_completes(
     # that lands after the last step, while the ranks exit, is recorded with no checkpoint and
     # costs one more allocation: Attempt._on_launcher_exit prefers the stop to the success)
     write_trainer_job(tmp_path, total=TOTAL, env={"STEP_SLEEP": "0.05"}, slurm=slurm_toml)
-    _run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
+    run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
 
     requested = job.named("stop_requested")
     assert [e["reason"] for e in requested] == ["timelimit"], job.output_text()[-3000:]
@@ -377,94 +346,6 @@ class LostNode:
     ended_after_s: float
 
 
-def _node_state(cluster: SlurmCluster, node: str) -> str:
-    """The controller's State= of the node ("IDLE", "DOWN+NOT_RESPONDING", ...)."""
-    out = cluster.run("scontrol", "show", "node", node, check=False).stdout
-    return next((w.partition("=")[2] for w in out.split() if w.startswith("State=")), "")
-
-
-def _bring_back(cluster: SlurmCluster, node: str) -> None:
-    """Start the slurmd of a node whose processes were all killed, the way testbed/up.sh does,
-    wait until the node is idle (ReturnToService=2 returns a node that was set down) and run a
-    step on every node. (sinfo may go on calling it "mixed" for a while: Slurm 22.05 does so
-    after a node was set down while a job was completing on it.)"""
-    index = cluster.node_names.index(node) + 1
-    resolv = cluster.base_dir / "conf" / "resolv.conf.nodes"
-    subprocess.run(
-        [
-            "nsenter",
-            f"--net=/run/netns/rvsns{index}",
-            "unshare",
-            "--uts",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            (
-                f"mount --bind '{resolv}' /etc/resolv.conf && hostname {node} "
-                f"&& exec /usr/sbin/slurmd -N {node}"
-            ),
-        ],
-        env=cluster.env,
-        check=True,
-        timeout=30,
-    )
-    seen: list[str] = []
-
-    def idle() -> bool:
-        seen.append(_node_state(cluster, node))
-        return seen[-1] == "IDLE"
-
-    try:
-        wait_until(idle, timeout=60, what=f"{node} idle")
-    except AssertionError as error:
-        raise AssertionError(f"{error}; it was {sorted(set(seen))}") from None
-    nodes = len(cluster.node_names)
-    cluster.run("srun", f"--nodes={nodes}", f"--ntasks={nodes}", "true", timeout=60)
-
-
-def _kill_node_during(
-    cluster: SlurmCluster,
-    job: TrainerJob,
-    job_id: str,
-    node: str,
-    *,
-    probe: slurm.Allocation,
-) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
-    """SIGKILL every process of ``node`` (slurmd, the step, torchrun, the ranks: a crashed node)
-    once the job's 4 ranks are past step 12, wait until rvsup has ended, and bring the node back
-    (also on failure). Returns the seconds from the kill to rvsup's end, and what
-    slurm.unreachable_nodes(probe) said just before and just after the kill."""
-    killed = ended = False
-    try:
-        wait_until(lambda: ranks_past(job, 12), timeout=START_S, what="4 ranks at step 12")
-        before = slurm.unreachable_nodes(probe)
-        for pid in cluster.node_processes(node):
-            os.kill(pid, signal.SIGKILL)
-        killed = True
-        killed_t = time.monotonic()
-        after = slurm.unreachable_nodes(probe)
-        wait_until(
-            lambda: job.named("job_gave_up") or job.named("job_succeeded"),
-            timeout=END_S,
-            what="rvsup to end",
-        )
-        ended = True
-        return time.monotonic() - killed_t, before, after
-    finally:
-        if not ended:
-            cluster.scancel(job_id)
-        if killed:
-            # a job without --no-kill ends once the controller has set the node down for not
-            # answering (SlurmdTimeout, 30 s); a slurmd back before that would leave it completing
-            with contextlib.suppress(TimeoutError):
-                cluster.wait_gone(job_id, timeout=90)
-            _bring_back(cluster, node)
-        _run_to_end(cluster, job, job_id, timeout=END_S)
-
-
 @pytest.fixture(scope="module")
 def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> LostNode:
     """A 2 x 2 job (on_node_failure = "fail") while every process of node2 (slurmd, the step,
@@ -478,7 +359,7 @@ def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
     )
     job_id = submit(slurm_cluster, job)
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
-    ended_after_s, before, after = _kill_node_during(
+    ended_after_s, before, after = kill_node_during(
         slurm_cluster, job, job_id, "node2", probe=alloc
     )
     return LostNode(job, job_id, before, after, ended_after_s)
@@ -518,7 +399,7 @@ def spare_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFac
     )
     job_id = submit(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill")
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
-    _kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
+    kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
     return job
 
 
@@ -555,7 +436,7 @@ def fewer_nodes(
     )
     job_id = submit(slurm_cluster, job, "--nodes=2", "--nodelist=node1,node2", "--no-kill")
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
-    _kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
+    kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
     return job
 
 

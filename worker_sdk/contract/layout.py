@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Final
 
@@ -81,6 +82,7 @@ __all__ = [
     "fsync_dir",
     "is_rvsup_entry",
     "latest",
+    "node_folder",
     "prune",
     "rank_file",
     "read_protect",
@@ -116,6 +118,13 @@ def scan(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[Path, str]]]
         except CorruptCheckpointError as e:
             skipped.append((directory / name, e.reason))
     return valid, skipped
+
+
+def node_folder(directory: Path) -> Path:
+    """This node's folder of a job's snapshots when the job runs on several nodes: each node
+    keeps its own copy of every snapshot, in a folder named for its host (which keeps nodes
+    that share a tmpfs apart)."""
+    return directory / socket.gethostname()
 
 
 def latest(directory: Path) -> CheckpointInfo | None:

@@ -70,7 +70,8 @@ class AttemptStarted(Event):
     own (the state is resharded); None otherwise."""
     source: str | None = None
     """Where the checkpoint it resumes from is: ``memory`` (a snapshot of the memory tier,
-    docs/memory-tier.md), ``replica`` (a buddy node's copy) or ``storage``; None from scratch."""
+    docs/memory-tier.md), ``replica`` (a snapshot another node sends to a node of the attempt
+    that holds no copy: a spare in place of a lost node) or ``storage``; None from scratch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ from supervisor.config.torchrun import Torchrun
 from supervisor.process.launcher import build_plan
 from supervisor.process.plan import Launches, PortHold
 from supervisor.process.zygote import zygote_step_argv
+from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.service.sdnotify import CHILD_ENV_VARS
 from supervisor.slurm.commands import Allocation
 from tests.helpers.core_fakes import job_config
@@ -44,6 +45,37 @@ def test_a_multi_node_jobs_end_sweeps_the_nodes_left(tmp_path: Path) -> None:
     single = _launches(tmp_path, ("n1",), "nnodes = 1", swept)
     single.close()
     assert swept == [("n1", "n3")]
+
+
+@pytest.mark.parametrize(("memory", "removes"), [('"auto"', True), ('"off"', False)])
+def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory: str, removes: bool
+) -> None:
+    """The sweep step's command removes every node's copies of the job's memory snapshots
+    (worker_sdk.checkpoint.memory.sweep) when the tier is on; it only ends what is left else."""
+    ran: list[list[str]] = []
+    monkeypatch.setattr(
+        "supervisor.process.plan.subprocess.run", lambda argv, **_kw: ran.append(argv)
+    )
+    cfg = job_config(
+        tmp_path,
+        f"[launch]\nnproc_per_node = 2\nnnodes = 2\nwarm_standby = false\nzygote = false\n"
+        f"[checkpoint]\nmemory_every_steps = {memory}\n",
+    )
+    alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
+    Launches(cfg, alloc, TORCHRUN).close()
+    (argv,) = ran
+    inner = argv[argv.index("--") + 1 :]
+    assert inner[:4] == [sys.executable, "-m", "worker_sdk.spawn.node_group", "0"]
+    if removes:
+        assert inner[4:] == [
+            sys.executable,
+            "-m",
+            "worker_sdk.checkpoint.memory.sweep",
+            str(snapshot_dir(cfg)),
+        ]
+    else:
+        assert inner[4:] == ["true"]
 
 
 @pytest.mark.parametrize(

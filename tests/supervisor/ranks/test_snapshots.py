@@ -44,9 +44,61 @@ def test_only_complete_snapshots_newer_than_storage_are_chosen(tmp_path: Path) -
     assert env[p.ENV_MEMORY_RESUME] == "23"
     assert env[p.ENV_MEMORY_DIR] == str(tier.directory)
     assert env[p.ENV_MEMORY_EVERY] == "auto"
-    assert tier.choose(19, nnodes=2, resume_before=None).source == "storage"
+    assert tier.choose(19, nnodes=2, resume_before=None).source == "storage"  # none on the node
     tier.remove()
     assert not tier.directory.exists()
+
+
+def test_on_several_nodes_the_choice_reads_this_nodes_copies(tmp_path: Path) -> None:
+    """Every node keeps its own copy in a folder named for its host: the choice reads this
+    node's; a snapshot is a replica once a node that ran none of the previous attempt joins;
+    the job's end takes the folder of every node this daemon sees."""
+    tier = _tier(tmp_path)
+    here = layout.node_folder(tier.directory)
+    assert here.parent == tier.directory
+    make_checkpoint_v2(here, 30)
+    make_checkpoint_v2(tier.directory / "another-host", 31)
+    assert tier.complete_steps(nnodes=2) == [30]
+    assert tier.complete_steps() == []
+    assert not tier.joining(("node1", "node2"))  # the daemon's first attempt
+    choice = tier.choose(19, nnodes=2, resume_before=None, joining=False)
+    assert (choice.source, choice.step) == ("memory", 30)
+    assert tier.environment(choice)[p.ENV_MEMORY_DIR] == str(tier.directory)  # the ranks add
+    assert tier.path_of(30, nnodes=2) == here / layout.committed_name(30)
+    assert not tier.joining(("node1", "node2"))
+    assert tier.joining(("node1", "node3"))  # node3 replaces node2
+    replica = tier.choose(19, nnodes=2, resume_before=None, joining=True)
+    assert (replica.source, replica.step) == ("replica", 30)
+    assert tier.environment(replica)[p.ENV_MEMORY_RESUME] == "30"
+    assert tier.world_size_of(tier.path_of(30, nnodes=2)) == 2
+    tier.remove()
+    assert not tier.directory.exists()
+
+
+def test_one_node_after_several_takes_this_nodes_copies(tmp_path: Path) -> None:
+    """launch.min_nnodes: an attempt on one node after attempts on several finds this node's
+    copies where the ranks of one node look (moved, never over an existing one)."""
+    tier = _tier(tmp_path)
+    assert tier.gather_here() == ()
+    here = layout.node_folder(tier.directory)
+    for step in (30, 31):
+        make_checkpoint_v2(here, step)
+    make_checkpoint_v2(tier.directory, 31)
+    assert tier.gather_here() == (30,)
+    assert tier.complete_steps() == [31, 30]
+    assert tier.complete_steps(nnodes=2) == [31]
+    assert tier.choose(19, nnodes=1, resume_before=None).step == 31
+
+
+def test_a_rollback_discards_the_snapshots_of_every_nodes_folder(tmp_path: Path) -> None:
+    """On several nodes, the copies this daemon sees go too (the ranks of each node discard
+    theirs after the next restore: worker_sdk.checkpoint.memory.load)."""
+    tier = _tier(tmp_path)
+    here = layout.node_folder(tier.directory)
+    for step in (11, 12, 13):
+        make_checkpoint_v2(here, step)
+    assert tier.discard_from(12) == (12, 13)
+    assert tier.complete_steps(nnodes=2) == [11]
 
 
 def test_a_rollback_discards_the_snapshots_from_its_onset_on(tmp_path: Path) -> None:

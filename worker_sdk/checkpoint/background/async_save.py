@@ -15,6 +15,7 @@ makes between heartbeats), so a failure reaches the supervisor within one step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -73,6 +74,10 @@ class AsyncSaver:
         self._arenas: dict[str, Arena] = {}
         self._proc: subprocess.Popen[bytes] | _ForkedWriter | None = None
         self._conn: Connection | None = None
+        self.job_fields: dict[str, Any] = {}
+        """Set on every job (several nodes: ``peers``, ``replica_key``, ``leader``)."""
+        self._listening = False
+        self._endpoint: str | None = None
 
     def start(self) -> None:
         """Start the writer now, so that its start-up (importing torch) overlaps training."""
@@ -111,6 +116,8 @@ class AsyncSaver:
         self._ensure_writer()
         job = self.ck.stage_async(step, objects, extra, self._arena_for, _PART_WAIT_S)
         job = _with_blocked(job, time.monotonic() - began)
+        if self.job_fields:
+            job = dataclasses.replace(job, **self.job_fields)
         assert self._conn is not None
         try:
             self._conn.send(("save", job))
@@ -119,6 +126,30 @@ class AsyncSaver:
             raise
         self.in_flight = _InFlight(job, began)
         return previous
+
+    def listen(self, directory: Path, key: bytes, address: str) -> None:
+        """Several nodes: the writer receives the other nodes' parts into ``directory`` (its
+        endpoint: :meth:`endpoint`). A writer that dies then is not replaced: the other nodes
+        know this one's endpoint only."""
+        self._ensure_writer()
+        assert self._conn is not None
+        self._conn.send(("listen", directory, key, address))
+        self._listening = True
+
+    def endpoint(self, timeout_s: float) -> str:
+        """Where the writer receives (waiting for its start-up at most ``timeout_s``); raises
+        OSError when it could not or did not answer."""
+        if self._endpoint is None:
+            if self._conn is None or not self._conn.poll(timeout_s):
+                raise OSError(f"the snapshot writer did not start receiving in {timeout_s:g} s")
+            try:
+                kind, value = self._conn.recv()
+            except (EOFError, ValueError) as e:
+                raise OSError(f"the snapshot writer did not start receiving: {e!r}") from None
+            if kind != "listening":
+                raise OSError(f"the snapshot writer cannot receive: {value}")
+            self._endpoint = value
+        return self._endpoint
 
     def poll(self) -> Outcome | None:
         """The in-flight save's outcome if it has ended; never blocks."""
@@ -230,6 +261,8 @@ class AsyncSaver:
             return
         if self._proc is not None or self._conn is not None:
             self._writer_gone()
+        if self._listening:
+            raise OSError("the snapshot writer died, and the other nodes know its endpoint only")
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)

@@ -10,6 +10,12 @@ the step's temporary directory, each fsynced, and then:
 - rank 0 waits for every other rank's ``.written-<r>`` (or its ``.failed-<r>``), writes DCP's
   ``.metadata`` and commits (:func:`worker_sdk.checkpoint.commit.commit`).
 
+A snapshot of a job on several nodes (``SaveJob.peers``) is committed on every node: each rank
+also pushes its files and its marker to the writers of the same local rank on the other nodes
+(:mod:`worker_sdk.checkpoint.memory.replica`), and the writer of each node's first rank
+(``SaveJob.leader``) commits that node's copy as rank 0's does, DCP's metadata taken from rank
+0's marker.
+
 It answers each job with ``("done", step, committed, nbytes, monotonic_end)`` or ``("failed",
 step, reason)``. Any failure writes ``.failed-<rank>`` into the temporary directory so rank 0
 stops waiting; the temporary directory is never committed then. The process asks the kernel to
@@ -41,6 +47,8 @@ from worker_sdk.spawn.pdeathsig import die_with_parent
 from .arena import Arena, rebuild
 
 if TYPE_CHECKING:  # the rank imports this module for SaveJob: keep DCP out until it is needed
+    from worker_sdk.checkpoint.memory.replica import Receiver
+
     from .dcp_async import Item
 
 __all__ = [
@@ -74,6 +82,12 @@ class SaveJob:
     replace: bool  # an existing checkpoint of this step was unloadable: replace it
     blocked_s: float  # how long the training loop was blocked by this save
     wait_s: float  # rank 0: how long to wait for the other ranks' parts
+    # several nodes (the memory tier, .memory.replica): the writers this rank's part is also
+    # pushed to (the same local rank on every other node), the key of those pushes, and the
+    # rank whose writer commits this node's copy (the node's first)
+    peers: tuple[str, ...] = ()
+    replica_key: bytes = b""
+    leader: int = 0
 
 
 def written_marker(tmp: Path, rank: int) -> Path:
@@ -137,25 +151,29 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
         )
     layout.fsync_dir(job.tmp)
     reached("written", job.step)
-    if job.rank != 0:
+    if job.peers:
+        _replicate(job, pickle.dumps((where, crc, job.dcp_metadata)))
+    if job.rank != job.leader:
         # into the pending marker, then renamed: rank 0 never sees a part written half
         write_bytes_durable(pending_marker(job.tmp, job.rank), pickle.dumps((where, crc)))
         os.rename(pending_marker(job.tmp, job.rank), written_marker(job.tmp, job.rank))
         layout.fsync_dir(job.tmp)
         return 0
-    parts = {0: (where, crc), **_wait_for_parts(job)}
+    parts = {job.rank: (where, crc, job.dcp_metadata), **_wait_for_parts(job)}
     checksums: dict[str, int] = {}
     if job.dcp_items is not None:
         from . import dcp_async as _dcp_async
 
-        assert job.dcp_metadata is not None
+        metadata = parts[0][2]  # rank 0's, received with its marker on the other nodes
+        assert metadata is not None
         everywhere = [entry for r in sorted(parts) for entry in parts[r][0]]
-        md_crc = _dcp_async.finish_metadata(job.dcp_metadata, everywhere, job.tmp / DCP_DIR)
+        md_crc = _dcp_async.finish_metadata(metadata, everywhere, job.tmp / DCP_DIR)
         for r in sorted(parts):
             checksums.update(_dcp.names(r, [md_crc if r == 0 else -1, parts[r][1]]))
-    for r in range(1, job.world_size):
-        written_marker(job.tmp, r).unlink()
-    pending_marker(job.tmp, 0).unlink()
+    for r in range(job.world_size):
+        if r != job.rank:
+            written_marker(job.tmp, r).unlink()
+    pending_marker(job.tmp, job.rank).unlink()
     info = commit(
         directory=job.directory,
         step=job.step,
@@ -173,12 +191,14 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
     return info.nbytes
 
 
-def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int]]:
-    """Rank 0: every other rank's ``.written-<r>``; raise if one failed or never came."""
+def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int, bytes | None]]:
+    """The committing rank: every other rank's ``.written-<r>``; raise if one failed or never
+    came. (Where the part is, its CRC, and rank 0's DCP metadata from a received marker.)"""
     deadline = time.monotonic() + job.wait_s
-    parts: dict[int, tuple[Any, int]] = {}
-    while len(parts) < job.world_size - 1:
-        for r in range(1, job.world_size):
+    others = [r for r in range(job.world_size) if r != job.rank]
+    parts: dict[int, tuple[Any, int, bytes | None]] = {}
+    while len(parts) < len(others):
+        for r in others:
             if r in parts:
                 continue
             failed = failed_marker(job.tmp, r)
@@ -187,34 +207,73 @@ def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int]]:
                 raise RuntimeError(f"rank {r} could not write its part ({reason})")
             marker = written_marker(job.tmp, r)
             if marker.exists():
-                parts[r] = pickle.loads(marker.read_bytes())
-        if len(parts) < job.world_size - 1:
+                where, crc, *metadata = pickle.loads(marker.read_bytes())
+                parts[r] = (where, crc, metadata[0] if metadata else None)
+        if len(parts) < len(others):
             if time.monotonic() > deadline:
-                missing = sorted(set(range(1, job.world_size)) - set(parts))
+                missing = sorted(set(others) - set(parts))
                 raise RuntimeError(f"rank(s) {missing} did not write their part in time")
             time.sleep(_POLL_S)
     return parts
 
 
+def _replicate(job: SaveJob, marker: bytes) -> None:
+    """Push this rank's files, then its marker, to every peer's node (raises when one fails)."""
+    from worker_sdk.checkpoint.memory.replica import push
+
+    names = [SHARED] if job.shared is not None else []
+    names.append(rank_file(job.rank))
+    dcp = job.tmp / DCP_DIR
+    if job.dcp_items is not None and dcp.is_dir():
+        names += sorted(
+            f"{DCP_DIR}/{p.name}" for p in dcp.iterdir() if p.name.startswith(f"__{job.rank}_")
+        )
+    files: list[tuple[str, Path | bytes]] = [(name, job.tmp / name) for name in names]
+    files.append((written_marker(job.tmp, job.rank).name, marker))
+    for peer in job.peers:
+        push(peer, job.replica_key, job.tmp.name, files, timeout_s=job.wait_s)
+
+
 def serve(conn: Connection, reached: Reached = _no_one) -> None:
     """Answer the rank's jobs until it says quit or goes away."""
     arenas: dict[str, Arena] = {}
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message[0] == "arena":
-            _, key, size = message
-            fd = recv_handle(conn)
-            old = arenas.pop(key, None)
-            if old is not None:
-                old.close()
-            arenas[key] = Arena(fd, size)
-        elif message[0] == "save":
-            conn.send(run_job(message[1], arenas, reached))
-        elif message[0] == "quit":
-            return
+    receiver: Receiver | None = None
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message[0] == "arena":
+                _, key, size = message
+                fd = recv_handle(conn)
+                old = arenas.pop(key, None)
+                if old is not None:
+                    old.close()
+                arenas[key] = Arena(fd, size)
+            elif message[0] == "save":
+                conn.send(run_job(message[1], arenas, reached))
+            elif message[0] == "listen" and receiver is None:  # several nodes (memory.replica)
+                receiver, answer = _listen(*message[1:])
+                conn.send(answer)
+            elif message[0] == "quit":
+                return
+    finally:
+        if receiver is not None:
+            receiver.close()
+
+
+def _listen(directory: Path, key: bytes, address: str) -> tuple[Receiver | None, tuple[str, str]]:
+    """Start receiving the other nodes' parts into ``directory``: the receiver and
+    ``("listening", endpoint)``, or None and ``("failed", reason)``."""
+    from worker_sdk.checkpoint.memory.replica import Receiver
+
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        receiver = Receiver(directory, key, address)
+    except Exception as e:  # noqa: BLE001 - the rank turns the tier off
+        return None, ("failed", f"{type(e).__name__}: {e}")
+    return receiver, ("listening", receiver.endpoint)
 
 
 def main(argv: list[str], reached: Reached = _no_one) -> int:

@@ -29,26 +29,61 @@ from worker_sdk.checkpoint.restore import Restorer
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 
-from .tier import on_one_node
+from . import nodes as _nodes
+from .tier import MemoryTier, on_one_node
 
 __all__ = ["load"]
 
 
-def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) -> LoadResult:
-    """Restore from the memory tier when the supervisor chose a snapshot, else from storage."""
+def load(
+    checkpointer: Checkpointer,
+    objects: Sequence[Stateful],
+    extra: Any,
+    memory: MemoryTier | None = None,
+) -> LoadResult:
+    """Restore from the memory tier when the supervisor chose a snapshot, else from storage.
+    On several nodes, every node's snapshots newer than the step resumed are discarded after."""
+    nodes = None if memory is None else memory.nodes
+    if memory is None or nodes is None:
+        return _load(checkpointer, objects, extra, None)
+    memory.connect()
+    result = _load(checkpointer, objects, extra, memory)
+    if nodes.is_leader(checkpointer.rank):
+        # a rollback's, or snapshots of a step no longer the newest: another timeline
+        with contextlib.suppress(OSError):
+            resumed = -1 if result.step is None else result.step
+            layout.discard_from(memory.checkpointer.directory, resumed + 1)
+    return result
+
+
+def _load(
+    checkpointer: Checkpointer,
+    objects: Sequence[Stateful],
+    extra: Any,
+    memory: MemoryTier | None,
+) -> LoadResult:
     directory = os.environ.get(p.ENV_MEMORY_DIR)
     chosen = os.environ.get(p.ENV_MEMORY_RESUME)
     if (
         not directory
         or not chosen
         or not chosen.isdecimal()
-        or not on_one_node(checkpointer.world_size)
+        or (memory is None and not on_one_node(checkpointer.world_size))
     ):
         return checkpointer.load_latest(objects, extra)
     floor, damaged = _newest_storage_step(checkpointer.directory)
     lowest = 0 if floor is None else floor + 1
+    snapshots, highest, source = Path(directory), int(chosen), "memory"
+    if memory is not None and memory.nodes is not None:  # several nodes: each its own copy
+        snapshots = memory.checkpointer.directory
+        highest, healed = _nodes.heal(
+            memory.nodes, snapshots, rank=checkpointer.rank, lowest=lowest, highest=highest
+        )
+        if highest < 0:
+            return _with_skipped(checkpointer.load_latest(objects, extra), damaged)
+        source = "replica" if healed else "memory"
     restorer = Restorer(
-        Path(directory),
+        snapshots,
         rank=checkpointer.rank,
         world_size=checkpointer.world_size,
         plan=checkpointer.plan,
@@ -56,7 +91,7 @@ def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) ->
     result: LoadResult | None = None
     error = ""
     try:
-        result = restorer.load_latest(objects, extra, steps=(lowest, int(chosen)), source="memory")
+        result = restorer.load_latest(objects, extra, steps=(lowest, highest), source=source)
     except Exception as e:  # noqa: BLE001 - any failure of the restore falls back to storage
         error = f"{type(e).__name__}: {e}"
     failed = _failed_ranks(checkpointer, not error)
@@ -66,11 +101,12 @@ def load(checkpointer: Checkpointer, objects: Sequence[Stateful], extra: Any) ->
             return _with_skipped(result, damaged)
         storage = checkpointer.load_latest(objects, extra)
         return _with_skipped(storage, result.skipped)
-    where = Path(directory) / layout.committed_name(int(chosen))
+    where = snapshots / layout.committed_name(highest)
     reason = f"the restore failed on rank(s) {failed}" + (f": {error}" if error else "")
-    if checkpointer.rank == 0:
-        for info in layout.scan(Path(directory))[0]:
-            if lowest <= info.step <= int(chosen):
+    nodes = None if memory is None else memory.nodes
+    if checkpointer.rank == 0 if nodes is None else nodes.is_leader(checkpointer.rank):
+        for info in layout.scan(snapshots)[0]:
+            if lowest <= info.step <= highest:
                 with contextlib.suppress(OSError):
                     layout.discard(info.path)
     if floor is None:

@@ -35,10 +35,11 @@ from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
-from worker_sdk.contract.layout import temp_name
+from worker_sdk.contract.layout import node_folder, temp_name
 from worker_sdk.spawn.local_world import every_rank_here
 
 from . import interval as _interval
+from . import nodes as _nodes
 
 if TYPE_CHECKING:
     from worker_sdk.runtime.channel import Channel
@@ -63,6 +64,7 @@ class MemoryTier:
         attempt_tag: str,
         every: int | None,
         channel: Channel | None,
+        nodes: _nodes.Nodes | None = None,
     ) -> None:
         self.checkpointer = Checkpointer(
             directory, rank=rank, world_size=world_size, attempt_tag=attempt_tag, keep_last=KEEP
@@ -86,7 +88,31 @@ class MemoryTier:
         self._reported = -_REPORT_EVERY_S
         self._pending_s = 0.0  # tries since the last snapshot that found a writer busy
         self._check_s = 0.0  # how long the last check that put the snapshot off blocked
+        self.nodes = nodes  # several nodes: every snapshot committed on each (.nodes)
         self._start_writer()
+        if nodes is not None:
+            self.failed = self.failed or nodes.failed
+            if self.failed is None:
+                try:
+                    self.saver.listen(directory, nodes.key, nodes.address)
+                except OSError as e:
+                    self.failed = f"cannot receive the other nodes' parts: {e}"
+
+    def connect(self) -> None:
+        """Several nodes: learn where the other nodes' writers receive (collective, once; the
+        restore calls it, else the first snapshot)."""
+        nodes = self.nodes
+        if nodes is None or nodes.connected:
+            return
+        failed = _nodes.connect(nodes, self.saver)
+        if failed is not None:
+            self.failed = self.failed or failed
+            return
+        self.saver.job_fields = {
+            "peers": nodes.peers(),
+            "replica_key": nodes.key,
+            "leader": nodes.leader(nodes.node),
+        }
 
     def _start_writer(self) -> None:
         """The writer forked beside this rank by the zygote, else one started at once (its
@@ -106,6 +132,7 @@ class MemoryTier:
 
     def snapshot(self, step: int, objects: Sequence[Stateful], extra: Any) -> None:
         """Take the snapshot of finished step ``step`` (every rank at the same step)."""
+        self.connect()
         began = time.monotonic()
         if self.saver.in_flight is not None:
             self._heard(self.saver.poll())
@@ -184,7 +211,7 @@ class MemoryTier:
             return
         if outcome.failed is not None:
             self.failed = outcome.failed
-        elif outcome.committed or self.rank != 0:
+        elif outcome.committed or self.rank != 0:  # the committing rank counts its commits
             self.count += 1
             self.newest = outcome.step
             self.nbytes = outcome.nbytes or self.nbytes
@@ -225,23 +252,27 @@ def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryT
     """The memory tier the supervisor asked for (``RVSUP_MEMORY_DIR``, which a script run
     without rvsup may set too), or None."""
     directory = os.environ.get(p.ENV_MEMORY_DIR)
-    if not directory or not on_one_node(world_size):
+    if not directory:
         return None
     raw = os.environ.get(p.ENV_MEMORY_EVERY, "auto")
     every = None if raw == "auto" else int(raw)
     if every is not None and every <= 0:
         return None
+    nodes = None
+    if not on_one_node(world_size):
+        nodes = _nodes.from_environment(os.environ)
     return MemoryTier(
-        Path(directory),
+        Path(directory) if nodes is None else node_folder(Path(directory)),
         rank=rank,
         world_size=world_size,
         attempt_tag=attempt_tag,
         every=every,
         channel=None,
+        nodes=nodes,
     )
 
 
 def on_one_node(world_size: int) -> bool:
-    """Whether every rank runs on this node (torchrun's LOCAL_WORLD_SIZE): the memory tier's
-    snapshots are per node, and replication to a buddy node is not built yet."""
+    """Whether every rank runs on this node (torchrun's LOCAL_WORLD_SIZE); otherwise every
+    node keeps a copy of every snapshot (:mod:`.nodes`)."""
     return every_rank_here(os.environ, world_size)
