@@ -1,5 +1,5 @@
-"""Whether every rank of the job runs on this node (standard library only: the zygote's child
-asks before it forks a snapshot writer, the ranks before they take or load a snapshot)."""
+"""Whether every rank of the job runs on this node (standard library only): the ranks ask before
+they take or load a snapshot (on several nodes, every node keeps a copy of each)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What the zygote's child and the ranks share across the standard-library boundary: the one-node
-rule of the memory tier and the names of its environment variables."""
+"""What the zygote's child and the ranks share across the standard-library boundary: the names of
+the memory tier's environment variables; and the one-node rule the ranks apply."""
 
 from __future__ import annotations
 
