@@ -38,6 +38,7 @@ from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
+from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record import history, rundir
 from supervisor.record.entries import Entry
 from supervisor.record.events import EventLog
@@ -143,6 +144,7 @@ async def _house(
             torchrun,
             groups if isinstance(groups, JobGroups) else None,
             withheld_env=sdnotify.CHILD_ENV_VARS,  # torchrun must not talk to systemd for us
+            snapshots=snapshot_dir(cfg) if cfg.checkpoint.memory_every_steps != 0 else None,
         )
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport

@@ -27,7 +27,6 @@ from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
-from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
 from supervisor.slurm.commands import Allocation, srun_argv
@@ -47,13 +46,15 @@ class Launches:
         groups: JobGroups | None = None,
         sweep: Callable[[Allocation, str], None] | None = None,
         withheld_env: Collection[str] = (),
+        snapshots: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.withheld_env = tuple(withheld_env)
         """The daemon's environment variables no child inherits (:func:`launch_plan.build_plan`)."""
         self.groups = groups
         """The job's cgroups; None: the teardown walks the process tree instead."""
-        snapshots = snapshot_dir(cfg) if cfg.checkpoint.memory_every_steps != 0 else None
+        # snapshots: the job's folder of memory snapshots (supervisor.ranks.snapshots), whose
+        # copies on every node the sweep removes; None when the tier is off
         self._sweep = (
             functools.partial(sweep_nodes, snapshots=snapshots) if sweep is None else sweep
         )
@@ -203,10 +204,10 @@ def sweep_nodes(
     (``worker_sdk.spawn.node_group``) could not end, because srun's teardown SIGKILLed them with
     their torchrun, is ended (one short step of a wrapper: it ends the groups of wrappers that
     are gone before it runs its command), and the node's copies of the job's memory snapshots
-    under ``snapshots`` go (``worker_sdk.checkpoint.memory.sweep``)."""
+    under ``snapshots`` go (``worker_sdk.spawn.sweep_snapshots``)."""
     command = ["true"]
     if snapshots is not None:
-        command = [sys.executable, "-m", "worker_sdk.checkpoint.memory.sweep", str(snapshots)]
+        command = [sys.executable, "-m", "worker_sdk.spawn.sweep_snapshots", str(snapshots)]
     inner = [sys.executable, "-m", "worker_sdk.spawn.node_group", "0", *command]
     argv = srun_argv(alloc, inner, job_name=f"{job_name}-sweep")
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):

@@ -139,7 +139,12 @@ _DAEMON_MAY_IMPORT = (
 )
 # What the daemon starts by module name (python -m ...): spawn entry points only.
 _DAEMON_MAY_LAUNCH = frozenset(
-    {"worker_sdk.spawn.bootstrap", "worker_sdk.spawn.zygote_watch", "worker_sdk.spawn.node_group"}
+    {
+        "worker_sdk.spawn.bootstrap",
+        "worker_sdk.spawn.zygote_watch",
+        "worker_sdk.spawn.node_group",
+        "worker_sdk.spawn.sweep_snapshots",
+    }
 )
 
 

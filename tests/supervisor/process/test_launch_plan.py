@@ -52,7 +52,7 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory: str, removes: bool
 ) -> None:
     """The sweep step's command removes every node's copies of the job's memory snapshots
-    (worker_sdk.checkpoint.memory.sweep) when the tier is on; it only ends what is left else."""
+    (worker_sdk.spawn.sweep_snapshots) when the tier is on; it only ends what is left else."""
     ran: list[list[str]] = []
     monkeypatch.setattr(
         "supervisor.process.plan.subprocess.run", lambda argv, **_kw: ran.append(argv)
@@ -63,7 +63,8 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
         f"[checkpoint]\nmemory_every_steps = {memory}\n",
     )
     alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
-    Launches(cfg, alloc, TORCHRUN).close()
+    on = cfg.checkpoint.memory_every_steps != 0
+    Launches(cfg, alloc, TORCHRUN, snapshots=snapshot_dir(cfg) if on else None).close()
     (argv,) = ran
     inner = argv[argv.index("--") + 1 :]
     assert inner[:4] == [sys.executable, "-m", "worker_sdk.spawn.node_group", "0"]
@@ -71,7 +72,7 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
         assert inner[4:] == [
             sys.executable,
             "-m",
-            "worker_sdk.checkpoint.memory.sweep",
+            "worker_sdk.spawn.sweep_snapshots",
             str(snapshot_dir(cfg)),
         ]
     else:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from worker_sdk.checkpoint.memory import nodes as _nodes
-from worker_sdk.checkpoint.memory import sweep
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
+from worker_sdk.spawn import sweep_snapshots as sweep
 
 # 3 nodes x 2 ranks, torchrun's numbering: rank = node * 2 + local rank
 NODE_OF = {r: r // 2 for r in range(6)}
@@ -71,7 +71,8 @@ def test_the_secret_and_the_address_come_from_the_environment(tmp_path: Path) ->
 
 
 def test_the_sweep_takes_this_nodes_copies_only(tmp_path: Path) -> None:
-    """At the job's end each node removes its own folder, and the job's once it is empty."""
+    """At the job's end each node removes its own folder (the one the ranks wrote:
+    layout.node_folder), and the job's once it is empty."""
     base = tmp_path / "rvsup-0-abc"
     here = layout.node_folder(base)
     (here / layout.committed_name(3)).mkdir(parents=True)
