@@ -426,13 +426,15 @@ def test_lost_node_is_replaced_by_a_spare(spare_node: TrainerJob, reference: Tra
 def fewer_nodes(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> TrainerJob:
-    """A 2 x 2 job (nnodes = 2, min_nnodes = 1) in a 2-node allocation submitted with
-    --no-kill, whose node2 is lost at step >= 12 as in ``lost_node``: no spare is left."""
+    """A 2 x 2 job (nnodes = 2, min_nnodes = 1; the memory tier on, a snapshot every step) in
+    a 2-node allocation submitted with --no-kill, whose node2 is lost at step >= 12 as in
+    ``lost_node``: no spare is left."""
     job = write_trainer_job(
         tmp_path_factory.mktemp("fewer-nodes"),
         total=TOTAL,
         env={"STEP_SLEEP": "0.05"},
         nnodes="2\nmin_nnodes = 1",
+        checkpoint="every_steps = 10\nmemory_every_steps = 1",
     )
     job_id = submit(slurm_cluster, job, "--nodes=2", "--nodelist=node1,node2", "--no-kill")
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
@@ -442,8 +444,8 @@ def fewer_nodes(
 
 def test_job_goes_on_with_fewer_nodes(fewer_nodes: TrainerJob) -> None:
     """Without a spare, a job that allows fewer nodes finishes on the node left: node_failure
-    naming node2, attempt 2 on one node (2 ranks) resumed from the 4-rank checkpoint, which the
-    history records as resharded_from 4."""
+    naming node2, attempt 2 on one node (2 ranks) resumed from a 4-rank snapshot, node1's copy
+    (newer than storage's newest), which the history records as resharded_from 4."""
     job = fewer_nodes
     failures = job.named("failure_detected")
     assert [(f["kind"], f["nodes"]) for f in failures] == [("node_failure", ["node2"])], (
@@ -452,4 +454,9 @@ def test_job_goes_on_with_fewer_nodes(fewer_nodes: TrainerJob) -> None:
     attempts = job.named("attempt_started")
     assert [a["nnodes"] for a in attempts] == [2, 1]
     assert attempts[1]["resume_step"] > 0 and attempts[1]["resharded_from"] == 4
+    assert attempts[1]["source"] == "memory", attempts[1]
+    loaded = [e for e in job.named("checkpoint_loaded") if e["attempt"] == 2]
+    assert [(e["source"], e["world_size"]) for e in loaded] == [("memory", 4)], loaded
+    assert loaded[0]["resume_step"] == attempts[1]["resume_step"]
+    assert loaded[0]["resume_step"] > failures[0]["last_step"] - 3, (loaded, failures)
     assert job.named("job_succeeded")
