@@ -191,6 +191,8 @@ class Runtime:
                 save_reports.outcome(self.channel, self.rank, outcome)
         if now >= self.hb_due:
             self._heartbeat(step, now)
+            if self.memory is not None:
+                self.memory.heartbeat(now)
         if self.sync_mode:
             self._sync_round(step)
         if step >= self.verify_next:

@@ -193,6 +193,18 @@ class MemoryTier:
         if end - self._reported >= _REPORT_EVERY_S:
             self._report(end)
 
+    def heartbeat(self, now: float) -> None:
+        """Rank 0, at a heartbeat: hear how the snapshot in flight ended and, when it did,
+        send the summary now (else the count and newest step wait for the next snapshot,
+        which "auto" may put off for many steps, and the summary of an attempt that is
+        killed meanwhile misses them). One poll of the writer's socket, no more."""
+        if self.rank != 0 or self.off or self.saver.in_flight is None:
+            return
+        count = self.count
+        self._heard(self.saver.poll())
+        if self.count != count:
+            self._report(now)
+
     def close(self) -> None:
         """At the rank's end: the summary is sent and the writer stops; a snapshot still being
         written is abandoned (nothing resumes from it now)."""
