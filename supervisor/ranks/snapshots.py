@@ -144,7 +144,11 @@ class MemoryTier:
         skips, and a later attempt would take the newest); the steps discarded."""
         folders = [self.directory]
         with contextlib.suppress(OSError):
-            folders += [entry for entry in self.directory.iterdir() if entry.is_dir()]
+            folders += [
+                entry
+                for entry in self.directory.iterdir()
+                if entry.is_dir() and not layout.is_rvsup_entry(entry.name)  # a node's folder
+            ]
         discarded: set[int] = set()
         for folder in folders:  # this node's copies (each node's are discarded by its ranks)
             discarded.update(layout.discard_from(folder, step)[0])

@@ -152,7 +152,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
     layout.fsync_dir(job.tmp)
     reached("written", job.step)
     if job.peers:
-        _replicate(job, pickle.dumps((where, crc, job.dcp_metadata)))
+        _replicate(job, crc, pickle.dumps((where, crc, job.dcp_metadata)))
     if job.rank != job.leader:
         # into the pending marker, then renamed: rank 0 never sees a part written half
         write_bytes_durable(pending_marker(job.tmp, job.rank), pickle.dumps((where, crc)))
@@ -217,17 +217,14 @@ def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int, bytes | None]]:
     return parts
 
 
-def _replicate(job: SaveJob, marker: bytes) -> None:
-    """Push this rank's files, then its marker, to every peer's node (raises when one fails)."""
+def _replicate(job: SaveJob, crc: int, marker: bytes) -> None:
+    """Push this rank's files (its DCP file's CRC ``crc``, -1: none), then its marker, to every
+    peer's node (raises when one fails)."""
     from worker_sdk.checkpoint.memory.replica import push
 
     names = [SHARED] if job.shared is not None else []
     names.append(rank_file(job.rank))
-    dcp = job.tmp / DCP_DIR
-    if job.dcp_items is not None and dcp.is_dir():
-        names += sorted(
-            f"{DCP_DIR}/{p.name}" for p in dcp.iterdir() if p.name.startswith(f"__{job.rank}_")
-        )
+    names += [name for name, _ in _dcp.names(job.rank, [-1, crc])]
     files: list[tuple[str, Path | bytes]] = [(name, job.tmp / name) for name in names]
     files.append((written_marker(job.tmp, job.rank).name, marker))
     for peer in job.peers:

@@ -74,10 +74,11 @@ def _load(
     floor, damaged = _newest_storage_step(checkpointer.directory)
     lowest = 0 if floor is None else floor + 1
     snapshots, highest, source = Path(directory), int(chosen), "memory"
-    if memory is not None and memory.nodes is not None:  # several nodes: each its own copy
+    nodes = None if memory is None else memory.nodes
+    if memory is not None and nodes is not None:  # several nodes: each its own copy
         snapshots = memory.checkpointer.directory
         highest, healed = _nodes.heal(
-            memory.nodes, snapshots, rank=checkpointer.rank, lowest=lowest, highest=highest
+            nodes, snapshots, rank=checkpointer.rank, lowest=lowest, highest=highest
         )
         if highest < 0:
             return _with_skipped(checkpointer.load_latest(objects, extra), damaged)
@@ -103,7 +104,6 @@ def _load(
         return _with_skipped(storage, result.skipped)
     where = snapshots / layout.committed_name(highest)
     reason = f"the restore failed on rank(s) {failed}" + (f": {error}" if error else "")
-    nodes = None if memory is None else memory.nodes
     if checkpointer.rank == 0 if nodes is None else nodes.is_leader(checkpointer.rank):
         for info in layout.scan(snapshots)[0]:
             if lowest <= info.step <= highest:

@@ -5,22 +5,13 @@ the next snapshot, which "auto" may put off for many steps."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.helpers.sdk_fakes import Sent
 from worker_sdk.checkpoint.background.async_save import Outcome
 from worker_sdk.checkpoint.memory import tier as tier_module
-from worker_sdk.contract import messages as m
-
-
-class _Channel:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def send(self, body: Any) -> bool:
-        self.sent.append(body)
-        return True
+from worker_sdk.contract import protocol as p
 
 
 class _Saver:
@@ -47,7 +38,7 @@ def _tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: int) -> tier_mo
     tier = tier_module.MemoryTier(
         tmp_path, rank=rank, world_size=2, attempt_tag="a1", every=None, channel=None
     )
-    tier.channel = _Channel()  # type: ignore[assignment]
+    tier.channel = Sent()  # type: ignore[assignment]
     return tier
 
 
@@ -58,19 +49,19 @@ def test_a_snapshot_that_ended_is_reported_at_the_next_heartbeat(
     the step and the bytes; nothing more until another snapshot ends."""
     tier = _tier(tmp_path, monkeypatch, rank=0)
     saver, channel = tier.saver, tier.channel
-    assert isinstance(saver, _Saver) and isinstance(channel, _Channel)
+    assert isinstance(saver, _Saver) and isinstance(channel, Sent)
     tier.heartbeat(10.0)
-    assert (saver.polls, channel.sent) == (0, [])  # nothing in flight: not even a poll
+    assert (saver.polls, channel.messages) == (0, [])  # nothing in flight: not even a poll
     saver.in_flight = object()
     tier.heartbeat(11.0)
-    assert (saver.polls, channel.sent) == (1, [])  # still being written
+    assert (saver.polls, channel.messages) == (1, [])  # still being written
     saver.done = Outcome(7, True, None, tmp_path, 123, 0.1, 0.01)
     tier.heartbeat(12.0)
-    (sent,) = channel.sent
-    assert isinstance(sent, m.Snapshots)
-    assert (sent.count, sent.newest, sent.nbytes, sent.failed) == (1, 7, 123, None)
+    ((kind, newest, _, payload),) = channel.messages
+    assert kind == p.Kind.SNAPSHOTS
+    assert (payload["count"], newest, payload["bytes"], payload["failed"]) == (1, 7, 123, None)
     tier.heartbeat(13.0)
-    assert len(channel.sent) == 1 and saver.polls == 2
+    assert len(channel.messages) == 1 and saver.polls == 2
 
 
 def test_other_ranks_say_nothing_at_heartbeats(
@@ -79,8 +70,8 @@ def test_other_ranks_say_nothing_at_heartbeats(
     """Rank 0 sums up; the others' writers are heard at their next snapshot, as before."""
     tier = _tier(tmp_path, monkeypatch, rank=1)
     saver, channel = tier.saver, tier.channel
-    assert isinstance(saver, _Saver) and isinstance(channel, _Channel)
+    assert isinstance(saver, _Saver) and isinstance(channel, Sent)
     saver.in_flight = object()
     saver.done = Outcome(7, False, None, tmp_path, 123, 0.1, 0.01)
     tier.heartbeat(12.0)
-    assert (saver.polls, channel.sent) == (0, [])
+    assert (saver.polls, channel.messages) == (0, [])
