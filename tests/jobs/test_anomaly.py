@@ -109,7 +109,12 @@ def test_spike_confirmed_after_later_commits_still_rolls_back_before_its_onset(
 ) -> None:
     """keep_last = 1 and a checkpoint every 5 steps: a spike from step 40 needs 8 high
     heartbeats, and checkpoints after the onset are committed meanwhile; pruning keeps the one
-    of step 39, so the rollback goes back to it (not to the start) and the job finishes."""
+    of step 39, so the rollback goes back to it (not to the start) and the job finishes.
+
+    The protection follows the heartbeats: when the one of step 39 reaches the supervisor only
+    after the ranks committed step 44 (a loaded machine: the window is about 0.3 s), the prune
+    of step 44 still keeps the one before, of step 34, and the rollback goes back to that one.
+    Either is right; going back to the start or giving up is not."""
     env = {"LOSS": "tensor", "SPIKE": "40:70:1000", "STEP_SLEEP": "0.05"}
     job = write_job(
         tmp_path,
@@ -127,7 +132,8 @@ def test_spike_confirmed_after_later_commits_still_rolls_back_before_its_onset(
     committed = [e["step"] for e in named(evs, "checkpoint_committed")]
     assert any(anomaly["onset"] <= s < anomaly["step"] for s in committed), committed
     [back] = named(evs, "rolled_back")
-    assert back["to_step"] == max(s for s in committed if s < anomaly["onset"])
+    before_onset = sorted(s for s in committed if s < anomaly["onset"])
+    assert back["to_step"] in before_onset[-2:], (back, committed)
     assert back["resume_step"] == max(anomaly["step"] + 1, anomaly["onset"] + 35)
     assert back["skipped_steps"] < 50  # not back to the start
     assert named(evs, "job_succeeded")
