@@ -148,13 +148,20 @@ def resume(
         from .checkpoint.memory.load import load
         from .checkpoint.memory.tier import from_environment
 
-        # the memory tier's writer starts now: its start-up overlaps the restore
-        memory = from_environment(
-            rank=rank, world_size=world_size, attempt_tag=settings.attempt_tag
-        )
+        # the memory tier's writer starts now: its start-up overlaps the restore. None for a
+        # framework that saves its own checkpoints: rvsup holds none of its state, and a
+        # snapshot would name a step the framework cannot load
+        if not external:
+            memory = from_environment(
+                rank=rank, world_size=world_size, attempt_tag=settings.attempt_tag
+            )
         loaded = load(checkpointer, objects, extra, memory)  # a snapshot, else storage
     else:
         loaded = LoadResult(step=None, path=None, extra=extra, skipped=())
+    if memory is None:  # a writer forked for the tier beside this rank: nothing adopts it
+        from .checkpoint.background.async_save import release_forked_writer
+
+        release_forked_writer()
     channel = None
     if settings.supervised:
         from .runtime.channel import Channel

@@ -16,6 +16,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.ranks.snapshots import snapshot_dir
+from tests.helpers import memory_cgroup
 from tests.helpers.harness import events, named, running, rvsup, status, wait_for, write_job
 from tests.helpers.states import assert_same_state, load_final
 from worker_sdk.contract import layout
@@ -149,3 +150,33 @@ def test_a_killed_daemons_snapshots_are_used_by_the_next_start(
     assert second["source"] == "memory" and second["resume_step"] >= newest + 1
     assert_same_state(load_final(reference_final), load_final(final))
     assert not shm_dir.exists()
+
+
+@pytest.mark.parametrize(("ballast_mb", "fits"), [(150, False), (0, True)])
+def test_the_tier_takes_only_the_memory_the_jobs_limit_leaves(
+    tmp_path: Path, ballast_mb: int, fits: bool
+) -> None:
+    """The job in a memory cgroup limited to 1.5 GB (root; skipped otherwise), a snapshot every
+    step: with 150 MB more state per rank, the snapshots (about 1.3 GB on the node) do not fit
+    what the limit leaves, and without the room check the kernel's OOM killer kills a rank at
+    every attempt until the job gives up; with it the tier turns off with the figures and the
+    job finishes, no failure. With the small state the snapshots fit, and are taken."""
+    job = write_job(
+        tmp_path,
+        total=30,
+        env={"BALLAST_MB": str(ballast_mb), "STEP_SLEEP": "0.05"},
+        checkpoint=f'every_steps = 50\nmemory_every_steps = 1\nmemory_dir = "{tmp_path / "shm"}"',
+    )
+    with memory_cgroup.limited(1500 * 2**20, "room-test") as group:
+        res = memory_cgroup.start_in(group, job, timeout=240)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    assert not named(evs, "failure_detected")
+    offs = named(evs, "memory_tier_off")
+    (summary,) = named(evs, "memory_snapshots")
+    if fits:
+        assert not offs and summary["count"] >= 1, (offs, summary)
+    else:
+        (off,) = offs
+        assert off["reason"].startswith("not enough memory for snapshots"), off
+        assert "memory limit of cgroup" in off["reason"] and summary["count"] == 0

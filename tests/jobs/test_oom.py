@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import memory_cgroup
 from tests.helpers.harness import events, named, rvsup, write_job
 
 pytestmark = pytest.mark.process
@@ -55,39 +54,11 @@ def test_oom_before_the_sdk_is_found_in_stderr(tmp_path: Path) -> None:
     assert kinds == ["oom"]
 
 
-def _own_memory_cgroup() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            return base if (base / "memory.limit_in_bytes").exists() else None
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            return base if (base / "memory.max").exists() else None
-    return None
-
-
 @pytest.fixture
 def limited_cgroup() -> Iterator[Path]:
     """A child memory cgroup limited to 400 MB (removed afterwards)."""
-    parent = _own_memory_cgroup()
-    if parent is None or not os.access(parent, os.W_OK):
-        pytest.skip("no writable memory cgroup on this machine")
-    child = parent / f"rvsup-oom-test-{os.getpid()}"
-    try:
-        child.mkdir()
-        limit = str(400 * 2**20)
-        if (child / "memory.limit_in_bytes").exists():
-            (child / "memory.limit_in_bytes").write_text(limit)
-        else:
-            (child / "memory.max").write_text(limit)
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory-limited cgroup: {exc}")
-    try:
-        yield child
-    finally:
-        with contextlib.suppress(OSError):
-            child.rmdir()
+    with memory_cgroup.limited(400 * 2**20, "oom-test") as group:
+        yield group
 
 
 def test_kernel_oom_kill_in_a_memory_cgroup_is_classified_oom(

@@ -78,3 +78,26 @@ def test_external_mode_registers_nothing_and_checkpointed_needs_it(tmp_path: Pat
     worker_sdk.resume(external=True, every_steps=1)
     assert not any(worker_sdk.step(s) for s in range(5))
     worker_sdk.checkpointed(4, tmp_path / "x")  # nothing to mark: a no-op
+
+
+def test_the_memory_tier_takes_no_snapshot_of_a_framework_that_saves_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory tier on (RVSUP_MEMORY_DIR, a snapshot every step): rvsup holds none of the
+    framework's state, so a snapshot could only name a step the framework cannot load. No
+    writer is started, no snapshot written, and the next resume names the framework's own
+    checkpoint."""
+    shm = tmp_path / "shm"
+    monkeypatch.setenv("RVSUP_MEMORY_DIR", str(shm))
+    monkeypatch.setenv("RVSUP_MEMORY_EVERY", "1")
+    ckpt = tmp_path / "ckpt"
+    worker_sdk.resume(external=True, checkpoint_dir=ckpt, every_steps=5)
+    for s in range(8):
+        if worker_sdk.step(s):
+            (tmp_path / f"own-{s}.pt").write_bytes(b"the framework's bytes")
+            worker_sdk.checkpointed(s, tmp_path / f"own-{s}.pt")
+    assert worker_sdk._current is not None and worker_sdk._current.memory is None
+    assert not shm.exists() or not any(shm.iterdir())
+    worker_sdk._reset_for_tests()
+    start, path = worker_sdk.resume(external=True, checkpoint_dir=ckpt, every_steps=5)
+    assert (start, path) == (5, str(tmp_path / "own-4.pt"))

@@ -23,7 +23,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
@@ -37,9 +37,10 @@ from worker_sdk.contract.protocol import ENV_FORKED_WRITER
 from .arena import Arena
 from .writer import SaveJob, mark_failed
 
-__all__ = ["AsyncSaver", "Outcome"]
+__all__ = ["AsyncSaver", "Outcome", "release_forked_writer"]
 
 _PART_WAIT_S: Final = 600.0  # rank 0's writer: how long to wait for the other ranks' parts
+_RELEASE_WAIT_S: Final = 2.0  # for a forked writer let go to end
 _SLACK: Final = 1.0625  # an arena is allocated this much larger than needed (state may grow)
 
 
@@ -78,6 +79,10 @@ class AsyncSaver:
         """Set on every job (several nodes: ``peers``, ``replica_key``, ``leader``)."""
         self._listening = False
         self._endpoint: str | None = None
+        self.before_growth: Callable[[int, int], None] | None = None
+        """Called before a staging arena is allocated or grown, with the bytes it adds and
+        the size of all of them after; may raise (nothing is staged then: the memory tier's
+        room check, :mod:`worker_sdk.checkpoint.memory.room`)."""
 
     def start(self) -> None:
         """Start the writer now, so that its start-up (importing torch) overlaps training."""
@@ -87,23 +92,12 @@ class AsyncSaver:
         """Take the writer forked beside this rank before its code ran, where there is one and
         it lives (``RVSUP_FORKED_WRITER``, set by the zygote's child: docs/memory-tier.md): no
         interpreter to start, no torch to import. Once per process: the variable is removed."""
-        raw = os.environ.pop(ENV_FORKED_WRITER, None)
-        if raw is None or self._proc is not None:
+        if self._proc is not None:
             return False
-        try:
-            fd, pid = (int(word) for word in raw.split())
-        except ValueError:
+        forked = _forked_writer()
+        if forked is None:
             return False
-        writer = _ForkedWriter(pid)
-        try:
-            ours = stat.S_ISSOCK(os.fstat(fd).st_mode) and writer.poll() is None
-        except (OSError, ChildProcessError):  # not our child, or not our socket
-            return False
-        if not ours:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            return False
-        self._proc, self._conn = writer, Connection(fd)
+        self._proc, self._conn = forked[0], Connection(forked[1])
         return True
 
     # ------------------------------------------------------------------ the save
@@ -290,7 +284,11 @@ class AsyncSaver:
         arena = self._arenas.get(key)
         if arena is not None and arena.size >= nbytes:
             return arena
-        fresh = Arena.create(f"{key}-{self.ck.rank}", int(nbytes * _SLACK))
+        size = int(nbytes * _SLACK)
+        if self.before_growth is not None:
+            others = sum(a.size for k, a in self._arenas.items() if k != key)
+            self.before_growth(size - (0 if arena is None else arena.size), others + size)
+        fresh = Arena.create(f"{key}-{self.ck.rank}", size)
         assert self._proc is not None
         assert self._conn is not None
         self._conn.send(("arena", key, fresh.size))
@@ -299,6 +297,43 @@ class AsyncSaver:
             arena.close()
         self._arenas[key] = fresh
         return fresh
+
+
+def release_forked_writer() -> None:
+    """Let the writer forked beside this rank go, where nothing will adopt it (a framework
+    that saves its own checkpoints): its socket closed, it ends, and is reaped here."""
+    forked = _forked_writer()
+    if forked is None:
+        return
+    writer, fd = forked
+    os.close(fd)  # the writer reads the end of its socket and returns
+    try:
+        writer.wait(_RELEASE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        writer.kill()
+        writer.wait()
+
+
+def _forked_writer() -> tuple[_ForkedWriter, int] | None:
+    """The writer forked beside this rank and its socket (``RVSUP_FORKED_WRITER``, removed:
+    once per process), where there is one, it lives and is this process's child."""
+    raw = os.environ.pop(ENV_FORKED_WRITER, None)
+    if raw is None:
+        return None
+    try:
+        fd, pid = (int(word) for word in raw.split())
+    except ValueError:
+        return None
+    writer = _ForkedWriter(pid)
+    try:
+        ours = stat.S_ISSOCK(os.fstat(fd).st_mode) and writer.poll() is None
+    except (OSError, ChildProcessError):  # not our child, or not our socket
+        return None
+    if not ours:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return None
+    return writer, fd
 
 
 class _ForkedWriter:

@@ -40,6 +40,7 @@ from worker_sdk.spawn.local_world import every_rank_here
 
 from . import interval as _interval
 from . import nodes as _nodes
+from . import room as _room
 
 if TYPE_CHECKING:
     from worker_sdk.runtime.channel import Channel
@@ -70,6 +71,7 @@ class MemoryTier:
             directory, rank=rank, world_size=world_size, attempt_tag=attempt_tag, keep_last=KEEP
         )
         self.saver = AsyncSaver(self.checkpointer)
+        self.saver.before_growth = self._check_room
         self.rank = rank
         self.world_size = world_size
         self.every = every  # None: "auto"
@@ -178,10 +180,10 @@ class MemoryTier:
             self.interval = step - self._mark[1]
         try:
             previous = self.saver.submit(step, objects, extra)
+        except _room.NoRoomError as e:  # the room check's sentence says it all
+            self._failed_at(step, str(e))
         except Exception as e:  # noqa: BLE001 - a full /dev/shm, a memory limit: off at the next snapshot
-            self.failed = f"{type(e).__name__}: {e}"
-            tmp = self.checkpointer.directory / temp_name(step, self.checkpointer.attempt_tag)
-            mark_failed(tmp, self.rank, self.failed)  # rank 0's writer stops waiting for us
+            self._failed_at(step, f"{type(e).__name__}: {e}")
         else:
             self._heard(previous)
         end = time.monotonic()
@@ -227,6 +229,29 @@ class MemoryTier:
             self.count += 1
             self.newest = outcome.step
             self.nbytes = outcome.nbytes or self.nbytes
+
+    def _failed_at(self, step: int, why: str) -> None:
+        """This rank could not stage the snapshot of ``step``: off at the next snapshot."""
+        self.failed = why
+        tmp = self.checkpointer.directory / temp_name(step, self.checkpointer.attempt_tag)
+        mark_failed(tmp, self.rank, why)  # rank 0's writer stops waiting for us
+
+    def _check_room(self, growth: int, arenas: int) -> None:
+        """Before a staging arena is allocated or grown: raise :class:`.room.NoRoomError` when what
+        the snapshots need on this node does not fit (:mod:`.room`; the part is taken as large
+        as the arenas)."""
+        here = _ranks_here(self.world_size)
+        directory = self.checkpointer.directory
+        needed = _room.need(
+            arena_growth=growth,
+            part=arenas,
+            ranks_here=here,
+            nodes=max(1, self.world_size // here),
+            held=_room.bytes_in(directory),
+        )
+        why = _room.shortfall(needed, _room.measure(directory), directory)
+        if why is not None:
+            raise _room.NoRoomError(why)
 
     def _turn_off(self, ranks: list[int]) -> None:
         """Storage only for the rest of the attempt (every rank decides it at the same step)."""
@@ -282,6 +307,14 @@ def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryT
         channel=None,
         nodes=nodes,
     )
+
+
+def _ranks_here(world_size: int) -> int:
+    """torchrun's ``LOCAL_WORLD_SIZE`` (the world where it is unset or not a number)."""
+    try:
+        return max(1, min(world_size, int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)))
+    except ValueError:
+        return max(1, world_size)
 
 
 def on_one_node(world_size: int) -> bool:

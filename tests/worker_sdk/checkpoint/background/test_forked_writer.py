@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +90,27 @@ def test_a_writer_that_died_is_not_taken(
         os.fstat(fd)
     theirs.close()
     dead.wait()
+
+
+def test_a_writer_nothing_adopts_is_let_go_and_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework that saves its own checkpoints takes no snapshot: the writer forked beside
+    the rank reads the end of its socket, ends, and is reaped (no idle process beside every
+    rank, no zombie); the variable is removed."""
+    from worker_sdk.checkpoint.background.async_save import release_forked_writer
+
+    mine, theirs = socket.socketpair()
+    # stands in for the writer: serves until its socket ends, as writer.serve does
+    serve = "import socket, sys; socket.socket(fileno=int(sys.argv[1])).recv(1); sys.exit(7)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", serve, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+    )
+    theirs.close()
+    try:
+        monkeypatch.setenv(ENV_FORKED_WRITER, f"{mine.detach()} {proc.pid}")
+        release_forked_writer()
+        assert ENV_FORKED_WRITER not in os.environ
+        with pytest.raises(ProcessLookupError):  # ended and reaped here
+            os.kill(proc.pid, 0)
+    finally:
+        proc.kill()
+        proc.wait()
