@@ -220,8 +220,9 @@ class Rvsup(Tool):
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
     native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
     hang_timeout_max: str | None = None  # None: rvsup's default
-    memory_every_steps: int | str | None = None  # the memory tier's interval ("auto" or a
-    # number of steps); None: the default (off)
+    memory_every_steps: int | str | None = "off"  # the memory tier's interval ("auto" or a
+    # number of steps); "off" unless a figure is about the tier (rvsup's columns of the other
+    # figures are storage-only, as before the tier's default became "auto"); None: the default
 
     def job_toml(self, spec: Spec) -> str:
         command = json.dumps([sys.executable, str(self.script)])

@@ -192,12 +192,13 @@ class CheckpointSection:
       the one a rollback for a loss anomaly not yet confirmed may need (docs/anomalies.md).
     - ``async`` (default false): training blocks only while the state is copied to shared
       memory; a background process per rank writes, fsyncs and commits.
-    - ``memory_every_steps`` (default ``"off"``): the memory tier (docs/memory-tier.md):
+    - ``memory_every_steps`` (default ``"auto"``): the memory tier (docs/memory-tier.md):
       between storage checkpoints, a snapshot of every rank's state in host shared memory every
       N steps, from which a restart resumes when it is newer than storage's newest; ``"auto"``
       picks N so that snapshots block ``step()`` for at most 1 % of the training time (every
-      step when the state is small); ``"off"`` (or 0) disables it. Off by default until it is
-      proven across the suite and the chaos campaign. On several nodes every node keeps a
+      step when the state is small); ``"off"`` (or 0) disables it. Where the node's memory (the
+      job's memory cgroup, the host) or ``memory_dir`` has no room for the snapshots, the tier
+      turns itself off for the attempt, with an event. On several nodes every node keeps a
       copy of every snapshot, so that a lost node's ranks resume from another node's memory.
     - ``memory_dir`` (default ``"/dev/shm"``): the tmpfs the snapshots live in (the job's own
       directory is made inside it and removed at the job's end).
@@ -207,7 +208,7 @@ class CheckpointSection:
     every_s: float | None
     keep_last: int
     async_save: bool = False
-    memory_every_steps: int | None = 0  # None: "auto"; 0: off
+    memory_every_steps: int | None = None  # None: "auto"; 0: off
     memory_dir: str = "/dev/shm"
 
 

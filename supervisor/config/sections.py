@@ -172,7 +172,7 @@ def read_checkpoint(t: Table) -> CheckpointSection:
         every_s=t.read("every", "30m", duration_or("off", off=True)),
         keep_last=t.read("keep_last", 3, integer(1)),
         async_save=t.read("async", False, boolean),
-        memory_every_steps=t.read("memory_every_steps", "off", _steps_auto_or_off),
+        memory_every_steps=t.read("memory_every_steps", "auto", _steps_auto_or_off),
         memory_dir=t.read("memory_dir", "/dev/shm", path_text),
     )
 

@@ -12,14 +12,17 @@ from benchmarks.tools import Rvsup, Spec
 from supervisor.config import load_config
 
 
-@pytest.mark.parametrize(("every", "parsed"), [("auto", None), (5, 5), (None, 0)])
+@pytest.mark.parametrize(
+    ("every", "parsed"), [("auto", None), (5, 5), ("off", 0), (None, None), ("unset", 0)]
+)
 def test_an_rvsup_column_writes_its_memory_tier_into_the_job(
     tmp_path: Path, every: int | str | None, parsed: int | None
 ) -> None:
-    """``memory_every_steps`` "auto", a number, or nothing (the shipped default, off) is what
-    the job rvsup loads says."""
+    """``memory_every_steps`` "auto", a number, "off", or nothing (the shipped default, "auto")
+    is what the job rvsup loads says; a column that does not say is storage-only."""
     job = tmp_path / "job.toml"
-    job.write_text(Rvsup(memory_every_steps=every).job_toml(Spec(steps=100, ckpt_every=50)))
+    tool = Rvsup() if every == "unset" else Rvsup(memory_every_steps=every)
+    job.write_text(tool.job_toml(Spec(steps=100, ckpt_every=50)))
     assert load_config(job).checkpoint.memory_every_steps == parsed
 
 

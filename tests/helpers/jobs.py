@@ -22,12 +22,17 @@ def write_job_file(
     job_keys: str = "",
     tables: Mapping[str, str] | None = None,
     extra: str = "",
+    memory_tier: str | None = "off",
 ) -> Path:
     """Write ``directory/job.toml`` and return its path.
 
     ``run_dir``/``checkpoint_dir`` None leaves the key out (rvsup's default); ``env`` becomes
     ``[job] env``; ``job_keys`` are more ``[job]`` lines, verbatim; ``tables`` maps a table's
     name to its body (``{"restart": "max_restarts = 0"}``); ``extra`` is appended verbatim.
+
+    ``memory_tier``: the ``memory_every_steps`` of a job whose ``[checkpoint]`` table does not
+    say; ``"off"`` unless asked (the tests of everything else assert what storage checkpoints
+    do: where a restart resumes, what it redoes); None: rvsup's default (``"auto"``).
     """
     lines = ["[job]", f"name = {json.dumps(name)}", f"command = {json.dumps(list(command))}"]
     for key, value in (("run_dir", run_dir), ("checkpoint_dir", checkpoint_dir)):
@@ -38,7 +43,12 @@ def write_job_file(
         lines.append(f"env = {{ {pairs} }}")
     if job_keys:
         lines.append(job_keys)
-    for table, body in (tables or {}).items():
+    tables = dict(tables or {})
+    if memory_tier is not None and "[checkpoint]" not in extra:
+        body = tables.get("checkpoint", "")
+        if "memory_every_steps" not in body:
+            tables["checkpoint"] = f"{body}\nmemory_every_steps = {json.dumps(memory_tier)}"
+    for table, body in tables.items():
         lines += ["", f"[{table}]", body]
     path = directory / "job.toml"
     path.write_text("\n".join(lines) + "\n" + extra)

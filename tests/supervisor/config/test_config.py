@@ -193,6 +193,11 @@ def test_minimal_file_gets_every_default() -> None:
         restart=RestartSection(5, 5.0, 300.0, 2, "restart", "restart"),
         slurm=SlurmSection("auto", 300.0),
     )
+    # the memory tier is on ("auto", None), in /dev/shm: not merely the dataclass's default
+    assert (parse(MINIMAL).checkpoint.memory_every_steps, parse(MINIMAL).checkpoint.memory_dir) == (
+        None,
+        "/dev/shm",
+    )
 
 
 @pytest.mark.parametrize(
