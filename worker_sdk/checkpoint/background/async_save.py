@@ -79,10 +79,10 @@ class AsyncSaver:
         """Set on every job (several nodes: ``peers``, ``replica_key``, ``leader``)."""
         self._listening = False
         self._endpoint: str | None = None
-        self.before_growth: Callable[[int, int], None] | None = None
-        """Called before a staging arena is allocated or grown, with the bytes it adds and
-        the size of all of them after; may raise (nothing is staged then: the memory tier's
-        room check, :mod:`worker_sdk.checkpoint.memory.room`)."""
+        self.before_growth: Callable[[str, int, dict[str, int]], None] | None = None
+        """Called before a staging arena is allocated or grown, with its key, the bytes it
+        adds and the size of every arena after; may raise (nothing is staged then: the memory
+        tier's room check, :mod:`worker_sdk.checkpoint.memory.room`)."""
 
     def start(self) -> None:
         """Start the writer now, so that its start-up (importing torch) overlaps training."""
@@ -286,8 +286,8 @@ class AsyncSaver:
             return arena
         size = int(nbytes * _SLACK)
         if self.before_growth is not None:
-            others = sum(a.size for k, a in self._arenas.items() if k != key)
-            self.before_growth(size - (0 if arena is None else arena.size), others + size)
+            sizes = {k: a.size for k, a in self._arenas.items()} | {key: size}
+            self.before_growth(key, size - (0 if arena is None else arena.size), sizes)
         fresh = Arena.create(f"{key}-{self.ck.rank}", size)
         assert self._proc is not None
         assert self._conn is not None

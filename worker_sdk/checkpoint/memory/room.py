@@ -9,12 +9,16 @@ first snapshot of an attempt, and a state that grew) whether what the snapshots 
 this node fits, and turns itself off for the attempt (``memory_tier_off``, with the figures)
 when it does not. Storage checkpoints go on.
 
-What the snapshots need on a node, for a rank part of ``P`` bytes (every rank's taken as
-this rank's) with ``L`` ranks per node on ``N`` nodes: the arenas, ``L`` of them, and the
-snapshot directory at its fullest, :data:`SNAPSHOTS_AT_ONCE` snapshots (the two kept and the
-one being written) of every rank whose copy this node keeps (``L * N``: on several nodes, every
-node keeps every snapshot), less what the directory holds already (an earlier attempt's
-snapshots, replaced as new ones commit).
+What the snapshots need on a node, with ``L`` ranks per node on ``N`` nodes: the snapshot
+directory at its fullest, :data:`SNAPSHOTS_AT_ONCE` snapshots (the two kept and the one being
+written), each of them the state saved once (the replicated state of plain and DDP models,
+which rank 0 saves for every rank) and the part of every rank whose copy this node keeps
+(``L * N``: on several nodes, every node keeps every snapshot), less what the directory holds
+already (an earlier attempt's snapshots, replaced as new ones commit); and the staging arenas.
+Each rank works it out from its own sizes: rank 0 knows the state saved once, and takes the
+other ranks' parts as large as its own part; the others take every rank's part as large as
+theirs (sharded state: shards of about one size). One rank's figure that does not fit turns
+the tier off for every rank.
 
 The room: the tmpfs's free space (for the directory), and the memory left (for both): the
 least, over the process's memory cgroups (v2, or v1's memory controller) and their ancestors
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Final
 
 __all__ = [
+    "ONCE_KEY",
     "SHARE",
     "SNAPSHOTS_AT_ONCE",
     "Need",
@@ -48,6 +53,7 @@ __all__ = [
     "working_set",
 ]
 
+ONCE_KEY: Final = "local"  # rank 0's arena of this key holds the state saved once for all
 SHARE: Final = 0.5  # of the memory left (and of the tmpfs's free space) the snapshots may take
 SNAPSHOTS_AT_ONCE: Final = 3  # the two kept, and the one being written
 _UNLIMITED: Final = 2**60  # v1 reports "no limit" as a huge number (page-rounded LONG_MAX)
@@ -79,15 +85,29 @@ class Need:
         return self.snapshots + self.arenas
 
 
-def need(*, arena_growth: int, part: int, ranks_here: int, nodes: int, held: int) -> Need:
-    """What this node's snapshots need beyond what it holds (module docstring): each of its
-    ``ranks_here`` ranks grows its arenas by ``arena_growth`` bytes; the directory, which holds
-    ``held`` bytes, reaches :data:`SNAPSHOTS_AT_ONCE` snapshots of ``part`` bytes per rank
-    whose copy the node keeps."""
-    if min(arena_growth, part, held) < 0 or ranks_here < 1 or nodes < 1:
-        raise ValueError(f"bad sizes: {arena_growth}, {part}, {ranks_here}, {nodes}, {held}")
-    fullest = SNAPSHOTS_AT_ONCE * part * ranks_here * nodes
-    return Need(snapshots=max(0, fullest - held), arenas=arena_growth * ranks_here)
+def need(
+    *,
+    arena_growth: int,
+    once: int,
+    per_rank: int,
+    once_growing: bool,
+    ranks_here: int,
+    nodes: int,
+    held: int,
+) -> Need:
+    """What this node's snapshots need beyond what it holds (module docstring). A snapshot is
+    ``once`` bytes held once per node (the replicated state rank 0 saves for every rank) and
+    ``per_rank`` bytes for each rank whose copy the node keeps; the directory, which holds
+    ``held`` bytes, reaches :data:`SNAPSHOTS_AT_ONCE` of them. An arena grows by
+    ``arena_growth`` bytes: once when it is the ``once`` arena (``once_growing``), else on each
+    of the node's ``ranks_here`` ranks."""
+    if min(arena_growth, once, per_rank, held) < 0 or ranks_here < 1 or nodes < 1:
+        raise ValueError(
+            f"bad sizes: {arena_growth}, {once}, {per_rank}, {ranks_here}, {nodes}, {held}"
+        )
+    fullest = SNAPSHOTS_AT_ONCE * (once + per_rank * ranks_here * nodes)
+    arenas = arena_growth if once_growing else arena_growth * ranks_here
+    return Need(snapshots=max(0, fullest - held), arenas=arenas)
 
 
 def shortfall(needed: Need, room: Room, directory: Path, share: float = SHARE) -> str | None:

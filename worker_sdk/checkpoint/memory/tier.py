@@ -236,15 +236,19 @@ class MemoryTier:
         tmp = self.checkpointer.directory / temp_name(step, self.checkpointer.attempt_tag)
         mark_failed(tmp, self.rank, why)  # rank 0's writer stops waiting for us
 
-    def _check_room(self, growth: int, arenas: int) -> None:
+    def _check_room(self, key: str, growth: int, sizes: dict[str, int]) -> None:
         """Before a staging arena is allocated or grown: raise :class:`.room.NoRoomError` when what
-        the snapshots need on this node does not fit (:mod:`.room`; the part is taken as large
-        as the arenas)."""
+        the snapshots need on this node does not fit (:mod:`.room`). Rank 0's local arena holds
+        the replicated state, saved once (:data:`.room.ONCE_KEY`); the others' parts, and every
+        rank's DCP shards, are taken as large as this rank's."""
         here = _ranks_here(self.world_size)
         directory = self.checkpointer.directory
+        once = sizes.get(_room.ONCE_KEY, 0) if self.rank == 0 else 0
         needed = _room.need(
             arena_growth=growth,
-            part=arenas,
+            once=once,
+            per_rank=sum(sizes.values()) - once,
+            once_growing=self.rank == 0 and key == _room.ONCE_KEY,
             ranks_here=here,
             nodes=max(1, self.world_size // here),
             held=_room.bytes_in(directory),

@@ -13,25 +13,49 @@ from worker_sdk.checkpoint.memory.room import Need, Room
 MB = 2**20
 
 NEEDS = [
-    # arena growth, part, ranks here, nodes, held -> snapshots, arenas
-    (100, 100, 1, 1, 0, 300, 100),  # one rank: three snapshots at once, one arena
-    (100, 100, 4, 1, 0, 1200, 400),  # every rank of the node
-    (100, 100, 2, 3, 0, 1800, 200),  # several nodes: every node keeps every rank's part
-    (100, 100, 2, 1, 200, 400, 200),  # an earlier attempt's snapshots, replaced as new ones commit
-    (0, 100, 2, 1, 900, 0, 0),  # the directory already holds more: nothing more
-    (50, 150, 1, 1, 0, 450, 50),  # a state that grew: the arena's growth only
+    # arena growth, once, per rank, the once arena grows, ranks here, nodes, held
+    #   -> files, arenas
+    (100, 0, 100, False, 1, 1, 0, 300, 100),  # one rank: three snapshots at once, one arena
+    (100, 0, 100, False, 4, 1, 0, 1200, 400),  # every rank of the node as large as this one
+    (100, 0, 100, False, 2, 3, 0, 1800, 200),  # several nodes: every node keeps every part
+    (100, 0, 100, False, 2, 1, 200, 400, 200),  # an earlier attempt's snapshots, replaced
+    (0, 0, 100, False, 2, 1, 900, 0, 0),  # the directory already holds more: nothing more
+    (50, 0, 150, False, 1, 1, 0, 450, 50),  # a state that grew: the arena's growth only
+    # DDP on 8 ranks: rank 0's 1000 bytes of replicated state are saved once, not 8 times
+    (1000, 1000, 0, True, 8, 1, 0, 3000, 1000),
+    (1000, 1000, 0, True, 8, 2, 0, 3000, 1000),  # and once on each node
+    (10, 1000, 10, False, 8, 1, 0, 3240, 80),  # rank 0's DCP shards: like every rank's
 ]
 
 
 @pytest.mark.parametrize(
-    ("growth", "part", "here", "nodes", "held", "files", "arenas"), NEEDS, ids=str
+    ("growth", "once", "per_rank", "growing", "here", "nodes", "held", "files", "arenas"),
+    NEEDS,
+    ids=str,
 )
 def test_need(
-    growth: int, part: int, here: int, nodes: int, held: int, files: int, arenas: int
+    growth: int,
+    once: int,
+    per_rank: int,
+    growing: bool,
+    here: int,
+    nodes: int,
+    held: int,
+    files: int,
+    arenas: int,
 ) -> None:
     """What a node's snapshots need beyond what it holds: the directory at its fullest (two
-    kept and one being written, of every rank whose copy it keeps) and the ranks' arenas."""
-    needed = room.need(arena_growth=growth, part=part, ranks_here=here, nodes=nodes, held=held)
+    kept and one being written: the state saved once, and the part of every rank whose copy it
+    keeps) and the ranks' arenas (the one holding the state saved once: once)."""
+    needed = room.need(
+        arena_growth=growth,
+        once=once,
+        per_rank=per_rank,
+        once_growing=growing,
+        ranks_here=here,
+        nodes=nodes,
+        held=held,
+    )
     assert (needed.snapshots, needed.arenas) == (files, arenas)
     assert needed.memory == files + arenas
 
@@ -40,7 +64,8 @@ def test_need(
     "bad",
     [
         {"arena_growth": -1},
-        {"part": -1},
+        {"once": -1},
+        {"per_rank": -1},
         {"held": -1},
         {"ranks_here": 0},
         {"nodes": 0},
@@ -49,9 +74,9 @@ def test_need(
 )
 def test_need_refuses_nonsense(bad: dict[str, int]) -> None:
     """Negative sizes, no rank, no node: a ValueError, not a figure."""
-    args = {"arena_growth": 1, "part": 1, "ranks_here": 1, "nodes": 1, "held": 0} | bad
+    args = {"arena_growth": 1, "once": 0, "per_rank": 1, "ranks_here": 1, "nodes": 1, "held": 0}
     with pytest.raises(ValueError, match="bad sizes"):
-        room.need(**args)
+        room.need(once_growing=False, **(args | bad))
 
 
 FITS = [
