@@ -113,13 +113,18 @@ class Context:
         print(f"  .. {text}", file=sys.stderr, flush=True)
 
 
+MEMORY_SHIPPED = "rvsup (memory tier as shipped)"
+
+
 def recovery_tools(ctx: Context) -> dict[str, Tool]:
     """The columns of the crash figure (smoke: rvsup and torchrun with the workaround only).
 
-    One rvsup column: a crash never waits on a hang timeout."""
+    One rvsup column per way of starting ranks (a crash never waits on a hang timeout), and
+    one with the memory tier as shipped (``"auto"``; the others are storage-only)."""
     tools: dict[str, Tool] = {
         "rvsup (auto)": Rvsup(hang_timeout="auto"),
         "rvsup (cold ranks)": Rvsup(hang_timeout="auto", zygote=False),
+        MEMORY_SHIPPED: Rvsup(hang_timeout="auto", memory_every_steps=None),
         "torchrun": Torchrun(share_store=True),
         "torchrun (workaround)": Torchrun(share_store=False),
         "bash loop": BashLoop(),
