@@ -218,7 +218,9 @@ def test_term_then_usr1_requeue_and_resume_with_zero_steps_redone(
     """`scancel --batch -s TERM`, then in the requeued allocation USR1: each time a checkpoint at a
     common step, `scontrol requeue`, a new allocation (SLURM_RESTART_COUNT 1, then 2) appending
     to the same history and resuming at the stop's step + 1; bit-identical at the end."""
-    job = write_trainer_job(tmp_path, total=TOTAL, env={"STEP_SLEEP": "0.05"})
+    # slower from step 25: the USR1 lands before the requeued run's end on a loaded machine
+    env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "25", "TAIL_SLEEP": "0.2"}
+    job = write_trainer_job(tmp_path, total=TOTAL, env=env)
     job_id = submit(slurm_cluster, job)
     cancel_later.append(job_id)
     wait_until(lambda: ranks_past(job, 10), timeout=START_S, what="4 ranks at step 10")

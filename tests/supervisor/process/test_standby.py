@@ -42,7 +42,10 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
     imported torchrun) when there is one; the job completes, and the standby prepared during
     attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
     launch = f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {str(zygote).lower()}'
-    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"}, launch=launch)
+    # slower from step 33: the status that shows step 32 comes before the job's end on a
+    # loaded machine
+    env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "33", "TAIL_SLEEP": "0.2"}
+    job = write_job(tmp_path, env=env, launch=launch)
     with running(job) as proc:
         launcher, before = _restart_launcher(job, proc.pid)
         assert launcher.pid in before
