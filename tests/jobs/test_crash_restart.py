@@ -152,12 +152,16 @@ def test_crash_loop_without_progress_gives_up_and_says_so(tmp_path: Path) -> Non
 
 def test_preemption_is_not_charged_to_the_budget(tmp_path: Path) -> None:
     """max_restarts = 0: a SIGTERM stop and a fresh start still complete; nothing was charged."""
-    job = write_job(tmp_path, env={"STEP_SLEEP": "0.05"}, total=40, restart="max_restarts = 0")
+    slow = tmp_path / "slow"  # 0.5 s steps from step 6 (the stop lands mid-run), then none
+    slow.touch()
+    env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "6", "TAIL_SLEEP": "0.5", "SLOW_WHILE": str(slow)}
+    job = write_job(tmp_path, env=env, total=40, restart="max_restarts = 0")
     with running(job) as proc:
         wait_progress(job, min_step=5)
         os.kill(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=30)
     assert proc.returncode == 75
+    slow.unlink()
     res = rvsup("start", str(job), timeout=120)
     assert res.returncode == 0, res.stderr
     evs = events(tmp_path / "run")

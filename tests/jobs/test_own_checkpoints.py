@@ -76,7 +76,7 @@ def test_sigterm_stops_at_a_common_step_the_script_checkpoints_and_nothing_is_re
     """SIGTERM to the daemon mid-run: step() asks both ranks for a checkpoint at one step, the
     script saves its own, checkpointed() leaves, rvsup exits 75; `rvsup start` again resumes
     at the next step (0 steps lost) and ends equal to the uninterrupted run."""
-    job = own_job(tmp_path, "--step-sleep", "0.1")
+    job = own_job(tmp_path, "--step-sleep", "0.2")  # 5.6 s of steps left after step 12
     with running(job) as proc:
         wait_progress(job, min_step=12)
         os.kill(proc.pid, signal.SIGTERM)

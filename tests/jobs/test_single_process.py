@@ -85,7 +85,7 @@ def test_sigterm_stops_a_single_process_job_with_a_checkpoint_and_it_resumes(
 ) -> None:
     """SIGTERM (what Slurm sends): the process saves where it is, rvsup exits 75; started again,
     it resumes right after that step and ends bit-identical to the uninterrupted run."""
-    job = single_job(tmp_path, args=', "--step-sleep", "0.05"')
+    job = single_job(tmp_path, args=', "--step-sleep", "0.1"')  # 5.5 s left after step 25
     with running(job) as proc:
 
         def trained() -> bool:

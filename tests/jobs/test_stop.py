@@ -16,6 +16,19 @@ from tests.helpers.states import assert_same_state, load_final
 pytestmark = [pytest.mark.process, pytest.mark.serial]
 
 
+def _slow_from(step: int, tmp: Path) -> dict[str, str]:
+    """The trainer's environment for a job that is still training when a stop aimed just
+    before ``step`` lands, on a loaded machine too: steps of 0.05 s, of 0.4 s from ``step`` on,
+    and no sleep at all once the test removes ``tmp / "slow"`` (the resumed run)."""
+    (tmp / "slow").touch()
+    return {
+        "STEP_SLEEP": "0.05",
+        "TAIL_FROM": str(step),
+        "TAIL_SLEEP": "0.4",
+        "SLOW_WHILE": str(tmp / "slow"),
+    }
+
+
 def _resume_and_finish(job: Path) -> None:
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stderr
@@ -27,7 +40,7 @@ def test_rvsup_stop_checkpoints_at_a_common_step_and_resumes_with_nothing_redone
     """`rvsup stop`: every rank saves at one step, the daemon exits 75, status showed the ranks,
     and the resumed run redoes zero steps and ends bit-identical."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
+    job = write_job(tmp_path, env={"FINAL": str(final), **_slow_from(15, tmp_path)})
     with running(job) as proc:
         st = wait_progress(job, min_step=14)
         assert st["state"] == "running" and {r["rank"] for r in st["ranks"]} == {0, 1}
@@ -36,6 +49,7 @@ def test_rvsup_stop_checkpoints_at_a_common_step_and_resumes_with_nothing_redone
         assert res.returncode == 0, res.stderr
         proc.communicate(timeout=30)
     assert proc.returncode == 75
+    (tmp_path / "slow").unlink()
     evs = events(tmp_path / "run")
     stopped = named(evs, "job_stopped")
     assert len(stopped) == 1 and stopped[0]["reason"] == "stopped"
@@ -118,7 +132,7 @@ def test_a_rank_dying_mid_stop_leaves_the_previous_checkpoint_valid(
     """Rank 1 killed right after the stop request: the stop ends at once (exit 75), the job resumes
     from the previous checkpoint and still ends bit-identical."""
     final = tmp_path / "final.pt"
-    job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.05"})
+    job = write_job(tmp_path, env={"FINAL": str(final), **_slow_from(15, tmp_path)})
     with running(job) as proc:
         st = wait_progress(job, min_step=14)
         rank1 = next(r for r in st["ranks"] if r["rank"] == 1)
@@ -126,6 +140,7 @@ def test_a_rank_dying_mid_stop_leaves_the_previous_checkpoint_valid(
         os.kill(rank1["pid"], signal.SIGKILL)
         proc.communicate(timeout=30)
     assert proc.returncode == 75
+    (tmp_path / "slow").unlink()
     _resume_and_finish(job)
     assert_same_state(load_final(reference_final), load_final(final))
 

@@ -264,10 +264,15 @@ def test_stop_before_end_of_a_real_time_limit_requeues_and_completes(
     job_id = submit(slurm_cluster, job, "--time=2", "--signal=B:USR1@5")
     cancel_later.append(job_id)
     wait_until(lambda: job.named("job_stopped"), timeout=START_S, what="the time-limit stop")
-    # fast steps from the next allocation on: it ends long before its own stop, 30 s in (a stop
-    # that lands after the last step, while the ranks exit, is recorded with no checkpoint and
-    # costs one more allocation: Attempt._on_launcher_exit prefers the stop to the success)
-    write_trainer_job(tmp_path, total=TOTAL, env={"STEP_SLEEP": "0.05"}, slurm=slurm_toml)
+    # fast steps from the next allocation on, and its stop 100 s in: it ends long before that
+    # stop, even when a loaded machine takes 30 s to start its 6 processes (a stop that lands
+    # after the last step, while the ranks exit, would be a second stop_requested)
+    write_trainer_job(
+        tmp_path,
+        total=TOTAL,
+        env={"STEP_SLEEP": "0.05"},
+        slurm='requeue = "auto"\nstop_before_end = "20s"',
+    )
     run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
 
     requested = job.named("stop_requested")
@@ -430,13 +435,15 @@ def fewer_nodes(
 ) -> TrainerJob:
     """A 2 x 2 job (nnodes = 2, min_nnodes = 1; the memory tier on, a snapshot every step) in
     a 2-node allocation submitted with --no-kill, whose node2 is lost at step >= 12 as in
-    ``lost_node``: no spare is left."""
+    ``lost_node``: no spare is left. Storage checkpoints at 29 and 59, and steps of 0.2 s from
+    step 12 on: the kill lands before step 29 even when a loaded machine takes seconds to see
+    the ranks past 12 and to kill node2's processes."""
     job = write_trainer_job(
         tmp_path_factory.mktemp("fewer-nodes"),
         total=TOTAL,
-        env={"STEP_SLEEP": "0.05"},
+        env={"STEP_SLEEP": "0.05", "TAIL_FROM": "12", "TAIL_SLEEP": "0.2"},
         nnodes="2\nmin_nnodes = 1",
-        checkpoint="every_steps = 10\nmemory_every_steps = 1",
+        checkpoint="every_steps = 30\nmemory_every_steps = 1",
     )
     job_id = submit(slurm_cluster, job, "--nodes=2", "--nodelist=node1,node2", "--no-kill")
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)

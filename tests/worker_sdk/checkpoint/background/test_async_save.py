@@ -187,7 +187,7 @@ def test_a_full_disk_fails_one_save_and_nothing_is_lost(
     evs = events(tmp_path / "run")
     failed = named(evs, "checkpoint_failed")
     assert failed, res.stderr
-    assert {f["step"] for f in failed} == {29}
+    assert {f["step"] for f in failed} == {29}, (failed, res.stderr[-3000:])
     assert any("No space left" in f["reason"] for f in failed), failed
     committed = {c["step"] for c in named(evs, "checkpoint_committed")}
     assert 29 not in committed
