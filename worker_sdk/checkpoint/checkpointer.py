@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from worker_sdk.contract import layout
+from worker_sdk.contract.checkpoint_names import ARENA_DCP, ARENA_LOCAL
 from worker_sdk.contract.layout import (
     DCP_DIR,
     MARKER,
@@ -225,7 +226,7 @@ class Checkpointer:
                 stale.unlink(missing_ok=True)  # from an earlier try of this step
             pending_marker(tmp, self.rank).touch(mode=0o644)
             payloads = (snap.shared, snap.part)
-            arena = arena_for("local", _arena.needed_bytes(list(_arena.tensors_in(payloads))))
+            arena = arena_for(ARENA_LOCAL, _arena.needed_bytes(list(_arena.tensors_in(payloads))))
             skeletons, _ = _arena.stage(payloads, arena)
         except Exception as e:
             error = e
@@ -238,7 +239,7 @@ class Checkpointer:
                 assert snap is not None
                 assert snap.sharded is not None
                 items, metadata = _dcp_async.stage(
-                    snap.sharded, lambda n: arena_for("dcp", n), self.rank
+                    snap.sharded, lambda n: arena_for(ARENA_DCP, n), self.rank
                 )
             elif error is None:
                 error = RuntimeError(f"rank(s) {failed} could not stage step {step}")

@@ -8,6 +8,8 @@ import re
 from typing import Final
 
 __all__ = [
+    "ARENA_DCP",
+    "ARENA_LOCAL",
     "COMMITTED_RE",
     "DCP_DIR",
     "DCP_METADATA",
@@ -44,6 +46,9 @@ SAVE_MODES: Final = ("sync", "async", "external")  # a manifest's "mode"
 STATE_SHARED: Final = "shared"  # an object's state lives in shared.pt
 STATE_DCP: Final = "dcp"  # an object's state lives in dcp/ (torch.distributed.checkpoint)
 STATE_RANK: Final = "rank"  # each rank's own state of the object lives in its rank file
+# the staging arenas of an asynchronous save or a snapshot (a rank's, shared with its writer):
+ARENA_LOCAL: Final = "local"  # shared.pt's state (rank 0's: saved once for all) and the rank file's
+ARENA_DCP: Final = "dcp"  # the sharded state written to dcp/
 
 _MAX_STEP: Final = 10**10 - 1
 

@@ -33,13 +33,19 @@ __all__ = [
 _EMPTY_WAIT_S = 1.0
 
 
-def mount_points(mountinfo: str) -> list[tuple[str, str]]:
-    """(root, mount point) of every cgroup2 mount listed in ``mountinfo``'s text."""
+def mount_points(mountinfo: str, *, v1_controller: str | None = None) -> list[tuple[str, str]]:
+    """(root, mount point) of every cgroup2 mount listed in ``mountinfo``'s text, or, given
+    ``v1_controller`` (``"memory"``), of every cgroup v1 mount of that controller."""
     found = []
     for line in mountinfo.splitlines():
         left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 5 or right.split()[:1] != ["cgroup2"]:
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        if v1_controller is None:
+            if tail[0] != "cgroup2":
+                continue
+        elif tail[0] != "cgroup" or len(tail) < 3 or v1_controller not in tail[2].split(","):
             continue
         found.append((_unescape(fields[3]), _unescape(fields[4])))
     return found

@@ -1,11 +1,12 @@
-"""Whether every rank of the job runs on this node (standard library only): the ranks ask before
-they take or load a snapshot (on several nodes, every node keeps a copy of each)."""
+"""How many of the job's ranks run on this node (standard library only): the ranks ask before
+they take or load a snapshot (on several nodes, every node keeps a copy of each), and when they
+size the snapshots a node holds."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["every_rank_here"]
+__all__ = ["every_rank_here", "ranks_here"]
 
 
 def every_rank_here(env: Mapping[str, str], world_size: int | None = None) -> bool:
@@ -17,3 +18,13 @@ def every_rank_here(env: Mapping[str, str], world_size: int | None = None) -> bo
         return int(env.get("LOCAL_WORLD_SIZE") or world) == world
     except ValueError:
         return False
+
+
+def ranks_here(env: Mapping[str, str], world_size: int) -> int:
+    """torchrun's ``LOCAL_WORLD_SIZE``, within [1, ``world_size``]; the whole world where it is
+    unset or not a number (the most a node can hold: a size worked out from it is an upper
+    bound)."""
+    try:
+        return max(1, min(world_size, int(env.get("LOCAL_WORLD_SIZE") or world_size)))
+    except ValueError:
+        return max(1, world_size)

@@ -45,6 +45,27 @@ def test_mount_points(text: str, mounts: list[tuple[str, str]]) -> None:
     assert mount_points(text) == mounts
 
 
+V1_CPU_MEMORY = """\
+43 35 0:40 /slurm /sys/fs/cgroup/cpu,memory rw,relatime shared:12 - cgroup cgroup rw,cpu,memory
+44 35 0:41 / /sys/fs/cgroup/memory.x rw,relatime shared:13 - cgroup cgroup rw,memory_x
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "mounts"),
+    [
+        (HYBRID, [("/", "/sys/fs/cgroup/memory")]),
+        (V1_CPU_MEMORY, [("/slurm", "/sys/fs/cgroup/cpu,memory")]),  # co-mounted; no lookalike
+        (PURE, []),
+        ("", []),
+    ],
+)
+def test_mount_points_of_a_v1_controller(text: str, mounts: list[tuple[str, str]]) -> None:
+    """Given a v1 controller, only the cgroup v1 mounts carrying it (by its exact name in the
+    super options) are found: the memory tier reads v1 memory limits under them."""
+    assert mount_points(text, v1_controller="memory") == mounts
+
+
 @pytest.mark.parametrize(
     ("text", "group"),
     [

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from worker_sdk.checkpoint import dcp as _dcp
 from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_durable
 from worker_sdk.contract import layout
+from worker_sdk.contract.checkpoint_names import ARENA_DCP, ARENA_LOCAL
 from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
 from worker_sdk.spawn.pdeathsig import die_with_parent
 
@@ -136,7 +137,7 @@ def run_job(job: SaveJob, arenas: dict[str, Arena], reached: Reached = _no_one) 
 
 
 def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) -> int:
-    local = arenas.get("local")
+    local = arenas.get(ARENA_LOCAL)
     if job.shared is not None:
         assert local is not None
         write_durable(job.tmp / SHARED, rebuild(job.shared, local))
@@ -147,7 +148,7 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
         from . import dcp_async as _dcp_async
 
         where, crc = _dcp_async.write_items(
-            job.dcp_items, arenas["dcp"], job.tmp / DCP_DIR, job.rank
+            job.dcp_items, arenas[ARENA_DCP], job.tmp / DCP_DIR, job.rank
         )
     layout.fsync_dir(job.tmp)
     reached("written", job.step)

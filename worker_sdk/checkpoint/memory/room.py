@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from worker_sdk.spawn import cgroup as _cgroup
+
 __all__ = [
-    "ONCE_KEY",
     "SHARE",
     "SNAPSHOTS_AT_ONCE",
     "Need",
@@ -53,7 +54,6 @@ __all__ = [
     "working_set",
 ]
 
-ONCE_KEY: Final = "local"  # rank 0's arena of this key holds the state saved once for all
 SHARE: Final = 0.5  # of the memory left (and of the tmpfs's free space) the snapshots may take
 SNAPSHOTS_AT_ONCE: Final = 3  # the two kept, and the one being written
 _UNLIMITED: Final = 2**60  # v1 reports "no limit" as a huge number (page-rounded LONG_MAX)
@@ -220,32 +220,16 @@ def _memory_groups() -> Iterator[tuple[str, bool]]:
         v2 = controllers == ""
         if not v2 and "memory" not in controllers.split(","):
             continue
-        for root, point in _mounts(mountinfo, v2):
-            rest = group[len(root.rstrip("/")) :] if group.startswith(root) else None
-            if rest is None:
-                continue
-            path = os.path.join(point, rest.lstrip("/")).rstrip("/") or "/"
-            if os.path.isdir(path):
-                yield path, v2
-                break
-
-
-def _mounts(mountinfo: str, v2: bool) -> Iterator[tuple[str, str]]:
-    """(root, mount point) of the cgroup2 mounts, or of v1's memory controller."""
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 3:
-            continue
-        if (v2 and tail[0] == "cgroup2") or (
-            not v2 and tail[0] == "cgroup" and "memory" in tail[2].split(",")
-        ):
-            yield fields[3], fields[4]
+        mounts = _cgroup.mount_points(mountinfo, v1_controller=None if v2 else "memory")
+        path = _cgroup.group_dir(mounts, group)
+        if path is not None:
+            yield path, v2
 
 
 def _host_available() -> int | None:
+    """The host's ``MemAvailable`` in bytes (None: not known)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024

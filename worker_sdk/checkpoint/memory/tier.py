@@ -35,8 +35,9 @@ from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
+from worker_sdk.contract.checkpoint_names import ARENA_LOCAL
 from worker_sdk.contract.layout import node_folder, temp_name
-from worker_sdk.spawn.local_world import every_rank_here
+from worker_sdk.spawn.local_world import every_rank_here, ranks_here
 
 from . import interval as _interval
 from . import nodes as _nodes
@@ -239,16 +240,16 @@ class MemoryTier:
     def _check_room(self, key: str, growth: int, sizes: dict[str, int]) -> None:
         """Before a staging arena is allocated or grown: raise :class:`.room.NoRoomError` when what
         the snapshots need on this node does not fit (:mod:`.room`). Rank 0's local arena holds
-        the replicated state, saved once (:data:`.room.ONCE_KEY`); the others' parts, and every
+        the replicated state, saved once (the arena ``ARENA_LOCAL``); the others' parts, and every
         rank's DCP shards, are taken as large as this rank's."""
-        here = _ranks_here(self.world_size)
+        here = ranks_here(os.environ, self.world_size)
         directory = self.checkpointer.directory
-        once = sizes.get(_room.ONCE_KEY, 0) if self.rank == 0 else 0
+        once = sizes.get(ARENA_LOCAL, 0) if self.rank == 0 else 0
         needed = _room.need(
             arena_growth=growth,
             once=once,
             per_rank=sum(sizes.values()) - once,
-            once_growing=self.rank == 0 and key == _room.ONCE_KEY,
+            once_growing=self.rank == 0 and key == ARENA_LOCAL,
             ranks_here=here,
             nodes=max(1, self.world_size // here),
             held=_room.bytes_in(directory),
@@ -311,14 +312,6 @@ def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryT
         channel=None,
         nodes=nodes,
     )
-
-
-def _ranks_here(world_size: int) -> int:
-    """torchrun's ``LOCAL_WORLD_SIZE`` (the world where it is unset or not a number)."""
-    try:
-        return max(1, min(world_size, int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)))
-    except ValueError:
-        return max(1, world_size)
 
 
 def on_one_node(world_size: int) -> bool:
