@@ -14,20 +14,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.harness import rvsup_env
+from worker_sdk.checkpoint.memory.room import memory_groups
 
 __all__ = ["limited", "own_memory_cgroup", "start_in"]
 
 
 def own_memory_cgroup() -> Path | None:
     """This process's memory cgroup directory (v1's memory controller, else v2), or None."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            return base if (base / "memory.limit_in_bytes").exists() else None
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            return base if (base / "memory.max").exists() else None
+    for directory, v2 in memory_groups():
+        base = Path(directory)
+        if (base / ("memory.max" if v2 else "memory.limit_in_bytes")).exists():
+            return base
     return None
 
 

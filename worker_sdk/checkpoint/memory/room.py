@@ -49,6 +49,7 @@ __all__ = [
     "cgroup_headroom",
     "left_in",
     "measure",
+    "memory_groups",
     "need",
     "shortfall",
     "working_set",
@@ -175,7 +176,7 @@ def working_set(usage: int, stat: str, *, v2: bool) -> int:
 def cgroup_headroom() -> Iterator[tuple[str, int]]:
     """(group, limit less working set) for each memory cgroup of this process, and each of
     their ancestors, that has a limit: v2's ``memory.max``, v1's ``memory.limit_in_bytes``."""
-    for directory, v2 in _memory_groups():
+    for directory, v2 in memory_groups():
         here = Path(directory)
         while True:
             left = left_in(here, v2=v2)
@@ -206,7 +207,7 @@ def left_in(group: Path, *, v2: bool) -> int | None:
     return max(0, int(raw) - working_set(usage, stat, v2=v2))
 
 
-def _memory_groups() -> Iterator[tuple[str, bool]]:
+def memory_groups() -> Iterator[tuple[str, bool]]:
     """This process's memory cgroup directories: (directory, whether v2)."""
     try:
         with open("/proc/self/mountinfo") as f:
