@@ -109,6 +109,7 @@ class Standby:
     With cgroups the standby waits in a group of its own (``cgroup`` of :meth:`prepare`), and
     its processes are moved into the attempt's group before it is given the attempt's command
     line: it and everything it starts are the attempt's, and nothing of the attempt ran before.
+    A standby that has not joined its group yet is not used (dismissed; a fresh launcher runs).
     """
 
     def __init__(self, torchrun: Torchrun | str) -> None:
@@ -149,12 +150,18 @@ class Standby:
         if (plan.cgroup is None) != (group is None):
             usable = False
         elif plan.cgroup is not None and group is not None and usable:
-            try:
-                Group(Path(plan.cgroup)).take_from(Group(Path(group)))
-            except OSError:
+            if proc is None or proc.pid not in Group(Path(group)).pids():
+                # its bootstrap has not joined its group yet (a Python start-up: seconds on a
+                # loaded machine, and the attempt before may have failed at once): moved now,
+                # it would find its group removed and exit 126, or run outside the attempt's
                 usable = False
             else:
-                group = None
+                try:
+                    Group(Path(plan.cgroup)).take_from(Group(Path(group)))
+                except OSError:
+                    usable = False
+                else:
+                    group = None
         if proc is not None and usable and proc.poll() is None and proc.stdin is not None:
             plan.log_dir.mkdir(parents=True, exist_ok=True)
             args = list(plan.argv[len(prefix) :])

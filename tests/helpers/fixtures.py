@@ -1,6 +1,6 @@
 """Fixtures shared by the whole suite (registered by tests/conftest.py): an uninterrupted
-reference run of the trainer; a real 1-process gloo group; :func:`built_once`, for what every
-process of a run can share."""
+reference run of the trainer; a real 1-process gloo group; a job's cgroups as a daemon makes
+them; :func:`built_once`, for what every process of a run can share."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.process.cgroup import JobGroups
 from tests.helpers.harness import rvsup, write_job
 
 SHARED = "RVTEST_SHARED_DIR"
@@ -72,3 +73,14 @@ def one_process_group(tmp_path: Path) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def job_groups() -> Iterator[JobGroups]:
+    """This process's job group (cgroup v2, as a daemon makes it: ``rvsup-PID``), ended and
+    removed afterwards; skipped where none can be made."""
+    made = JobGroups.create()
+    if isinstance(made, str):
+        pytest.skip(made)
+    yield made
+    made.group().end()

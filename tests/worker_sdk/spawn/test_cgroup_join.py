@@ -42,16 +42,6 @@ print(cgroup.own_group_dir())
 
 
 @pytest.fixture
-def groups() -> Iterator[JobGroups]:
-    """This process's job group (cgroup v2, as a daemon makes it); removed afterwards."""
-    made = JobGroups.create()
-    if isinstance(made, str):
-        pytest.skip(made)
-    yield made
-    made.group().end()
-
-
-@pytest.fixture
 def client() -> Iterator[subprocess.Popen[bytes]]:
     """A standby's client: a process that waits (on its stdin) until the test ends."""
     waiting = subprocess.Popen(
@@ -74,14 +64,14 @@ def _joined(function: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_standby_forked_after_its_client_was_moved_joins_the_clients_new_group(
-    groups: JobGroups, client: subprocess.Popen[bytes]
+    job_groups: JobGroups, client: subprocess.Popen[bytes]
 ) -> None:
     """The race of a warm standby taken at once: its client waits in ``standby-N``, the daemon
     moves the client into the attempt's group and removes ``standby-N`` before the zygote's
     child has joined it. The child ends in the attempt's group; joining ``standby-N`` alone
     (as before) fails, and the child exited with 127."""
-    standby = groups.standby()
-    attempt = Group(Path(groups.attempt(1)))
+    standby = job_groups.standby()
+    attempt = Group(Path(job_groups.attempt(1)))
     (Path(standby) / "cgroup.procs").write_text(str(client.pid))
     assert own_group_dir(client.pid) == standby
     attempt.take_from(Group(Path(standby)))
@@ -96,10 +86,10 @@ def test_a_standby_forked_after_its_client_was_moved_joins_the_clients_new_group
     assert beside.stdout.strip() == str(attempt.path)
 
 
-def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
+def test_a_gone_client_is_no_group_to_join(job_groups: JobGroups) -> None:
     """When the client is gone as well, there is nothing to join: the child fails (and does not
     run the rank outside every group of the job)."""
-    standby = groups.standby()
+    standby = job_groups.standby()
     Group(Path(standby)).remove()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)
@@ -108,14 +98,14 @@ def test_a_gone_client_is_no_group_to_join(groups: JobGroups) -> None:
 
 
 def test_a_group_removed_while_it_is_being_joined_is_joined_beside(
-    groups: JobGroups, client: subprocess.Popen[bytes]
+    job_groups: JobGroups, client: subprocess.Popen[bytes]
 ) -> None:
     """The same race, one step later: the child has opened ``standby-N``'s cgroup.procs when the
     daemon moves the client and removes the group, and its write fails with ENODEV. The child
     ends in the attempt's group (it exited with 127, and the restart was charged: seen under
     load as a launcher that exited 127 within 30 ms of its attempt's start)."""
-    standby = groups.standby()
-    attempt = Group(Path(groups.attempt(1)))
+    standby = job_groups.standby()
+    attempt = Group(Path(job_groups.attempt(1)))
     attempt.path.mkdir()
     (Path(standby) / "cgroup.procs").write_text(str(client.pid))
     joined = subprocess.run(
