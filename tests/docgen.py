@@ -262,24 +262,31 @@ asks for either is refused when job.toml is loaded. A port already in use refuse
 
 ```toml
 [metrics]
-listen = "0.0.0.0:9400"
+listen = "127.0.0.1:9400"
 textfile = "/var/lib/node_exporter/textfile/train.prom"
 interval = "5s"
 ```
 
 ```yaml
-# prometheus.yml
+# prometheus.yml, on the same node (one on another host needs listen = "node17:9400")
 scrape_configs:
   - job_name: rvsup
-    static_configs: [{targets: ["node17:9400"]}]
+    static_configs: [{targets: ["127.0.0.1:9400"]}]
 ```
+
+The endpoint bounds what any client can take: 8 connections at once (one more is closed
+unanswered), 5 s and 8 KiB for a request's head, 5 s for each read and for the answer. It
+serves nothing but the metrics, to whoever can reach it: `127.0.0.1` keeps it off the network;
+a Prometheus on another host needs the node's address (`listen = "node17:9400"`), which every
+host that reaches the node can then scrape.
 
 Updating a metric never blocks the daemon: counters move as each event is logged, gauges are
 set every `interval` from what the daemon already holds, the file is written in a worker
-thread, and the endpoint is prometheus-client's HTTP server in its own thread. The counters
-count the whole history of the job (they start from `events.jsonl` when the daemon starts), so
-they match `rvsup history`; a new daemon (a restart of rvsup, a requeued allocation) starts
-them again from the history, which Prometheus's `rate()` and `increase()` read as a reset.
+thread, and the endpoint answers in threads of its own (`supervisor/service/metrics_http.py`).
+The counters count the whole history of the job (they start from `events.jsonl` when the
+daemon starts), so they match `rvsup history`; a new daemon (a restart of rvsup, a requeued
+allocation) starts them again from the history, which Prometheus's `rate()` and `increase()`
+read as a reset.
 
 ## Goodput
 

@@ -43,7 +43,7 @@ class MetricsSection:
     ``rvsup[metrics]`` (prometheus-client).
 
     - ``listen`` (default ``"off"``): ``"HOST:PORT"`` where the daemon serves the metrics at
-      ``/metrics`` (``"0.0.0.0:9400"``, ``"127.0.0.1:9400"``, ``"[::1]:9400"``); the port
+      ``/metrics`` (``"127.0.0.1:9400"``, ``"[::1]:9400"``, ``"node17:9400"``); the port
       must be free when the job starts.
     - ``textfile`` (default ``"off"``, relative to workdir): a file the metrics are written
       to, replaced atomically, for node_exporter's textfile collector (its name must end in
@@ -75,7 +75,7 @@ def listen_address(value: Any) -> str | None:
         return None
     host, sep, port = value.rpartition(":")
     if not sep or not host:
-        raise InvalidValueError(f'expected "HOST:PORT" (like "0.0.0.0:9400"), got {value!r}')
+        raise InvalidValueError(f'expected "HOST:PORT" (like "127.0.0.1:9400"), got {value!r}')
     if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise InvalidValueError(f"the port must be a number from 1 to 65535, got {port!r}")
     bare = host.removeprefix("[").removesuffix("]")

@@ -12,9 +12,10 @@ which blocks the daemon's loop:
   ``rvsup history``); then the text file, if any, is written in a worker thread.
 
 Setting a value takes prometheus-client's lock for a moment, never I/O. The HTTP endpoint is
-prometheus-client's own server, in its thread; the text file is written to a temporary file and
-renamed over the old one (prometheus-client's ``write_to_textfile``), so node_exporter never reads
-half a file.
+a bounded server in threads of its own (:mod:`supervisor.service.metrics_http`: so many
+connections at once, so long and so large a request, whoever the client is); the text file is
+written to a temporary file and renamed over the old one (prometheus-client's
+``write_to_textfile``), so node_exporter never reads half a file.
 
 The counters count the whole history of the job (they are seeded from ``events.jsonl`` at the
 daemon's start), so they match ``rvsup history``; a new daemon starts them again from there.
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import write_to_textfile
 
 from supervisor.config import JobConfig
@@ -45,6 +46,7 @@ from supervisor.record.schema import (
 )
 from supervisor.rules.states import JobState
 from supervisor.service.metrics_catalog import METRICS
+from supervisor.service.metrics_http import MetricsServer
 
 __all__ = ["JobMetrics"]
 
@@ -63,7 +65,7 @@ class JobMetrics:
             self._m[name] = cls(name.removesuffix("_total"), text, labels, registry=self.registry)
         self._entries: list[Entry] = []
         self._ranks: set[str] = set()
-        self._server: Any = None
+        self._server: MetricsServer | None = None
         self._write_failed = False
         self._reported = ""
 
@@ -85,7 +87,7 @@ class JobMetrics:
             return
         host, port = split_listen(listen)
         try:
-            self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server = MetricsServer(host, port, self.registry)
         except OSError as exc:
             raise MetricsStartError(
                 f"metrics.listen: cannot serve the metrics on {listen}: "
@@ -93,9 +95,9 @@ class JobMetrics:
             ) from None
 
     def close(self) -> None:
+        """Stop the HTTP endpoint, if any (within about a second, slow clients or not)."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
     # ------------------------------------------------------------------ feeding

@@ -1,5 +1,6 @@
 """The job's metrics (`[metrics]`): fed from the history and the supervisor's view, served over
-HTTP by prometheus-client, written atomically to a text file; a port in use refuses the start."""
+HTTP by the bounded server (test_metrics_http.py), written atomically to a text file; a port in
+use refuses the start."""
 
 from __future__ import annotations
 
