@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import load_config
-from supervisor.ranks.snapshots import snapshot_dir
+from supervisor.ranks.snapshot_home import recorded
 from tests.helpers.states import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import batch_script, ranks_past, wait_until, write_trainer_job
@@ -63,7 +63,6 @@ def run_one(
         checkpoint=f"every_steps = {every}\n{memory}",
         restart='max_restarts = 3\nbackoff = "0s"',
     )
-    snapshots = snapshot_dir(load_config(job.job_toml))
     job_id = cluster.sbatch(
         batch_script(job),
         f"--output={job.output}",
@@ -76,7 +75,9 @@ def run_one(
     try:
         status = wait_until(lambda: ranks_past(job, lose_after), timeout=180, what="the ranks")
         reached = min(r["last_step"] for r in status["ranks"])
-        shutil.rmtree(snapshots / "node2", ignore_errors=True)
+        snapshots = recorded(load_config(job.job_toml).job.run_dir)  # the daemon made it
+        if snapshots is not None:
+            shutil.rmtree(snapshots / "node2", ignore_errors=True)
         for pid in cluster.node_processes("node2"):
             os.kill(pid, signal.SIGKILL)
         killed, kill_t = True, time.time()

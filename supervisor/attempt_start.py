@@ -82,6 +82,7 @@ def prepare(
         restarts_used=budget.restarts_used,
         resume_at=budget.skip_to,
         resume_before=budget.resume_before,
+        checkpoint_dir_id=tracker.identity,
     )
     tracker.refresh()  # the ranks load the newest on disk: the history must say the same
     newest = tracker.newest_step

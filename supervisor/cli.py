@@ -137,6 +137,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     cfg = _load(args.job)
     try:
         info = json.loads((cfg.job.run_dir / rundir.DAEMON_FILE).read_text())
+    except PermissionError:
+        raise  # another user's job (said by _dispatch)
     except (OSError, ValueError):
         print(f"rvsup: no rvsup daemon is running for {cfg.job.run_dir}", file=sys.stderr)
         return ExitCode.ERROR
@@ -366,8 +368,28 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     if job is not None and not Path(job).is_file() and args.command != "validate":
         print(f"rvsup: {job}: no such job file", file=sys.stderr)
         return ExitCode.USAGE
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except PermissionError as exc:  # another user's job: its run directory is private (0700)
+        print(f"rvsup: {_not_yours(exc, args)}", file=sys.stderr)
+        return ExitCode.USAGE
     return code
+
+
+def _not_yours(exc: PermissionError, args: argparse.Namespace) -> str:
+    """One line for a job whose files this user may not read (another user's)."""
+    where = exc.filename or getattr(args, "job", "")
+    try:
+        cfg = load_config(args.job)
+        owner = cfg.job.run_dir.stat().st_uid
+    except (ConfigError, OSError, AttributeError, TypeError):
+        return f"permission denied: {where}"
+    if owner == os.geteuid():
+        return f"permission denied: {where}"
+    return (
+        f"permission denied: {where}: the job's run directory {cfg.job.run_dir} belongs to "
+        f"another user (uid {owner}); only its owner can see or stop the job"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import fcntl
 import os
+import resource
 import signal
 import socket
 import sys
@@ -36,9 +37,9 @@ from supervisor.process import proctree
 from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
 from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
+from supervisor.ranks import snapshot_home
 from supervisor.ranks.channel import HeartbeatEndpoint, socket_dir
 from supervisor.ranks.checkpoints import CommitTracker, DirectoryWatch, commit_event
-from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record import history, rundir
 from supervisor.record.entries import Entry
 from supervisor.record.events import EventLog
@@ -47,6 +48,7 @@ from supervisor.record.schema import (
     CheckpointCommitted,
     Event,
     JobStarted,
+    MemoryTierOff,
     SupervisorError,
 )
 from supervisor.rules.budget import budget_of
@@ -83,6 +85,15 @@ def _end_job_processes(launches: Launches, events: EventLog, containment: str) -
     if report is not None and report.signalled:
         for event in ended_events(report, scope="job", mechanism=containment):
             events.log(event)
+
+
+def _after_start(events: EventLog, said: Sequence[Event], groups: JobGroups | None) -> None:
+    """Once ``job_started`` is logged: what the start found of the snapshot directory (refused,
+    swept, not made), then the end of what dead daemons left in their groups."""
+    for event in said:
+        events.log(event)
+    if groups is not None:
+        _end_stale_groups(groups, events)
 
 
 def _end_stale_groups(groups: JobGroups, events: EventLog) -> None:
@@ -124,6 +135,7 @@ async def _house(
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_lock_run_dir(run_dir))
+        _raise_descriptor_limit()
         metrics = _start_metrics(cfg)  # a port in use refuses the start before anything runs
         if metrics is not None:
             stack.callback(metrics.close)
@@ -138,21 +150,24 @@ async def _house(
         containment = (
             groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
         )
+        events = EventLog(run_dir, cfg.job.name, console=console)
+        stack.callback(events.close)
+        home, said = _snapshot_home(cfg)
+        if home is not None:
+            stack.callback(home.close, remove=False)  # the supervisor removes it at the job's end
         launches = Launches(
             cfg,
             alloc,
             torchrun,
             groups if isinstance(groups, JobGroups) else None,
             withheld_env=sdnotify.CHILD_ENV_VARS,  # torchrun must not talk to systemd for us
-            snapshots=snapshot_dir(cfg) if cfg.checkpoint.memory_every_steps != 0 else None,
+            snapshots=None if home is None else home.path,
         )
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport
         tcp = transport == "tcp" or (transport == "auto" and launches.multi_node)
         channel = HeartbeatEndpoint(secret, sock_dir=socket_dir(run_dir), tcp=tcp)
         stack.callback(channel.close)
-        events = EventLog(run_dir, cfg.job.name, console=console)
-        stack.callback(events.close)
         stack.callback(_end_job_processes, launches, events, containment)
         notifier = Notifier.from_env()
         stack.callback(notifier.close)
@@ -190,6 +205,7 @@ async def _house(
             liveness=liveness,
             health=HealthChecks(cfg, alloc),
             requeue_away=requeue_away,
+            memory_dir=None if home is None else home.path,
         )
 
         async def on_control(request: dict[str, Any]) -> dict[str, Any]:
@@ -227,8 +243,7 @@ async def _house(
             loop, lambda sig: sup.request_stop(STOP_SIGNALS[sig], f"signal {sig.name}")
         )
         stack.callback(stops.hold)
-        if isinstance(groups, JobGroups):
-            _end_stale_groups(groups, events)
+        _after_start(events, said, groups if isinstance(groups, JobGroups) else None)
         notifier.ready("supervising")
         interval = notifier.watchdog_interval_s
         if interval is not None:
@@ -245,6 +260,32 @@ async def _house(
         finally:
             for coro in loops.values():
                 coro.close()  # never started when run_beside was not reached
+
+
+def _raise_descriptor_limit() -> None:
+    """The soft limit of open descriptors up to the hard one: connections strangers open to
+    the listeners (each held until its handshake fails) must not use up the daemon's few
+    (often 1024) while its own files and the ranks' connections need them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _snapshot_home(cfg: JobConfig) -> tuple[snapshot_home.SnapshotHome | None, list[Event]]:
+    """The job's private snapshot directory on this node (:mod:`supervisor.ranks.snapshot_home`),
+    the directories dead daemons of this user left swept; None when the tier is off or no
+    directory can be made (the job runs storage-only). The events to log: a recorded directory
+    refused, what was swept, why none could be made."""
+    if cfg.checkpoint.memory_every_steps == 0:
+        return None, []
+    base = Path(cfg.checkpoint.memory_dir)
+    try:
+        home, said = snapshot_home.claim(base, cfg.job.run_dir)
+    except (OSError, snapshot_home.UntrustedPathError) as exc:
+        why = f"cannot make a private snapshot directory in {base}: {exc}"
+        return None, [MemoryTierOff(reason=why)]
+    return home, [*said, *snapshot_home.sweep(base, keep=home.path)]
 
 
 def _start_metrics(cfg: JobConfig) -> JobMetrics | None:

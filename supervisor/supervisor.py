@@ -84,6 +84,7 @@ class Supervisor:
         jitter: Callable[[], float] = random.random,
         health: HealthSource | None = None,
         requeue_away: Callable[[tuple[str, ...]], Awaitable[tuple[bool, str]]] | None = None,
+        memory_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.events = events
@@ -113,7 +114,7 @@ class Supervisor:
             cfg, events=events, nodes=launches, health=health, budget=lambda: self.budget
         )
         self._requeue_away = requeue_away
-        self.memory = MemoryTier(cfg)  # the memory tier's snapshots on this node
+        self.memory = MemoryTier(cfg, memory_dir)  # the memory tier's snapshots on this node
         self.snapshots = SnapshotBook()  # what the current attempt's ranks say of them
 
     # ------------------------------------------------------------------ state
@@ -154,6 +155,11 @@ class Supervisor:
             self.attempt_no += 1
             if self.state is not JobState.STARTING:
                 self.transition(JobState.STARTING)
+            unsafe = self.tracker.unsafe()
+            if unsafe is not None:  # its ranks would refuse it: no attempt can load or save
+                self.transition(JobState.GAVE_UP)
+                self.events.log(JobGaveUp(reason=f"checkpoint_dir is not safe any more: {unsafe}"))
+                return exit_code(self.state)
             result = await self._run_attempt()
             if result.outcome is Outcome.SUCCEEDED:
                 self.transition(JobState.SUCCEEDED)

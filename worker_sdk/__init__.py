@@ -144,6 +144,7 @@ def resume(
             world_size=world_size,
             attempt_tag=settings.attempt_tag,
             keep_last=settings.keep_last,
+            identity=settings.checkpoint_dir_id,
         )
         from .checkpoint.memory.load import load
         from .checkpoint.memory.tier import from_environment

@@ -2,6 +2,9 @@
 
 :func:`preflight` reports problems as :class:`~supervisor.config.model.ConfigIssue` keyed like
 job.toml (``job.checkpoint_dir``); it creates missing directories but never deletes anything.
+The run, checkpoint and snapshot directories must be safe all the way up
+(:func:`worker_sdk.contract.private_paths.path_problem`): no ancestor that another user can
+write, or replace (docs/security.md).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Final
 from supervisor.config.model import ConfigIssue, JobConfig
 from supervisor.config.torchrun import torchrun_issue
 from worker_sdk.contract import layout
+from worker_sdk.contract.private_paths import path_problem
 
 __all__ = ["CHECKPOINT_MARKER", "preflight"]
 
@@ -26,6 +30,10 @@ CHECKPOINT_MARKER: Final = layout.MARKER
 
 def _private_dir_problem(directory: Path) -> str | None:
     """Create ``directory`` (0700) if missing; say why it cannot hold rvsup's files, or None."""
+    unsafe = path_problem(directory)
+    if unsafe is not None:
+        own = f"{os.path.realpath(directory)} "
+        return unsafe.removeprefix(own) if unsafe.startswith(own) else f"is not safe: {unsafe}"
     try:
         if not directory.exists():
             directory.mkdir(mode=0o700, parents=True)
@@ -54,6 +62,12 @@ def _checkpoint_dir_problem(directory: Path) -> str | None:
     """Refuse a checkpoint directory holding foreign entries; mark a new, empty one as rvsup's."""
     try:
         names = sorted(os.listdir(directory))
+        linked = [name for name in names if os.path.islink(directory / name)]
+        if linked:
+            return (
+                f"holds symbolic links ({', '.join(linked[:3])}); rvsup never loads a "
+                "checkpoint through one: remove them"
+            )
         foreign = [name for name in names if not layout.is_rvsup_entry(name)]
         if foreign:
             more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
@@ -106,4 +120,21 @@ def preflight(cfg: JobConfig, *, environ: Mapping[str, str] | None = None) -> li
             problem = _checkpoint_dir_problem(directory)
         if problem is not None:
             issues.append(ConfigIssue(key, f"{directory} {problem}"))
+    if cfg.checkpoint.memory_every_steps != 0:
+        problem = _memory_dir_problem(Path(cfg.checkpoint.memory_dir))
+        if problem is not None:
+            issues.append(ConfigIssue("checkpoint.memory_dir", problem))
     return issues
+
+
+def _memory_dir_problem(base: Path) -> str | None:
+    """The shared place (a tmpfs) the memory tier makes its private directory in must exist
+    and be safe: sticky where others write it (``/dev/shm``)."""
+    if not base.is_dir():
+        return (
+            f'{base} is not a directory (set memory_dir to a tmpfs, or memory_every_steps = "off")'
+        )
+    unsafe = path_problem(base, shared_leaf=True)
+    if unsafe is not None:
+        return f"{base} is not safe: {unsafe}"
+    return None

@@ -188,9 +188,11 @@ def rank_environment(
     restarts_used: int,
     resume_at: int | None = None,
     resume_before: int | None = None,
+    checkpoint_dir_id: str | None = None,
 ) -> dict[str, str]:
     """The RVSUP_* variables every rank sees (the contract in worker_sdk.contract.protocol); after a
-    rollback, the step to start at the earliest and the first checkpoint step not to load."""
+    rollback, the step to start at the earliest and the first checkpoint step not to load;
+    ``checkpoint_dir_id``: the checkpoint directory's identity when the daemon started."""
     ck = cfg.checkpoint
     env = {
         p.ENV_ENDPOINT: endpoint,
@@ -215,4 +217,6 @@ def rank_environment(
         env[p.ENV_RESUME_AT] = str(resume_at)
     if resume_before is not None:
         env[p.ENV_RESUME_BEFORE] = str(resume_before)
+    if checkpoint_dir_id is not None:
+        env[p.ENV_CHECKPOINT_DIR_ID] = checkpoint_dir_id
     return env

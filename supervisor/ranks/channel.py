@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from supervisor.rules.hangs import Silence, StepTimes
 from supervisor.rules.observation import RankExit, RankReport
+from worker_sdk.contract import curve
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
@@ -258,7 +259,12 @@ class Channel(Protocol):
 
 
 class HeartbeatEndpoint:
-    """The bound ROUTER socket; ``endpoint`` is what ranks connect to."""
+    """The bound ROUTER socket; ``endpoint`` is what ranks connect to.
+
+    Over TCP (a job on several nodes) it listens on this node's address as the other nodes
+    reach it, never on every interface, and it is a CurveZMQ server that admits only the job's
+    own processes (:mod:`worker_sdk.contract.curve`): a stranger's connection never completes
+    its handshake, and is dropped at once or within the handshake's bound."""
 
     def __init__(self, secret: bytes, *, sock_dir: Path, tcp: bool) -> None:
         self._key = secret
@@ -269,17 +275,22 @@ class HeartbeatEndpoint:
         self.accepted = 0
         self._last_seq: dict[tuple[int, int], int] = {}
         self._ctx = zmq.asyncio.Context()
+        self._listener: curve.Listener | None = None
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 64 * p.MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         if tcp:
-            sock.bind("tcp://0.0.0.0:0")
+            keys = curve.keys(secret, curve.RANKS)
+            self._listener = curve.Listener(self._ctx, keys)
+            curve.secure_server(sock, keys)
+            host = _routable_host()
+            sock.bind(f"tcp://{host}:0")
             bound = sock.getsockopt(zmq.LAST_ENDPOINT)
             assert isinstance(bound, bytes)
             port = bound.decode().rsplit(":", 1)[1]
-            self.endpoint = f"tcp://{_routable_host()}:{port}"
+            self.endpoint = f"tcp://{host}:{port}"
         else:
             path = sock_dir / "hb.sock"
             sock.bind(f"ipc://{path}")
@@ -365,13 +376,20 @@ class HeartbeatEndpoint:
 
     def close(self) -> None:
         self._sock.close(linger=0)
+        if self._listener is not None:
+            self._listener.stop()
         self._ctx.term()
 
 
 def _routable_host() -> str:
-    """An address of this host that other nodes of the allocation can reach."""
+    """This node's address as the other nodes of the allocation reach it (its host name's);
+    raises OSError when the host name resolves to none (a listener on every interface would
+    be reachable from networks the job does not use)."""
     name = socket.gethostname()
     try:
         return socket.gethostbyname(name)
-    except OSError:
-        return name
+    except OSError as e:
+        raise OSError(
+            f"this node's host name {name!r} does not resolve to an address for the ranks on "
+            f"the other nodes to reach: {e}"
+        ) from None

@@ -14,6 +14,7 @@ resuming rank will (``worker_sdk.contract.layout``) and reports each step once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from supervisor.record.schema import (
 )
 from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
+from worker_sdk.contract.private_paths import dir_identity, directory_problem
 
 __all__ = [
     "CheckpointsSeen",
@@ -127,6 +129,11 @@ class CommitTracker:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.identity: str | None = None
+        """The directory's identity when the daemon started (after ``rvsup start`` checked it):
+        the ranks refuse to load from, or save into, a directory put in its place since."""
+        with contextlib.suppress(OSError):
+            self.identity = dir_identity(directory)
         valid, _ = layout.scan(directory)
         latest = valid[0] if valid else None
         self.newest_step: int | None = latest.step if latest else None
@@ -139,6 +146,11 @@ class CommitTracker:
         """Checkpoints the ranks passed over as damaged (a checksum this daemon does not read):
         step -> the manifest's ``created``. Not a rollback target, not the newest, until a new
         commit of the same step replaces it."""
+
+    def unsafe(self) -> str | None:
+        """Why the checkpoint directory may no longer be used (an ancestor others can write
+        now, another directory put in its place since the start), or None."""
+        return directory_problem(self.directory, self.identity)
 
     def _valid(self) -> list[layout.CheckpointInfo]:
         """The valid committed checkpoints on disk that no rank found damaged, newest first."""

@@ -7,18 +7,17 @@ every rank, and names the chosen one to the ranks (``RVSUP_MEMORY_RESUME``); the
 its checksums as they load it.
 
 Ownership: the snapshot directory is the job's, on this node's tmpfs
-(``[checkpoint] memory_dir``, ``/dev/shm`` by default): ``rvsup-<uid>-<digest of run_dir>``. The
-ranks' writer processes write into it; tmpfs files outlive whoever wrote them, so a rank's death
-(kill -9 included) does not take its snapshots away. The ranks make it (mode 0700); the daemon removes
-it when the job ends (succeeded, gave up, stopped). A daemon killed before that leaves it; the
-next ``rvsup start`` of the job uses the complete snapshots in it (the rule below), and its end
-removes it.
+(``[checkpoint] memory_dir``, ``/dev/shm`` by default), a private directory the daemon made
+(:mod:`.snapshot_home`). The ranks' writer processes write into it; tmpfs files outlive whoever
+wrote them, so a rank's death (kill -9 included) does not take its snapshots away. The daemon
+removes it when the job ends (succeeded, gave up, stopped). A daemon killed before that leaves
+it; the next ``rvsup start`` of the job takes it back and uses the complete snapshots in it (the
+rule below), and the start of any other job of the user removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -30,13 +29,7 @@ from worker_sdk.contract import layout
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-__all__ = ["MemoryTier", "SnapshotBook", "snapshot_dir"]
-
-
-def snapshot_dir(cfg: JobConfig) -> Path:
-    """This job's snapshot directory on this node."""
-    digest = hashlib.sha256(str(cfg.job.run_dir).encode()).hexdigest()[:16]
-    return Path(cfg.checkpoint.memory_dir) / f"rvsup-{os.getuid()}-{digest}"
+__all__ = ["MemoryTier", "SnapshotBook"]
 
 
 class SnapshotBook:
@@ -47,9 +40,14 @@ class SnapshotBook:
         self.off_reason: str | None = None
 
     def heard(self, body: m.Snapshots) -> MemoryTierOff | None:
-        """Keep the newest summary; the event to log when the tier has just gone off."""
-        if body.count is not None and (self.last is None or (self.last.count or 0) <= body.count):
+        """Keep the newest summary; the event to log when the tier has just gone off or paused
+        (once per outage: what the ranks say of it again, before a snapshot is taken, is no
+        news)."""
+        before = 0 if self.last is None else self.last.count or 0
+        if body.count is not None and (self.last is None or before <= body.count):
             self.last = body
+            if body.count > before:
+                self.off_reason = None  # a snapshot since: the next failure is news
         if body.failed is not None and self.off_reason is None:
             self.off_reason = body.failed
             return MemoryTierOff(reason=body.failed[:2000])
@@ -72,23 +70,28 @@ class SnapshotBook:
 class MemoryTier:
     """The job's memory tier on this node: on or off, its directory, the resume choice."""
 
-    def __init__(self, cfg: JobConfig) -> None:
+    def __init__(self, cfg: JobConfig, directory: Path | None) -> None:
+        """``directory``: the job's private snapshot directory on this node (None: the tier
+        is off, or no directory could be made)."""
         self.every = cfg.checkpoint.memory_every_steps  # None: "auto"; 0: off
-        self.directory = snapshot_dir(cfg)
+        self.directory = directory if self.every != 0 else None
         self._nodes: set[str] | None = None  # the previous attempt's (several nodes)
 
     def usable(self) -> bool:
-        """Whether the next attempt takes snapshots: configured."""
-        return self.every != 0
+        """Whether the next attempt takes snapshots: configured, and a directory made."""
+        return self.directory is not None
 
     def node_directory(self, nnodes: int) -> Path:
         """Where this node keeps the snapshots of an attempt on ``nnodes`` nodes: on several,
         every node its own complete copy, in a folder named for its host
         (``worker_sdk.checkpoint.memory.nodes``)."""
+        assert self.directory is not None, "the memory tier is off"
         return self.directory if nnodes == 1 else layout.node_folder(self.directory)
 
     def complete_steps(self, nnodes: int = 1) -> list[int]:
         """The steps of the snapshots complete for every rank (their manifests check out)."""
+        if self.directory is None:
+            return []
         return [info.step for info in layout.scan(self.node_directory(nnodes))[0]]
 
     def choose(
@@ -108,6 +111,8 @@ class MemoryTier:
         """An attempt on one node after attempts on several (``launch.min_nnodes``): this
         node's copies move to where the ranks of one node look for snapshots (a rename on the
         same tmpfs); the steps moved. Where the one node is not this one, it has none."""
+        if self.directory is None:
+            return ()
         moved = []
         here = layout.node_folder(self.directory)
         for info in layout.scan(here)[0]:
@@ -128,7 +133,7 @@ class MemoryTier:
 
     def environment(self, choice: ResumeChoice) -> dict[str, str]:
         """The RVSUP_MEMORY_* variables of the next attempt (none when the tier is off)."""
-        if not self.usable():
+        if self.directory is None:
             return {}
         env = {
             p.ENV_MEMORY_DIR: str(self.directory),
@@ -142,11 +147,14 @@ class MemoryTier:
         """A rollback: the complete snapshots of ``step`` (the one after the checkpoint it
         restores) or later are discarded (they may hold the damage, or steps the rollback
         skips, and a later attempt would take the newest); the steps discarded."""
-        folders = [self.directory]
+        if self.directory is None:
+            return ()
+        directory = self.directory
+        folders = [directory]
         with contextlib.suppress(OSError):
             folders += [
                 entry
-                for entry in self.directory.iterdir()
+                for entry in directory.iterdir()
                 if entry.is_dir() and not layout.is_rvsup_entry(entry.name)  # a node's folder
             ]
         discarded: set[int] = set()
@@ -167,5 +175,6 @@ class MemoryTier:
 
     def remove(self) -> None:
         """The job has ended: its snapshots go (best effort)."""
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self.directory)
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.directory)

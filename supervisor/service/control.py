@@ -145,6 +145,8 @@ def request(run_dir: Path, op: str, *, timeout_s: float = 10.0) -> dict[str, Any
     """Send one request to the job's daemon and return its answer."""
     try:
         info = json.loads((run_dir / rundir.DAEMON_FILE).read_text())
+    except PermissionError:
+        raise  # another user's job: not "not running" (the command line says whose)
     except (OSError, ValueError):
         raise NotRunningError(f"no rvsup daemon is running for {run_dir}") from None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

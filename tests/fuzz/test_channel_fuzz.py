@@ -18,6 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from supervisor.ranks.channel import HeartbeatEndpoint
+from worker_sdk.contract import curve
 from worker_sdk.contract import protocol as p
 
 from .frames import FAKE_PID, Hostile, hostile, signed, valid
@@ -41,6 +42,8 @@ def _with_endpoint(
         ctx = zmq.Context()
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if transport == "tcp":  # a peer holding the job's keys (strangers: test_listeners.py)
+            curve.secure_client(dealer, curve.keys(SECRET, curve.RANKS))
         dealer.connect(endpoint.endpoint)
         try:
             return await body(endpoint, dealer)

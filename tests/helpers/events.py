@@ -21,6 +21,7 @@ from supervisor.record.schema import (
     JobStarted,
     JobStopped,
     JobSucceeded,
+    MemoryDirRefused,
     MemorySnapshots,
     MemoryTierOff,
     MessagesDropped,
@@ -31,6 +32,7 @@ from supervisor.record.schema import (
     RestartScheduled,
     RolledBack,
     SlowPhase,
+    SnapshotsSwept,
     StopRequested,
     StragglerDetected,
     SupervisorError,
@@ -173,4 +175,8 @@ SAMPLES: list[Event] = [
     AttemptClosed(outcome="supervisor lost", last_seen="2026-01-01T00:00:09.000000Z", last_step=41),
     MemorySnapshots(count=40, blocked_s=0.0123, bytes=4096, interval=1, newest_step=41),
     MemoryTierOff(reason="OSError: [Errno 28] No space left on device"),
+    MemoryDirRefused(
+        path="/dev/shm/rvsup-1000-" + "0" * 32, reason="has mode 0777: group or others have access"
+    ),
+    SnapshotsSwept(paths=("/dev/shm/rvsup-1000-" + "1" * 32,)),
 ]

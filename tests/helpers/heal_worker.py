@@ -45,13 +45,13 @@ def main(argv: list[str]) -> int:
     )
     folder = Path(base) / f"node{rank}"
     folder.mkdir(parents=True, exist_ok=True)
-    receiver = Receiver(folder, key.encode(), "127.0.0.1")
+    receiver = Receiver(folder, key.encode(), "127.0.0.1", "a1")
     try:
         nodes = _nodes.Nodes(key.encode(), "127.0.0.1", int(rank), 0)
         failed = _nodes.connect(nodes, _Writer(receiver))  # type: ignore[arg-type]
         assert failed is None, failed
         step, healed = _nodes.heal(
-            nodes, folder, rank=int(rank), lowest=int(lowest), highest=int(highest)
+            nodes, folder, rank=int(rank), lowest=int(lowest), highest=int(highest), attempt="a1"
         )
         steps = [info.step for info in layout.scan(folder)[0]]
         print(json.dumps({"step": step, "healed": healed, "steps": steps}), flush=True)

@@ -8,7 +8,16 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["write_job_file"]
+from supervisor.config.load import load_config
+from supervisor.ranks.snapshot_home import recorded
+
+__all__ = ["snapshot_dir", "write_job_file"]
+
+
+def snapshot_dir(job_toml: Path) -> Path | None:
+    """The memory tier's directory on this node that the job's daemon made and recorded in
+    the run directory (supervisor/ranks/snapshot_home.py); None before its first start."""
+    return recorded(load_config(job_toml).job.run_dir)
 
 
 def write_job_file(

@@ -21,6 +21,7 @@ def settings(tmp: Path) -> Settings:
         attempt=1,
         attempt_tag="t",
         checkpoint_dir=None,
+        checkpoint_dir_id=None,
         every_steps=0,
         every_s=None,
         keep_last=1,

@@ -8,16 +8,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from supervisor.config import load_config
-from supervisor.ranks.snapshots import snapshot_dir
 from tests.helpers import memory_cgroup
 from tests.helpers.harness import events, named, running, rvsup, status, wait_for, write_job
+from tests.helpers.jobs import snapshot_dir
 from tests.helpers.states import assert_same_state, load_final
 from worker_sdk.contract import layout
 
@@ -27,19 +26,38 @@ pytestmark = pytest.mark.process
 _CHECKPOINT = 'every_steps = 50\nmemory_every_steps = 1\nmemory_dir = "{shm}"'
 
 
-def _job(tmp_path: Path, shm: Path) -> tuple[Path, Path, Path]:
-    """The trainer's job with the memory tier in ``shm``; in attempt 1 a declared phase of 20 s
-    at step 3 gives the snapshot writers time to start (they import torch) on a loaded machine."""
+def _shm(tmp_path: Path) -> Path:
+    """A folder every user may write, sticky (as /dev/shm): the tests' memory_dir."""
+    shm = tmp_path / "shm"
+    shm.mkdir(exist_ok=True)
+    shm.chmod(0o1777)
+    return shm
+
+
+def _job(tmp_path: Path, shm: Path) -> tuple[Path, Path, Callable[[], Path | None]]:
+    """The trainer's job with the memory tier in ``shm`` (made here, sticky as /dev/shm), and
+    how to find its snapshot directory once the daemon made it; in attempt 1 a declared phase
+    of 20 s at step 3 gives the snapshot writers time to start (they import torch) on a loaded
+    machine."""
     final = tmp_path / "final.pt"
     job = write_job(
         tmp_path,
         env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "phase:*:3:1", "PHASE_S": "20"},
         checkpoint=_CHECKPOINT.format(shm=shm),
     )
-    return job, final, snapshot_dir(load_config(job))
+    return job, final, lambda: snapshot_dir(job)
 
 
-def _newest_snapshot(directory: Path, lowest: int) -> int | None:
+def _assert_removed(job: Path) -> None:
+    """The job's end removed its snapshot directory."""
+    directory = snapshot_dir(job)
+    assert directory is not None
+    assert not directory.exists()
+
+
+def _newest_snapshot(directory: Path | None, lowest: int) -> int | None:
+    if directory is None:
+        return None
     info = layout.latest(directory)
     return info.step if info is not None and info.step >= lowest else None
 
@@ -49,9 +67,9 @@ def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final
     resumes from memory (attempt_started and checkpoint_loaded say so), redoes fewer steps than
     storage (none saved yet: all of them), ends bit-identical, and the job's end removes the
     snapshots; the history shows the steps lost next to the source."""
-    job, final, shm_dir = _job(tmp_path, tmp_path / "shm")
+    job, final, shm_dir = _job(tmp_path, _shm(tmp_path))
     with running(job) as proc:
-        wait_for(lambda: _newest_snapshot(shm_dir, 5), timeout=240, what="a snapshot")
+        wait_for(lambda: _newest_snapshot(shm_dir(), 5), timeout=240, what="a snapshot")
         st = status(job)
         assert st is not None
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
@@ -63,7 +81,7 @@ def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final
     first, second = named(evs, "attempt_started")
     assert first["source"] is None
     assert second["source"] == "memory" and second["resume_step"] >= 6
-    assert second["checkpoint"].startswith(str(shm_dir))
+    assert second["checkpoint"].startswith(str(shm_dir()))
     loaded = named(evs, "checkpoint_loaded")[-1]
     assert (loaded["source"], loaded["resume_step"]) == ("memory", second["resume_step"])
     redone = failure["last_step"] - (second["resume_step"] - 1)
@@ -72,7 +90,7 @@ def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final
     assert summaries[0]["attempt"] == 1 and summaries[0]["count"] >= 1
     assert summaries[0]["interval"] == 1
     assert_same_state(load_final(reference_final), load_final(final))
-    assert not shm_dir.exists()
+    _assert_removed(job)
     table = rvsup("history", str(job)).stdout
     assert f"{redone} (memory)" in table
 
@@ -88,7 +106,7 @@ def test_snapshots_start_at_once_with_a_writer_forked_beside_each_rank(
     job = write_job(
         tmp_path,
         env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "kill:1:8:1"},
-        checkpoint=_CHECKPOINT.format(shm=tmp_path / "shm"),
+        checkpoint=_CHECKPOINT.format(shm=_shm(tmp_path)),
     )
     res = rvsup("start", str(job), timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -135,21 +153,21 @@ def test_a_killed_daemons_snapshots_are_used_by_the_next_start(
 ) -> None:
     """SIGKILL of the daemon once a snapshot of step 5 or later is complete (its ranks die with
     it): the snapshots stay, and the next rvsup start resumes from the newest, bit-identical."""
-    job, final, shm_dir = _job(tmp_path, tmp_path / "shm")
+    job, final, shm_dir = _job(tmp_path, _shm(tmp_path))
     with running(job) as proc:
-        wait_for(lambda: _newest_snapshot(shm_dir, 5), timeout=240, what="a snapshot")
+        wait_for(lambda: _newest_snapshot(shm_dir(), 5), timeout=240, what="a snapshot")
         tree = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
         psutil.wait_procs(tree, timeout=30)
-    newest = _newest_snapshot(shm_dir, 5)
+    newest = _newest_snapshot(shm_dir(), 5)
     assert newest is not None
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stderr
     second = named(events(tmp_path / "run"), "attempt_started")[-1]
     assert second["source"] == "memory" and second["resume_step"] >= newest + 1
     assert_same_state(load_final(reference_final), load_final(final))
-    assert not shm_dir.exists()
+    _assert_removed(job)
 
 
 @pytest.mark.parametrize(("ballast_mb", "fits"), [(150, False), (0, True)])
@@ -165,7 +183,7 @@ def test_the_tier_takes_only_the_memory_the_jobs_limit_leaves(
         tmp_path,
         total=30,
         env={"BALLAST_MB": str(ballast_mb), "STEP_SLEEP": "0.05"},
-        checkpoint=f'every_steps = 50\nmemory_every_steps = 1\nmemory_dir = "{tmp_path / "shm"}"',
+        checkpoint=f'every_steps = 50\nmemory_every_steps = 1\nmemory_dir = "{_shm(tmp_path)}"',
     )
     with memory_cgroup.limited(1500 * 2**20, "room-test") as group:
         res = memory_cgroup.start_in(group, job, timeout=240)

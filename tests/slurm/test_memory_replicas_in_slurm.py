@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import load_config
-from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.slurm import commands as slurm
+from tests.helpers.jobs import snapshot_dir
 from tests.helpers.states import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import (
@@ -56,20 +55,24 @@ def lost_node(
         nnodes="2",
         checkpoint=CHECKPOINT,
     )
-    snapshots = snapshot_dir(load_config(job.job_toml))
     job_id = sbatch_job(
         slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill"
     )
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
 
     def memory_lost() -> None:  # node2's copies go with it (they share this machine's tmpfs)
-        wait_until(lambda: any((snapshots / "node2").glob("step-*")), timeout=30, what="copies")
-        shutil.rmtree(snapshots / "node2")
+        wait_until(lambda: any((snapshots() / "node2").glob("step-*")), timeout=30, what="copies")
+        shutil.rmtree(snapshots() / "node2")
+
+    def snapshots() -> Path:  # made by the daemon at its start: recorded in the run directory
+        found = snapshot_dir(job.job_toml)
+        assert found is not None
+        return found
 
     kill_node_during(
         slurm_cluster, job, job_id, "node2", probe=alloc, past=LOST_AFTER, before_kill=memory_lost
     )
-    return job, snapshots
+    return job, snapshots()
 
 
 def test_the_lost_nodes_ranks_resume_from_the_replicas_on_the_spare(

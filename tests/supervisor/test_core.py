@@ -17,7 +17,6 @@ from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
 from supervisor.process import native
 from supervisor.ranks.checkpoints import CommitTracker
-from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget
 from supervisor.rules.observation import StopReason
@@ -42,8 +41,15 @@ REAL_TIME_LIMIT_S = 5.0  # every test here runs in virtual time (a real 5 s hang
 class Rig:
     """A Supervisor wired to fakes, and what the fakes saw."""
 
-    def __init__(self, tmp: Path, scenarios: list[Scenario], extra: str = "") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        scenarios: list[Scenario],
+        extra: str = "",
+        memory_dir: Path | None = None,
+    ) -> None:
         self.cfg = job_config(tmp, extra)
+        self.memory_dir = memory_dir  # the snapshot directory the daemon would have made
         self.clock = FakeClock()
         self.channel = FakeChannel()
         self.launches = FakeLaunches(tmp, self.channel, self.clock, scenarios)
@@ -69,6 +75,7 @@ class Rig:
             notifier=FakeNotifier(),
             clock=self.clock,
             jitter=lambda: 0.0,
+            memory_dir=self.memory_dir,
         )
         self.events.on_log = self.sup.fold
         return self.sup
@@ -585,10 +592,11 @@ def test_a_rollback_discards_the_snapshots_newer_than_the_checkpoint_it_restores
     at step 24, as ``rolled_back`` says, never from snapshot 22 (which would keep steps 20-22,
     which the rollback skipped). Found by the chaos campaign with the memory tier on."""
     shm = tmp_path / "shm"
-    rig = Rig(tmp_path, [], extra=f'[checkpoint]\nmemory_every_steps = 1\nmemory_dir = "{shm}"')
+    snapshots = shm / "rvsup-snapshots"
+    extra = f'[checkpoint]\nmemory_every_steps = 1\nmemory_dir = "{shm}"'
+    rig = Rig(tmp_path, [], extra=extra, memory_dir=snapshots)
     ckpt = rig.cfg.job.checkpoint_dir
     make_checkpoint(ckpt, 19)
-    snapshots = snapshot_dir(rig.cfg)
 
     async def snapshots_then_nan(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
         await train(ch, clock, range(20, 23))

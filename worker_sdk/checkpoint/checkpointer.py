@@ -62,6 +62,7 @@ from worker_sdk.contract.layout import (
     rank_file,
     temp_name,
 )
+from worker_sdk.contract.private_paths import UntrustedPathError, make_private_dir
 
 from . import dcp as _dcp
 from . import parallel as _parallel
@@ -73,6 +74,7 @@ from .collectives import all_gather_ints, broadcast_ints, group_active
 from .commit import commit, write_durable
 from .parallel import Stateful, StatePlan, unwrap
 from .restore import LoadResult, Restorer
+from .trust import directory_problem
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 
@@ -100,8 +102,17 @@ class Checkpointer:
     """Saves and loads this rank's view of a job's checkpoints in ``directory``."""
 
     def __init__(
-        self, directory: Path, *, rank: int, world_size: int, attempt_tag: str, keep_last: int
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        attempt_tag: str,
+        keep_last: int,
+        identity: str | None = None,
     ) -> None:
+        """``identity``: the directory's when ``rvsup start`` checked it (None: not known); a
+        directory put in its place since is refused at load and save."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"bad rank {rank} for world_size {world_size}")
         temp_name(0, attempt_tag)  # rejects a tag that cannot be part of a name
@@ -110,8 +121,11 @@ class Checkpointer:
         self.world_size = world_size
         self.attempt_tag = attempt_tag
         self.keep_last = keep_last
+        self.identity = identity
         self._plans: tuple[tuple[int, ...], StatePlan] | None = None
-        self._restorer = Restorer(self.directory, rank=rank, world_size=world_size, plan=self.plan)
+        self._restorer = Restorer(
+            self.directory, rank=rank, world_size=world_size, plan=self.plan, identity=identity
+        )
         # committed but failed to load: replaced when saved again
         self._unloadable = self._restorer.unloadable
 
@@ -150,7 +164,7 @@ class Checkpointer:
         try:
             snap = self._capture(plan, objects, extra, began)
             self._prepare_directory()
-            tmp.mkdir(mode=0o755, exist_ok=True)
+            make_private_dir(tmp)
             self._write_local(snap, tmp)
         except Exception as e:
             error = e
@@ -221,10 +235,10 @@ class Checkpointer:
         try:
             snap = self._capture(plan, objects, extra, began)
             self._prepare_directory()
-            tmp.mkdir(mode=0o755, exist_ok=True)  # every rank's, whoever comes first
+            make_private_dir(tmp)  # every rank's, whoever comes first
             for stale in (written_marker(tmp, self.rank), failed_marker(tmp, self.rank)):
                 stale.unlink(missing_ok=True)  # from an earlier try of this step
-            pending_marker(tmp, self.rank).touch(mode=0o644)
+            pending_marker(tmp, self.rank).touch(mode=0o600)
             payloads = (snap.shared, snap.part)
             arena = arena_for(ARENA_LOCAL, _arena.needed_bytes(list(_arena.tensors_in(payloads))))
             skeletons, _ = _arena.stage(payloads, arena)
@@ -283,7 +297,13 @@ class Checkpointer:
         layout.fsync_dir(tmp)
 
     def _prepare_directory(self) -> None:
+        """The directory exists and is safe (checked at every save: nothing is written into a
+        directory another user could read or replace, docs/security.md); raises OSError."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        unsafe = directory_problem(self.directory, self.identity)
+        if unsafe is not None:
+            # a save that fails on storage, as on a full disk: training goes on
+            raise UntrustedPathError(f"nothing is saved into {self.directory}: {unsafe}")
         if self.rank == 0:
             with contextlib.suppress(FileExistsError):
                 os.close(

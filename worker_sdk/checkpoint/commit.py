@@ -14,7 +14,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -22,6 +22,8 @@ from worker_sdk.contract import layout
 from worker_sdk.contract.layout import MANIFEST, SHARED, CheckpointInfo, rank_file
 
 __all__ = ["commit", "write_bytes_durable", "write_durable"]
+
+_CREATE: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW  # files are 0600
 
 
 def commit(
@@ -103,7 +105,7 @@ def write_durable(path: Path, payload: Any) -> None:
     partial = path.with_name(path.name + ".partial")
     with contextlib.suppress(FileNotFoundError):
         partial.unlink()
-    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+    with os.fdopen(os.open(partial, _CREATE, 0o600), "wb") as f:
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())
@@ -111,7 +113,7 @@ def write_durable(path: Path, payload: Any) -> None:
 
 
 def write_bytes_durable(path: Path, data: bytes) -> None:
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+    with os.fdopen(os.open(path, _CREATE, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

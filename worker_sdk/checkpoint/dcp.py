@@ -73,7 +73,7 @@ def write(state: dict[str, Any], directory: Path, rank: int) -> list[int]:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    directory.mkdir(mode=0o755, exist_ok=True)
+    directory.mkdir(mode=0o700, exist_ok=True)
     _remove_stale(directory, rank)  # left by an earlier try of this step in this attempt
     writer = FileSystemWriter(
         directory, single_file_per_rank=True, sync_files=True, thread_count=THREADS
@@ -150,9 +150,10 @@ def crc32_file(path: Path, *, fsync: bool = False) -> int:
 
 
 def seal(path: Path) -> int:
-    """Make a file DCP wrote read-only to others whatever the umask (a checkpoint that others
-    can write is never unpickled), fsync it; return its CRC-32."""
-    os.chmod(path, 0o644)
+    """Make a file DCP wrote private whatever the umask (0600: a checkpoint file others can
+    write is never loaded, one others can read gives the weights away), fsync it; return its
+    CRC-32."""
+    os.chmod(path, 0o600)
     return crc32_file(path, fsync=True)
 
 

@@ -35,7 +35,12 @@ from . import dcp as _dcp
 from . import rng as _rng
 from .collectives import all_gather_ints, group_active
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
-from .trust import first_bad_record, untrusted_paths, untrusted_reason, weights_only_reason
+from .trust import (
+    directory_problem,
+    entry_problem,
+    first_bad_record,
+    opened_file_problem,
+)
 
 __all__ = ["LoadResult", "Restorer"]
 
@@ -87,8 +92,11 @@ class Restorer:
         rank: int,
         world_size: int,
         plan: Callable[[Sequence[Stateful]], StatePlan],
+        identity: str | None = None,
     ) -> None:
+        """``identity``: the directory's when ``rvsup start`` checked it (None: not known)."""
         self.directory = directory
+        self.identity = identity
         self.rank = rank
         self.world_size = world_size
         self.plan = plan
@@ -176,6 +184,9 @@ class Restorer:
 
     def _read(self, info: CheckpointInfo, plan: StatePlan, objects: Sequence[Stateful]) -> _Read:
         """This rank's checks and reads of ``info``, before any rank changes any object."""
+        unsafe = directory_problem(self.directory, self.identity) or entry_problem(info.path)
+        if unsafe is not None:  # nothing is read from a place someone else could have written
+            raise _RefusedError(f"{info.path} is not loaded: {unsafe}")
         shared = self._load_file(info, SHARED)
         entries = shared.get("objects") if isinstance(shared, dict) else None
         if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
@@ -283,8 +294,9 @@ class Restorer:
     def _check_sharded(self, info: CheckpointInfo) -> None:
         """DCP unpickles: only from trusted files; and this rank's share of the CRCs."""
         dcp_dir = info.path / DCP_DIR
-        paths = [self.directory, info.path, dcp_dir, *(info.path / n for n, _ in info.checksums)]
-        untrusted = untrusted_paths(paths)
+        untrusted = entry_problem(dcp_dir) or _files_problem(
+            [info.path / name for name, _ in info.checksums]
+        )
         if untrusted is not None:
             raise _RefusedError(
                 f"{dcp_dir} is not loaded: torch.distributed.checkpoint unpickles its files, "
@@ -321,22 +333,20 @@ class Restorer:
         except OSError as e:
             raise _UnloadableError(f"cannot open {name}: {e.strerror}") from None
         with f:
+            untrusted = opened_file_problem(f)
+            if untrusted is not None:
+                raise _RefusedError(f"{info.path / name} is not loaded: {untrusted}")
             bad = first_bad_record(f)
             if bad is not None:
                 raise _UnloadableError(f"{name}: {bad}")
             f.seek(0)
             try:
                 return torch.load(f, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError as e:
-                refused = weights_only_reason(str(e))
+            except pickle.UnpicklingError:
+                pass  # objects weights-only loading rejects (a script's own classes in extra):
+                # unpickled below, the file being this user's, writable by nobody else (above)
             except Exception as e:
                 raise _UnloadableError(f"{name}: {type(e).__name__}: {e}") from None
-            untrusted = untrusted_reason([self.directory, info.path], f)
-            if untrusted is not None:
-                raise _RefusedError(
-                    f"{info.path / name} holds objects that weights-only loading rejects "
-                    f"({refused}); it is not unpickled because {untrusted}"
-                )
             f.seek(0)
             try:
                 return torch.load(f, map_location="cpu", weights_only=False)
@@ -345,6 +355,19 @@ class Restorer:
 
     def _group_active(self) -> bool:
         return group_active(self.rank, self.world_size)
+
+
+def _files_problem(paths: Sequence[Path]) -> str | None:
+    """The first of ``paths`` that is not this user's regular file, writable by nobody else."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                problem = opened_file_problem(f)
+        except OSError as e:
+            return f"{path} cannot be checked: {e.strerror}"
+        if problem is not None:
+            return problem
+    return None
 
 
 def _is_empty_optimizer_state(state: Any) -> bool:

@@ -1,18 +1,55 @@
-"""Whether a checkpoint's files may be read: every zip record's CRC (torch.load checks none), the
-reason a weights-only load refused a file, and whether unpickling files is safe (only files and
-directories this user owns and nobody else can write). Used by :mod:`.restore`."""
+"""Whether a checkpoint may be read at all: the directory is safe all the way up and is the one
+``rvsup start`` checked, every entry and file is this user's and nobody else can write it, every
+zip record's CRC holds (torch.load checks none). Used by :mod:`.restore` before anything is
+read, and by the saves before anything is written (docs/security.md).
+
+Nothing is loaded from a place another user could have written: not even weights-only, since
+weights planted there would be resumed from as the job's own.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import zipfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Final
 
-__all__ = ["first_bad_record", "untrusted_paths", "untrusted_reason", "weights_only_reason"]
+from worker_sdk.contract.private_paths import directory_problem, file_problem
+
+__all__ = [
+    "directory_problem",
+    "entry_problem",
+    "first_bad_record",
+    "opened_file_problem",
+]
 
 _READ_CHUNK: Final = 4 << 20
+
+
+def entry_problem(path: Path) -> str | None:
+    """Why the directory entry ``path`` of a checkpoint (a committed step, its ``dcp/``) must
+    not be read, or None: it must be a real directory of this user that nobody else can
+    write (never a symbolic link)."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"{path} cannot be checked: {e.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others"
+    return None
+
+
+def opened_file_problem(f: IO[bytes]) -> str | None:
+    """Why the opened file ``f`` must not be read (checked on its descriptor), or None."""
+    problem = file_problem(os.fstat(f.fileno()), os.geteuid())
+    return None if problem is None else f"{f.name} {problem}"
 
 
 def first_bad_record(f: IO[bytes]) -> str | None:
@@ -27,37 +64,4 @@ def first_bad_record(f: IO[bytes]) -> str | None:
                         pass
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
         return f"damaged archive: {e}"
-    return None
-
-
-def weights_only_reason(message: str) -> str:
-    """The line of a weights-only load's error that says what it refused."""
-    for line in message.splitlines():
-        if "WeightsUnpickler error" in line:
-            return line.strip()
-    return message.splitlines()[0] if message else "weights-only load failed"
-
-
-def untrusted_reason(directories: Sequence[Path], f: IO[bytes]) -> str | None:
-    """Why unpickling these files would be unsafe (others own or can write them), or None."""
-    checks = [(str(d), os.stat(d)) for d in directories] + [(f.name, os.fstat(f.fileno()))]
-    return _first_untrusted(checks)
-
-
-def untrusted_paths(paths: Sequence[Path]) -> str | None:
-    """Like :func:`untrusted_reason`, for paths (directories and files) not opened yet."""
-    try:
-        checks = [(str(p), os.stat(p)) for p in paths]
-    except OSError as e:
-        return f"{e.filename} cannot be checked: {e.strerror}"
-    return _first_untrusted(checks)
-
-
-def _first_untrusted(checks: Sequence[tuple[str, os.stat_result]]) -> str | None:
-    uid = os.geteuid()
-    for label, st in checks:
-        if st.st_uid != uid:
-            return f"{label} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-        if st.st_mode & 0o022:
-            return f"{label} is writable by group or others"
     return None

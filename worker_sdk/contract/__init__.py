@@ -1,4 +1,5 @@
-"""The contract between the supervisor and the ranks: torch-free, standard library only.
+"""The contract between the supervisor and the ranks: torch-free, standard library (and pyzmq for
+the CURVE keys of the TCP listeners, :mod:`.curve`) only.
 
 The only part of ``worker_sdk`` the supervisor imports (``tests/supervisor/test_architecture.py``
 enforces it): the wire format, its authentication and the environment variables and exit codes

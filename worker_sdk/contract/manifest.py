@@ -172,6 +172,8 @@ def validate(path: Path) -> CheckpointInfo:
     m = COMMITTED_RE.match(path.name)
     if not m:
         raise CorruptCheckpointError(f"{path.name!r} is not a committed checkpoint name")
+    if path.is_symlink():
+        raise CorruptCheckpointError("a symbolic link (rvsup never loads through one)")
     if not path.is_dir():
         raise CorruptCheckpointError("not a directory")
     manifest = _read_manifest(path)

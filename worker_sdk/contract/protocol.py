@@ -95,6 +95,9 @@ ENV_JOB: Final = "RVSUP_JOB"  # job name
 ENV_ATTEMPT: Final = "RVSUP_ATTEMPT"  # attempt number, 1-based, across allocations
 ENV_RUN_DIR: Final = "RVSUP_RUN_DIR"
 ENV_CHECKPOINT_DIR: Final = "RVSUP_CHECKPOINT_DIR"  # also read standalone (no supervisor)
+# "<device>:<inode>" of checkpoint_dir when `rvsup start` checked it: a directory put in its
+# place since is refused at load and save (docs/security.md)
+ENV_CHECKPOINT_DIR_ID: Final = "RVSUP_CHECKPOINT_DIR_ID"
 ENV_CKPT_EVERY_STEPS: Final = "RVSUP_CKPT_EVERY_STEPS"  # 0: never by step count
 ENV_CKPT_EVERY_S: Final = "RVSUP_CKPT_EVERY_S"  # standalone only; the supervisor drives time
 ENV_KEEP_LAST: Final = "RVSUP_KEEP_LAST"

@@ -11,6 +11,7 @@ import os
 
 import zmq
 
+from worker_sdk.contract import curve
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
@@ -33,6 +34,8 @@ class Channel:
         sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
         sock.setsockopt(zmq.RCVHWM, _SEND_HWM)
         sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
+        if endpoint.startswith("tcp://"):  # across nodes: only the job's processes get in
+            curve.secure_client(sock, curve.keys(secret, curve.RANKS))
         sock.connect(endpoint)
         self._sock = sock
 

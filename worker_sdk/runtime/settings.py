@@ -22,6 +22,7 @@ class Settings:
     attempt: int
     attempt_tag: str  # names this attempt's temporary checkpoint directories
     checkpoint_dir: Path | None
+    checkpoint_dir_id: str | None  # its identity when `rvsup start` checked it (None: unknown)
     every_steps: int  # 0: not by step count
     every_s: float | None  # time-based saves when not supervised (one process only)
     keep_last: int
@@ -93,6 +94,7 @@ def resolve(
         attempt=attempt,
         attempt_tag=tag,
         checkpoint_dir=Path(chosen).resolve() if chosen else None,
+        checkpoint_dir_id=(e.get(p.ENV_CHECKPOINT_DIR_ID) or None) if supervised else None,
         every_steps=steps,
         every_s=seconds,
         keep_last=keep,

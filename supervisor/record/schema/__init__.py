@@ -51,7 +51,12 @@ from supervisor.record.schema.lifecycle import (
     RestartScheduled,
     StopRequested,
 )
-from supervisor.record.schema.memory import MemorySnapshots, MemoryTierOff
+from supervisor.record.schema.memory import (
+    MemoryDirRefused,
+    MemorySnapshots,
+    MemoryTierOff,
+    SnapshotsSwept,
+)
 from supervisor.record.schema.nodes import (
     HealthChecked,
     NodeExcluded,
@@ -90,6 +95,7 @@ __all__ = [
     "JobStopped",
     "JobSucceeded",
     "Level",
+    "MemoryDirRefused",
     "MemorySnapshots",
     "MemoryTierOff",
     "MessagesDropped",
@@ -100,6 +106,7 @@ __all__ = [
     "RestartScheduled",
     "RolledBack",
     "SlowPhase",
+    "SnapshotsSwept",
     "StopRequested",
     "StragglerDetected",
     "SupervisorError",
@@ -140,6 +147,8 @@ _CLASSES: Final = (
     AttemptClosed,
     MemorySnapshots,
     MemoryTierOff,
+    MemoryDirRefused,
+    SnapshotsSwept,
 )
 EVENTS: Final[Mapping[str, type[Event]]] = types.MappingProxyType(
     {cls.NAME: cls for cls in _CLASSES}

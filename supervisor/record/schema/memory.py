@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from supervisor.record.schema.base import Event
 
-__all__ = ["MemorySnapshots", "MemoryTierOff"]
+__all__ = ["MemoryDirRefused", "MemorySnapshots", "MemoryTierOff", "SnapshotsSwept"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,3 +39,28 @@ class MemoryTierOff(Event):
     LEVEL = "warning"
     reason: str
     """Why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryDirRefused(Event):
+    """A snapshot directory the job was to use is not its own (another user's, a symbolic link,
+    open to others): it is never used, and the tier makes a fresh private one
+    (docs/security.md)."""
+
+    NAME = "memory_dir_refused"
+    LEVEL = "warning"
+    path: str
+    """The directory refused."""
+    reason: str
+    """Why it is not this user's private directory."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotsSwept(Event):
+    """Snapshot directories that daemons killed before their end left on this node (host
+    memory) were removed at this start."""
+
+    NAME = "snapshots_swept"
+    LEVEL = "info"
+    paths: tuple[str, ...]
+    """The directories removed."""

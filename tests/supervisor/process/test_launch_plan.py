@@ -13,7 +13,6 @@ from supervisor.config.torchrun import Torchrun
 from supervisor.process.launcher import build_plan
 from supervisor.process.plan import Launches, PortHold
 from supervisor.process.zygote import zygote_step_argv
-from supervisor.ranks.snapshots import snapshot_dir
 from supervisor.service.sdnotify import CHILD_ENV_VARS
 from supervisor.slurm.commands import Allocation
 from tests.helpers.core_fakes import job_config
@@ -64,7 +63,9 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
     )
     alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
     on = cfg.checkpoint.memory_every_steps != 0
-    Launches(cfg, alloc, TORCHRUN, snapshots=snapshot_dir(cfg) if on else None).close()
+    Launches(
+        cfg, alloc, TORCHRUN, snapshots=tmp_path / "shm" / "rvsup-snapshots" if on else None
+    ).close()
     (argv,) = ran
     inner = argv[argv.index("--") + 1 :]
     assert inner[:4] == [sys.executable, "-m", "worker_sdk.spawn.node_group", "0"]
@@ -73,7 +74,7 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
             sys.executable,
             "-m",
             "worker_sdk.spawn.sweep_snapshots",
-            str(snapshot_dir(cfg)),
+            str(tmp_path / "shm" / "rvsup-snapshots"),
         ]
     else:
         assert inner[4:] == ["true"]

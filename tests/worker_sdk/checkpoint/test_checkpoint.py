@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tests.helpers.states import assert_same_state, make_checkpointer, write_for
 from worker_sdk.checkpoint import checkpointer as checkpoint
 from worker_sdk.checkpoint import rng as _rng
 from worker_sdk.checkpoint.checkpointer import (
+    Checkpointer,
     LoadResult,
     Stateful,
     unwrap,
@@ -32,6 +34,7 @@ from worker_sdk.contract.layout import (
     rank_file,
     temp_name,
 )
+from worker_sdk.contract.private_paths import dir_identity
 from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
 from worker_sdk.runtime.determinism import reordered_sums_warning
 
@@ -377,17 +380,83 @@ def test_different_objects_are_refused(tmp_path: Path, pick: Any, message: str) 
         make_checkpointer(tmp_path).load_latest(pick(Trainer(seed=2)), None)
 
 
-def test_pickled_extra_loads_only_from_a_trusted_directory(tmp_path: Path) -> None:
-    """extra that needs unpickling loads from the user's own directory, and is refused
-    once others can write there."""
+def test_pickled_extra_loads_from_the_users_own_directory(tmp_path: Path) -> None:
+    """extra that needs unpickling (a script's own class) loads from the user's own
+    directory, whose files are private (0600, in 0700 directories)."""
     t = Trainer(seed=1)
     make_checkpointer(tmp_path / "c").save(1, t.objects, extra=Cursor(2, 30))
     assert make_checkpointer(tmp_path / "c").load_latest(t.objects, None).extra == Cursor(2, 30)
     step_dir = tmp_path / "c" / committed_name(1)
-    os.chmod(step_dir, 0o775)
-    with pytest.raises(RuntimeError, match="writable by group or others") as caught:
+    assert stat.S_IMODE(step_dir.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(f.stat().st_mode) for f in step_dir.iterdir()} == {0o600}
+
+
+@pytest.mark.parametrize(
+    ("opened", "why"),
+    [
+        ("step", "writable by group or others"),
+        ("file", "writable by group or others"),
+        ("directory", "writable by others"),
+        ("owner", "owned by uid 54321"),
+    ],
+)
+def test_nothing_loads_from_a_checkpoint_others_could_have_written(
+    tmp_path: Path, opened: str, why: str
+) -> None:
+    """Not even weights-only: a step directory or a file others can write, a checkpoint
+    directory others can write, a file of another user: the load is refused, naming why
+    (weights planted there would be resumed from as the job's own)."""
+    if opened == "owner" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    t = Trainer(seed=1)
+    make_checkpointer(tmp_path / "c").save(1, t.objects, extra=None)
+    step_dir = tmp_path / "c" / committed_name(1)
+    target = {
+        "step": step_dir,
+        "file": step_dir / SHARED,
+        "directory": tmp_path / "c",
+        "owner": step_dir / rank_file(0),
+    }[opened]
+    if opened == "owner":
+        os.chown(target, 54321, -1)
+    else:
+        os.chmod(target, 0o777 if target.is_dir() else 0o666)
+    with pytest.raises(RuntimeError, match="not loaded") as caught:
         make_checkpointer(tmp_path / "c").load_latest(t.objects, None)
-    assert "Cursor" in str(caught.value)
+    assert why in str(caught.value)
+
+
+def test_a_checkpoint_that_is_a_symbolic_link_is_skipped(tmp_path: Path) -> None:
+    """A committed name that is a link (to a checkpoint elsewhere) is never loaded through:
+    skipped with the reason, and the newest real one is loaded."""
+    t = Trainer(seed=1)
+    make_checkpointer(tmp_path / "c").save(1, t.objects, extra=None)
+    make_checkpointer(tmp_path / "elsewhere").save(5, t.objects, extra=None)
+    (tmp_path / "c" / committed_name(5)).symlink_to(tmp_path / "elsewhere" / committed_name(5))
+    result = make_checkpointer(tmp_path / "c").load_latest(t.objects, None)
+    assert result.step == 1
+    assert [(p.name, why) for p, why in result.skipped] == [
+        (committed_name(5), "a symbolic link (rvsup never loads through one)")
+    ]
+
+
+def test_a_checkpoint_directory_replaced_since_the_start_is_refused(tmp_path: Path) -> None:
+    """The directory rvsup start checked (its identity) was replaced by another since: nothing
+    is loaded from it, and nothing is saved into it."""
+    t = Trainer(seed=1)
+    make_checkpointer(tmp_path / "c").save(1, t.objects, extra=None)
+    identity = dir_identity(tmp_path / "c")
+    (tmp_path / "c").rename(tmp_path / "moved")
+    make_checkpointer(tmp_path / "planted").save(9, t.objects, extra=None)
+    (tmp_path / "planted").rename(tmp_path / "c")
+    ck = Checkpointer(
+        tmp_path / "c", rank=0, world_size=1, attempt_tag="a1", keep_last=3, identity=identity
+    )
+    with pytest.raises(RuntimeError, match="replaced since"):
+        ck.load_latest(t.objects, None)
+    with pytest.raises(checkpoint.SaveError, match="nothing is saved"):
+        ck.save(10, t.objects, extra=None)
+    assert layout.latest(tmp_path / "c").step == 9  # type: ignore[union-attr]
 
 
 @pytest.mark.usefixtures("one_process_group")

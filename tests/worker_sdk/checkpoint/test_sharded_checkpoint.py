@@ -84,7 +84,7 @@ def test_sharded_round_trip_through_dcp(tmp_path: Path, kind: str) -> None:
     ]
     assert sorted(manifest["checksums"]) == ["dcp/.metadata", "dcp/__0_0.distcp"]
     assert set(manifest["checksums"]) <= set(manifest["files"])
-    assert oct(os.stat(result.path / "dcp" / "__0_0.distcp").st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(result.path / "dcp" / "__0_0.distcp").st_mode & 0o777) == oct(0o600)
 
     fresh = build(kind, seed=7)
     loaded = ck(tmp_path, "a2").load_latest(list(fresh), extra=None)

@@ -34,6 +34,7 @@ from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.contract.layout import committed_name
 from worker_sdk.contract.protocol import ENV_FORKED_WRITER
 
+from . import markers
 from .arena import Arena
 from .writer import SaveJob, mark_failed
 
@@ -55,6 +56,7 @@ class Outcome:
     nbytes: int
     seconds: float  # from the start of the save until durable (or failed)
     blocked_s: float  # how long step() was blocked by it
+    errno: int = 0  # a failure's OSError number (ENOSPC: a full tmpfs), 0 otherwise
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class AsyncSaver:
         self._conn: Connection | None = None
         self.job_fields: dict[str, Any] = {}
         """Set on every job (several nodes: ``peers``, ``replica_key``, ``leader``)."""
+        self.marker_key = markers.job_key()  # the writers' markers are signed with it
         self._listening = False
         self._endpoint: str | None = None
         self.before_growth: Callable[[str, int, dict[str, int]], None] | None = None
@@ -109,9 +112,12 @@ class AsyncSaver:
         previous = self.wait() if self.in_flight is not None else None
         self._ensure_writer()
         job = self.ck.stage_async(step, objects, extra, self._arena_for, _PART_WAIT_S)
-        job = _with_blocked(job, time.monotonic() - began)
-        if self.job_fields:
-            job = dataclasses.replace(job, **self.job_fields)
+        job = dataclasses.replace(
+            job,
+            blocked_s=time.monotonic() - began,
+            marker_key=self.marker_key,
+            **self.job_fields,
+        )
         assert self._conn is not None
         try:
             self._conn.send(("save", job))
@@ -127,7 +133,7 @@ class AsyncSaver:
         know this one's endpoint only."""
         self._ensure_writer()
         assert self._conn is not None
-        self._conn.send(("listen", directory, key, address))
+        self._conn.send(("listen", directory, key, address, self.ck.attempt_tag))
         self._listening = True
 
     def endpoint(self, timeout_s: float) -> str:
@@ -213,6 +219,7 @@ class AsyncSaver:
             0,
             time.monotonic() - flight.began,
             job.blocked_s,
+            errno=int(answer[3]) if len(answer) > 3 else 0,
         )
 
     def _lost(self) -> Outcome:
@@ -368,12 +375,6 @@ class _ForkedWriter:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-
-
-def _with_blocked(job: SaveJob, blocked_s: float) -> SaveJob:
-    import dataclasses
-
-    return dataclasses.replace(job, blocked_s=blocked_s)
 
 
 def _describe_exit(code: int | None) -> str:

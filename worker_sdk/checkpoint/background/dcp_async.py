@@ -36,6 +36,7 @@ from worker_sdk.contract import layout
 
 from . import arena as _arena
 from .arena import Arena, StagedTensor
+from .dcp_json import decode_metadata, encode_metadata
 
 __all__ = ["Item", "StagingWriter", "finish_metadata", "stage", "write_items"]
 
@@ -105,9 +106,10 @@ class StagingWriter(StorageWriter):
 
 def stage(
     state: dict[str, Any], arena_for: Callable[[int], Arena], rank: int
-) -> tuple[list[Item], bytes | None]:
+) -> tuple[list[Item], dict[str, Any] | None]:
     """Plan (collectively) and stage this rank's part of ``state``; return its items and, on
-    rank 0, the pickled global metadata still lacking the files' offsets."""
+    rank 0, the global metadata still lacking the files' offsets (as JSON values,
+    :mod:`.dcp_json`: it travels to the other nodes in rank 0's marker, never as a pickle)."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -117,7 +119,7 @@ def stage(
     metadata = None
     if rank == 0:
         assert writer.metadata is not None
-        metadata = pickle.dumps(writer.metadata)
+        metadata = encode_metadata(writer.metadata)
     return writer.items, metadata
 
 
@@ -127,7 +129,7 @@ def write_items(
     """Write this rank's items into ``directory/__<rank>_0.distcp`` durably; return where each
     item is in it and the file's CRC-32."""
     name = f"__{rank}_0.distcp"
-    directory.mkdir(mode=0o755, exist_ok=True)
+    directory.mkdir(mode=0o700, exist_ok=True)
     where = []
     with open(directory / name, "wb") as f:
         for item in items:
@@ -146,11 +148,11 @@ def write_items(
 
 
 def finish_metadata(
-    metadata: bytes, where: Sequence[tuple[MetadataIndex, _StorageInfo]], directory: Path
+    metadata: dict[str, Any], where: Sequence[tuple[MetadataIndex, _StorageInfo]], directory: Path
 ) -> int:
-    """Write ``.metadata`` (the global plan with every rank's offsets), durably; its CRC-32."""
-    md = pickle.loads(metadata)
-    assert isinstance(md, Metadata)
+    """Write ``.metadata`` (the global plan with every rank's offsets, in DCP's own format: a
+    pickle, which DCP reads only from a trusted directory), durably; its CRC-32."""
+    md = decode_metadata(metadata)
     md.version = _VERSION
     md.storage_data = dict(where)
     md.storage_meta = StorageMeta(checkpoint_id=str(directory), save_id=str(uuid.uuid4()))

@@ -6,7 +6,8 @@ the staging arenas (their file descriptors) and, per save, a :class:`SaveJob`: t
 the files to write, whose tensors live in the arenas. The writer writes this rank's files into
 the step's temporary directory, each fsynced, and then:
 
-- rank r > 0 writes ``.written-<r>`` (where its DCP items are, the CRC of its file), durably;
+- rank r > 0 writes ``.written-<r>`` (where its DCP items are, the CRC of its file), durably:
+  JSON with a MAC under the job's secret, never a pickle (:mod:`.markers`);
 - rank 0 waits for every other rank's ``.written-<r>`` (or its ``.failed-<r>``), writes DCP's
   ``.metadata`` and commits (:func:`worker_sdk.checkpoint.commit.commit`).
 
@@ -17,7 +18,8 @@ also pushes its files and its marker to the writers of the same local rank on th
 0's marker.
 
 It answers each job with ``("done", step, committed, nbytes, monotonic_end)`` or ``("failed",
-step, reason)``. Any failure writes ``.failed-<rank>`` into the temporary directory so rank 0
+step, reason, errno)`` (``errno`` 0 when the failure was no ``OSError``). Any failure writes
+``.failed-<rank>`` into the temporary directory so rank 0
 stops waiting; the temporary directory is never committed then. The process asks the kernel to
 kill it when the rank dies (``PR_SET_PDEATHSIG``): a save of a dead rank is abandoned, never
 half-committed (the rename is the commit, and happens only once every part is durable).
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import sys
 import time
@@ -43,8 +44,10 @@ from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_dura
 from worker_sdk.contract import layout
 from worker_sdk.contract.checkpoint_names import ARENA_DCP, ARENA_LOCAL
 from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
+from worker_sdk.contract.private_paths import file_problem, make_private_dir
 from worker_sdk.spawn.pdeathsig import die_with_parent
 
+from . import markers
 from .arena import Arena, rebuild
 
 if TYPE_CHECKING:  # the rank imports this module for SaveJob: keep DCP out until it is needed
@@ -76,7 +79,8 @@ class SaveJob:
     shared: Any  # shared.pt's skeleton (rank 0), else None
     part: Any  # this rank's rank file's skeleton
     dcp_items: list[Item] | None  # None: no sharded state
-    dcp_metadata: bytes | None  # rank 0, with sharded state: DCP's global metadata
+    # rank 0, with sharded state: DCP's global metadata (.dcp_json.encode_metadata's form)
+    dcp_metadata: dict[str, Any] | None
     objects: tuple[tuple[str, str], ...]
     keep_last: int
     attempt_tag: str
@@ -89,6 +93,7 @@ class SaveJob:
     peers: tuple[str, ...] = ()
     replica_key: bytes = b""
     leader: int = 0
+    marker_key: bytes = b""  # the job's secret: the markers' MAC (b"": run without rvsup)
 
 
 def written_marker(tmp: Path, rank: int) -> Path:
@@ -132,7 +137,7 @@ def run_job(job: SaveJob, arenas: dict[str, Arena], reached: Reached = _no_one) 
             raise
         reason = f"{type(e).__name__}: {e}"
         mark_failed(job.tmp, job.rank, reason)
-        return ("failed", job.step, reason)
+        return ("failed", job.step, reason, (e.errno or 0) if isinstance(e, OSError) else 0)
     return ("done", job.step, job.rank == 0, nbytes, time.monotonic())
 
 
@@ -153,24 +158,29 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
     layout.fsync_dir(job.tmp)
     reached("written", job.step)
     if job.peers:
-        _replicate(job, crc, pickle.dumps((where, crc, job.dcp_metadata)))
+        part = markers.Part(where, crc, job.dcp_metadata)
+        _replicate(job, crc, markers.write(job.marker_key, job.tmp.name, job.rank, part))
     if job.rank != job.leader:
         # into the pending marker, then renamed: rank 0 never sees a part written half
-        write_bytes_durable(pending_marker(job.tmp, job.rank), pickle.dumps((where, crc)))
+        marker = markers.write(
+            job.marker_key, job.tmp.name, job.rank, markers.Part(where, crc, None)
+        )
+        write_bytes_durable(pending_marker(job.tmp, job.rank), marker)
         os.rename(pending_marker(job.tmp, job.rank), written_marker(job.tmp, job.rank))
         layout.fsync_dir(job.tmp)
         return 0
-    parts = {job.rank: (where, crc, job.dcp_metadata), **_wait_for_parts(job)}
+    parts = {job.rank: markers.Part(where, crc, job.dcp_metadata), **_wait_for_parts(job)}
     checksums: dict[str, int] = {}
     if job.dcp_items is not None:
         from . import dcp_async as _dcp_async
 
-        metadata = parts[0][2]  # rank 0's, received with its marker on the other nodes
-        assert metadata is not None
-        everywhere = [entry for r in sorted(parts) for entry in parts[r][0]]
+        metadata = parts[0].metadata  # rank 0's, received with its marker on the other nodes
+        if metadata is None:
+            raise RuntimeError("rank 0's part came without DCP's metadata")
+        everywhere = [entry for r in sorted(parts) for entry in parts[r].where]
         md_crc = _dcp_async.finish_metadata(metadata, everywhere, job.tmp / DCP_DIR)
         for r in sorted(parts):
-            checksums.update(_dcp.names(r, [md_crc if r == 0 else -1, parts[r][1]]))
+            checksums.update(_dcp.names(r, [md_crc if r == 0 else -1, parts[r].crc]))
     for r in range(job.world_size):
         if r != job.rank:
             written_marker(job.tmp, r).unlink()
@@ -192,12 +202,12 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
     return info.nbytes
 
 
-def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int, bytes | None]]:
+def _wait_for_parts(job: SaveJob) -> dict[int, markers.Part]:
     """The committing rank: every other rank's ``.written-<r>``; raise if one failed or never
-    came. (Where the part is, its CRC, and rank 0's DCP metadata from a received marker.)"""
+    came, or holds anything but that rank's marker of this save."""
     deadline = time.monotonic() + job.wait_s
     others = [r for r in range(job.world_size) if r != job.rank]
-    parts: dict[int, tuple[Any, int, bytes | None]] = {}
+    parts: dict[int, markers.Part] = {}
     while len(parts) < len(others):
         for r in others:
             if r in parts:
@@ -208,14 +218,23 @@ def _wait_for_parts(job: SaveJob) -> dict[int, tuple[Any, int, bytes | None]]:
                 raise RuntimeError(f"rank {r} could not write its part ({reason})")
             marker = written_marker(job.tmp, r)
             if marker.exists():
-                where, crc, *metadata = pickle.loads(marker.read_bytes())
-                parts[r] = (where, crc, metadata[0] if metadata else None)
+                parts[r] = markers.read(job.marker_key, job.tmp.name, r, _read_marker(marker))
         if len(parts) < len(others):
             if time.monotonic() > deadline:
                 missing = sorted(set(others) - set(parts))
                 raise RuntimeError(f"rank(s) {missing} did not write their part in time")
             time.sleep(_POLL_S)
     return parts
+
+
+def _read_marker(path: Path) -> bytes:
+    """A marker's bytes, from this user's regular file (never through a link), at most
+    :data:`markers.MAX_BYTES`."""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        problem = file_problem(os.fstat(f.fileno()), os.geteuid())
+        if problem is not None:
+            raise RuntimeError(f"{path} {problem}")
+        return f.read(markers.MAX_BYTES + 1)
 
 
 def _replicate(job: SaveJob, crc: int, marker: bytes) -> None:
@@ -229,7 +248,14 @@ def _replicate(job: SaveJob, crc: int, marker: bytes) -> None:
     files: list[tuple[str, Path | bytes]] = [(name, job.tmp / name) for name in names]
     files.append((written_marker(job.tmp, job.rank).name, marker))
     for peer in job.peers:
-        push(peer, job.replica_key, job.tmp.name, files, timeout_s=job.wait_s)
+        push(
+            peer,
+            job.replica_key,
+            job.tmp.name,
+            files,
+            attempt=job.attempt_tag,
+            timeout_s=job.wait_s,
+        )
 
 
 def serve(conn: Connection, reached: Reached = _no_one) -> None:
@@ -261,14 +287,16 @@ def serve(conn: Connection, reached: Reached = _no_one) -> None:
             receiver.close()
 
 
-def _listen(directory: Path, key: bytes, address: str) -> tuple[Receiver | None, tuple[str, str]]:
-    """Start receiving the other nodes' parts into ``directory``: the receiver and
-    ``("listening", endpoint)``, or None and ``("failed", reason)``."""
+def _listen(
+    directory: Path, key: bytes, address: str, attempt: str
+) -> tuple[Receiver | None, tuple[str, str]]:
+    """Start receiving the other nodes' parts of attempt ``attempt`` into ``directory``: the
+    receiver and ``("listening", endpoint)``, or None and ``("failed", reason)``."""
     from worker_sdk.checkpoint.memory.replica import Receiver
 
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        receiver = Receiver(directory, key, address)
+        make_private_dir(directory)  # this node's folder, made by the rank already
+        receiver = Receiver(directory, key, address, attempt)
     except Exception as e:  # noqa: BLE001 - the rank turns the tier off
         return None, ("failed", f"{type(e).__name__}: {e}")
     return receiver, ("listening", receiver.endpoint)

@@ -78,7 +78,12 @@ def _load(
     if memory is not None and nodes is not None:  # several nodes: each its own copy
         snapshots = memory.checkpointer.directory
         highest, healed = _nodes.heal(
-            nodes, snapshots, rank=checkpointer.rank, lowest=lowest, highest=highest
+            nodes,
+            snapshots,
+            rank=checkpointer.rank,
+            lowest=lowest,
+            highest=highest,
+            attempt=checkpointer.attempt_tag,
         )
         if highest < 0:
             return _with_skipped(checkpointer.load_latest(objects, extra), damaged)

@@ -116,7 +116,7 @@ def connect(nodes: Nodes, saver: AsyncSaver) -> str | None:
 
 
 def heal(
-    nodes: Nodes, directory: Path, *, rank: int, lowest: int, highest: int
+    nodes: Nodes, directory: Path, *, rank: int, lowest: int, highest: int, attempt: str
 ) -> tuple[int, bool]:
     """Collective: the newest step in ``[lowest, highest]`` some node holds complete, pushed
     to every node that lacks it; (-1 when none, or when a push failed), and whether a node was
@@ -135,7 +135,8 @@ def heal(
     if lacking and rank == nodes.leader(min(holders)):
         try:
             for node in lacking:
-                _push_whole(nodes, directory, target, nodes.endpoints[nodes.leader(node)])
+                endpoint = nodes.endpoints[nodes.leader(node)]
+                _push_whole(nodes, directory, target, endpoint, attempt)
         except (OSError, ValueError, _replica.ReplicaError) as e:
             print(f"rvsup: rank {rank}: cannot send snapshot {target}: {e}", file=sys.stderr)
             pushed = 0
@@ -144,7 +145,7 @@ def heal(
     return target, bool(lacking)
 
 
-def _push_whole(nodes: Nodes, directory: Path, step: int, endpoint: str) -> None:
+def _push_whole(nodes: Nodes, directory: Path, step: int, endpoint: str, attempt: str) -> None:
     """A committed snapshot, every file and its manifest last, committed at ``endpoint``."""
     path = directory / layout.committed_name(step)
     manifest = json.loads((path / MANIFEST).read_bytes())
@@ -152,4 +153,6 @@ def _push_whole(nodes: Nodes, directory: Path, step: int, endpoint: str) -> None
     files: list[tuple[str, Path | bytes]] = [(name, path / name) for name in names]
     files.append((MANIFEST, path / MANIFEST))
     tmp = layout.temp_name(step, f"copy-{os.getpid()}")
-    _replica.push(endpoint, nodes.key, tmp, files, timeout_s=_PUSH_S, commit_step=step)
+    _replica.push(
+        endpoint, nodes.key, tmp, files, attempt=attempt, timeout_s=_PUSH_S, commit_step=step
+    )

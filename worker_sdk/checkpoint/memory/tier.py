@@ -13,15 +13,24 @@ snapshot worked, whether its writer is still busy with it, how long that one blo
 training time per step since, the time snapshots have blocked it in this attempt, and the time
 since the attempt's first step): the ranks take the same decisions from the same numbers, so
 they snapshot at the same steps, put a snapshot off by one step together while some writer is
-busy (never waiting for it), and stop together when any of them cannot (a full ``/dev/shm``, a
-memory limit). ``"auto"`` takes a snapshot only when the attempt's blocked time stays within its
+busy (never waiting for it), pause together when any of them ran out of room (a full tmpfs, a
+memory limit: tried again after 30 s of training, then 60 s, ... at most 10 min), and stop
+together when any of them cannot go on (its directory refused, its writer lost).
+``"auto"`` takes a snapshot only when the attempt's blocked time stays within its
 budget, and otherwise puts it off by the steps that will make it so
 (:func:`.interval.steps_to_wait`). Between snapshots nothing runs: the runtime's per-step
 comparison of the step with the next step that needs its slow path covers them.
+
+The snapshot directory is the one the supervisor made and named (``RVSUP_MEMORY_DIR``), used
+only while it is this user's private directory; on the other nodes of a job the ranks make it,
+exclusively (:mod:`worker_sdk.contract.private_paths`). One that fails the check turns the tier
+off for the attempt, saying why.
 """
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 import sys
 import time
@@ -29,16 +38,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from worker_sdk.checkpoint.background.async_save import AsyncSaver, Outcome
+from worker_sdk.checkpoint.background.async_save import (
+    AsyncSaver,
+    Outcome,
+    release_forked_writer,
+)
 from worker_sdk.checkpoint.background.writer import mark_failed
 from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 from worker_sdk.contract.checkpoint_names import ARENA_LOCAL
-from worker_sdk.contract.layout import node_folder, temp_name
+from worker_sdk.contract.layout import temp_name
 from worker_sdk.spawn.local_world import every_rank_here, ranks_here
 
+from . import home as _home
 from . import interval as _interval
 from . import nodes as _nodes
 from . import room as _room
@@ -52,6 +66,11 @@ KEEP: Final = 2  # snapshots kept per node (the newest complete ones)
 _NEVER: Final = sys.maxsize
 _REPORT_EVERY_S: Final = 1.0
 _US: Final = 1_000_000
+_RETRY_S: Final = 30.0  # after a tier ran out of room: training time before it tries again,
+_RETRY_MAX_S: Final = 600.0  # doubled after each failed try, at most this
+_OUT_OF_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM})
+# a rank's word in each snapshot's all-gather
+_OFF, _OK, _NO_ROOM = 0, 1, 2
 
 
 class MemoryTier:
@@ -67,7 +86,10 @@ class MemoryTier:
         every: int | None,
         channel: Channel | None,
         nodes: _nodes.Nodes | None = None,
+        refused: str | None = None,
     ) -> None:
+        """``refused``: why the directory must not be used (the tier is off from the first
+        snapshot on, and no writer runs)."""
         self.checkpointer = Checkpointer(
             directory, rank=rank, world_size=world_size, attempt_tag=attempt_tag, keep_last=KEEP
         )
@@ -84,7 +106,9 @@ class MemoryTier:
         self.last_blocked_s = 0.0  # the newest one's
         self.nbytes = 0
         self.newest = -1
-        self.failed: str | None = None  # why this rank's last snapshot failed (or the tier is off)
+        self.failed: str | None = refused  # why this rank's last snapshot failed (or why off)
+        self.no_room = False  # that failure was a full tmpfs or a memory limit: try again later
+        self.retries = 0  # pauses in a row for lack of room
         self.off = False
         self._mark = (time.monotonic(), -1)  # (end of the last snapshot, its step)
         self._began = self._mark[0]  # the attempt's first step
@@ -92,6 +116,11 @@ class MemoryTier:
         self._pending_s = 0.0  # tries since the last snapshot that found a writer busy
         self._check_s = 0.0  # how long the last check that put the snapshot off blocked
         self.nodes = nodes  # several nodes: every snapshot committed on each (.nodes)
+        if refused is not None:
+            if nodes is not None:
+                nodes.failed = nodes.failed or refused  # no endpoint to wait for
+            release_forked_writer()
+            return
         self._start_writer()
         if nodes is not None:
             self.failed = self.failed or nodes.failed
@@ -143,7 +172,7 @@ class MemoryTier:
         steps = step - self._mark[1]
         step_s = (began - self._mark[0] - self._pending_s) / steps if steps > 0 else 0.0
         mine = [
-            0 if self.failed else 1,
+            (_NO_ROOM if self.no_room else _OFF) if self.failed else _OK,
             int(busy),
             int(self.last_blocked_s * _US),
             int(step_s * _US),
@@ -152,7 +181,7 @@ class MemoryTier:
             int(self._check_s * _US),
         ]
         rows = all_gather_ints(mine) if self._group_active() else [mine]
-        bad = [r for r, row in enumerate(rows) if not row[0]]
+        bad = [r for r, row in enumerate(rows) if row[0] == _OFF]
         if bad:
             self._turn_off(bad)
             return
@@ -160,6 +189,11 @@ class MemoryTier:
             self.next_step = step + 1
             self._pending_s += time.monotonic() - began
             return
+        if any(row[0] == _NO_ROOM for row in rows):
+            first = next(r for r, row in enumerate(rows) if row[0] == _NO_ROOM)
+            self._pause(step, max(row[3] for row in rows) / _US, says=first == self.rank)
+            return
+        self.retries = 0
         wait = 1
         if self.every is None:
             cost = max(row[2] for row in rows) / _US  # the next one's, estimated
@@ -182,9 +216,10 @@ class MemoryTier:
         try:
             previous = self.saver.submit(step, objects, extra)
         except _room.NoRoomError as e:  # the room check's sentence says it all
-            self._failed_at(step, str(e))
-        except Exception as e:  # noqa: BLE001 - a full /dev/shm, a memory limit: off at the next snapshot
-            self._failed_at(step, f"{type(e).__name__}: {e}")
+            self._failed_at(step, str(e), no_room=True)
+        except Exception as e:  # noqa: BLE001 - a full /dev/shm: paused at the next snapshot
+            no_room = isinstance(e, OSError) and e.errno in _OUT_OF_ROOM
+            self._failed_at(step, f"{type(e).__name__}: {e}", no_room=no_room)
         else:
             self._heard(previous)
         end = time.monotonic()
@@ -226,14 +261,17 @@ class MemoryTier:
             return
         if outcome.failed is not None:
             self.failed = outcome.failed
+            self.no_room = outcome.errno in _OUT_OF_ROOM
         elif outcome.committed or self.rank != 0:  # the committing rank counts its commits
             self.count += 1
             self.newest = outcome.step
             self.nbytes = outcome.nbytes or self.nbytes
 
-    def _failed_at(self, step: int, why: str) -> None:
-        """This rank could not stage the snapshot of ``step``: off at the next snapshot."""
+    def _failed_at(self, step: int, why: str, *, no_room: bool) -> None:
+        """This rank could not stage the snapshot of ``step``: paused (``no_room``) or off at
+        the next snapshot."""
         self.failed = why
+        self.no_room = no_room
         tmp = self.checkpointer.directory / temp_name(step, self.checkpointer.attempt_tag)
         mark_failed(tmp, self.rank, why)  # rank 0's writer stops waiting for us
 
@@ -271,9 +309,31 @@ class MemoryTier:
         self.saver.abandon()
         self._report(time.monotonic())
 
-    def _report(self, now: float) -> None:
+    def _pause(self, step: int, step_s: float, *, says: bool) -> None:
+        """Some rank ran out of room: every rank waits the same number of steps (from the same
+        gathered numbers) before it tries again, the failed snapshots' files removed so that
+        they hold no room meanwhile (no writer is busy: every rank said so). ``says``: this
+        is the first rank that ran out, which says why."""
+        self.retries += 1
+        wait_s = min(_RETRY_MAX_S, _RETRY_S * 2 ** (self.retries - 1))
+        later = math.ceil(wait_s / step_s) if step_s > 0 else _interval.CEILING
+        self.next_step = step + max(1, min(_interval.CEILING, later))
+        if says and self.failed is not None:
+            why = f"{self.failed}; snapshots pause and are tried again later in this attempt"
+            self._report(time.monotonic(), failed=why)
+        directory = self.checkpointer.directory
+        committing = self.rank == 0 if self.nodes is None else self.nodes.is_leader(self.rank)
+        if committing:
+            _home.remove_attempt_temps(directory, self.checkpointer.attempt_tag)
+        self.failed, self.no_room = None, False
+        self._mark = (time.monotonic(), step)
+
+    def _report(self, now: float, failed: str | None = None) -> None:
+        """Send the summary (rank 0) and why the tier is off or paused (``failed``; by
+        default the reason it went off, once off)."""
         self._reported = now
-        if self.channel is None or (self.rank != 0 and self.failed is None):
+        failed = failed if failed is not None else self.failed if self.off else None
+        if self.channel is None or (self.rank != 0 and failed is None):
             return  # rank 0 sums up; a rank that failed says why (the daemon logs the first)
         self.channel.send(
             m.Snapshots(
@@ -282,7 +342,7 @@ class MemoryTier:
                 self.count,
                 self.nbytes,
                 self.interval,
-                self.failed if self.off else None,  # None: off for another rank's failure
+                failed,  # None: it goes on (or off for another rank's failure)
             )
         )
 
@@ -292,7 +352,9 @@ class MemoryTier:
 
 def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryTier | None:
     """The memory tier the supervisor asked for (``RVSUP_MEMORY_DIR``, which a script run
-    without rvsup may set too), or None."""
+    without rvsup may set too), or None. Its directory is checked (one node: the supervisor
+    made it) or made (several nodes: this node's folder), private either way; a tier whose
+    directory fails is off, saying why."""
     directory = os.environ.get(p.ENV_MEMORY_DIR)
     if not directory:
         return None
@@ -303,14 +365,16 @@ def from_environment(*, rank: int, world_size: int, attempt_tag: str) -> MemoryT
     nodes = None
     if not on_one_node(world_size):
         nodes = _nodes.from_environment(os.environ)
+    folder, refused = _home.private_folder(Path(directory), several_nodes=nodes is not None)
     return MemoryTier(
-        Path(directory) if nodes is None else node_folder(Path(directory)),
+        folder,
         rank=rank,
         world_size=world_size,
         attempt_tag=attempt_tag,
         every=every,
         channel=None,
         nodes=nodes,
+        refused=refused,
     )
 
 
