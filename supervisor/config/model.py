@@ -115,10 +115,11 @@ class JobSection:
     - ``workdir`` (default ``"."``): where the command runs; relative to job.toml's folder.
       ``~`` is expanded in every path.
     - ``run_dir`` (default ``"runs/<name>"``, relative to workdir): events.jsonl, rank logs,
-      the control socket, diagnostics.
+      the control socket, diagnostics; owned by you, and no folder above it writable by
+      another user (docs/security.md).
     - ``checkpoint_dir`` (default ``"checkpoints/<name>"``, relative to workdir): must be
-      owned by you and writable by nobody else (checkpoints are unpickled), and hold only
-      what rvsup wrote.
+      owned by you and writable by nobody else, as every folder above it (checkpoints are
+      loaded from it), and hold only what rvsup wrote.
     - ``env`` (default ``{}``): extra environment for every rank; values must be strings
       (write ``OMP_NUM_THREADS = "4"``); ``RVSUP_*`` names are reserved.
     """
@@ -198,10 +199,12 @@ class CheckpointSection:
       picks N so that snapshots block ``step()`` for at most 1 % of the training time (every
       step when the state is small); ``"off"`` (or 0) disables it. Where the node's memory (the
       job's memory cgroup, the host) or ``memory_dir`` has no room for the snapshots, the tier
-      turns itself off for the attempt, with an event. On several nodes every node keeps a
-      copy of every snapshot, so that a lost node's ranks resume from another node's memory.
-    - ``memory_dir`` (default ``"/dev/shm"``): the tmpfs the snapshots live in (the job's own
-      directory is made inside it and removed at the job's end).
+      pauses, with an event, and tries again later in the attempt. On several nodes every node
+      keeps a copy of every snapshot, so that a lost node's ranks resume from another node's
+      memory.
+    - ``memory_dir`` (default ``"/dev/shm"``): the tmpfs the snapshots live in, which must
+      exist; it may be shared with other users if sticky, as ``/dev/shm`` is (the job's own
+      private directory is made inside it and removed at the job's end).
     """
 
     every_steps: int

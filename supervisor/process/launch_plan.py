@@ -139,10 +139,15 @@ def build_plan(
     else:
         assert alloc is not None, "several nodes need a Slurm allocation"
         env[p.ENV_REPORT_EXIT] = "1"  # ranks on other nodes: their exits come as messages
+        # static too: torchrun's c10d rendezvous keeps its state as a pickle in a store that
+        # listens on every interface without credentials, and every agent unpickles it (code
+        # of whoever writes that key would run in the job: docs/security.md). Each node's
+        # rank is its SLURM_NODEID (alloc.nodes' order), set by its node wrapper.
         tr += [
             f"--nnodes={nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={alloc.nodes[0]}:{rdzv_port}",
+            "--rdzv-backend=static",
+            f"--master-addr={alloc.nodes[0]}",
+            f"--master-port={rdzv_port}",
             f"--rdzv-id={cfg.job.name}-{attempt}",
         ]
     tr += [f"--log-dir={log_dir}", "--redirects=3", "--tee=3", *cfg.launch.torchrun_args]

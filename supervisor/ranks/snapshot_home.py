@@ -54,6 +54,7 @@ RECORD_FILE: Final = "memory-dir"  # in the run directory: the snapshot director
 OWNER_FILE: Final = ".owner"  # in the snapshot directory: the daemon that made it, locked
 _TOKEN_BYTES: Final = 16
 _MAX_RECORD: Final = 4096
+_REMOVING: Final = ".removing"  # the name a directory being swept has
 
 
 def _name_re(uid: int) -> re.Pattern[str]:
@@ -84,7 +85,7 @@ def claim(base: Path, run_dir: Path) -> tuple[SnapshotHome, list[Event]]:
     recorded = _read_record(run_dir)
     if recorded is not None and os.path.lexists(recorded):
         try:
-            return SnapshotHome(recorded, _take_back(recorded)), events
+            return SnapshotHome(recorded, _take_back(recorded, run_dir)), events
         except UntrustedPathError as e:
             events.append(MemoryDirRefused(path=str(recorded), reason=str(e)))
     path = base / f"rvsup-{os.getuid()}-{secrets.token_hex(_TOKEN_BYTES)}"
@@ -110,6 +111,11 @@ def sweep(base: Path, *, keep: Path | None) -> list[Event]:
     removed = []
     for name in names:
         path = base / name
+        if name.startswith(".") and pattern.match(name[1:].removesuffix(_REMOVING)):
+            with contextlib.suppress(UntrustedPathError):  # a sweep cut short: finish it
+                verify_private_dir(path)
+                shutil.rmtree(path, ignore_errors=True)
+            continue
         if not pattern.match(name) or path == keep:
             continue
         try:
@@ -152,8 +158,7 @@ def _own(path: Path, run_dir: Path) -> int:
     fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": str(run_dir)}
-        os.write(fd, json.dumps(owner).encode())
+        os.write(fd, _owner(run_dir))
         os.rename(partial, path / OWNER_FILE)
     except BaseException:
         os.close(fd)
@@ -161,7 +166,14 @@ def _own(path: Path, run_dir: Path) -> int:
     return fd
 
 
-def _take_back(path: Path) -> int:
+def _owner(run_dir: Path) -> bytes:
+    """What ``.owner`` says: the daemon that holds the directory, and its job."""
+    return json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": str(run_dir)}
+    ).encode()
+
+
+def _take_back(path: Path, run_dir: Path) -> int:
     """The recorded directory of this job, checked private and its owner's lock taken; raises
     :class:`UntrustedPathError` (with why) when it cannot be used."""
     verify_private_dir(path)
@@ -175,8 +187,7 @@ def _take_back(path: Path) -> int:
             raise UntrustedPathError(f"{path / OWNER_FILE} is not this user's private file")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": "reclaimed"}
-        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        os.pwrite(fd, _owner(run_dir), 0)
     except BlockingIOError:
         os.close(fd)
         raise UntrustedPathError(f"{path} is held by another process (a sweep)") from None
@@ -203,7 +214,7 @@ def _remove_if_abandoned(path: Path) -> bool:
             return False
         if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
             return False  # made by a daemon elsewhere: its liveness cannot be seen from here
-        aside = path.with_name(f".{path.name}.removing")
+        aside = path.with_name(f".{path.name}{_REMOVING}")
         os.rename(path, aside)  # the name is gone at once; a claim that comes now makes anew
     except OSError:
         return False

@@ -7,6 +7,8 @@ cgroup v2 group (Slurm's step group where Slurm uses cgroup v2, slurmd's otherwi
 everything torchrun and the ranks start is a member, whatever session or parent it ends up with.
 It passes signals on to ``CMD``, and once ``CMD`` has ended it ends what is left in the group
 (SIGTERM, ``TERM_TIMEOUT_S``, ``cgroup.kill``), removes the group and ends like ``CMD``.
+torchrun's node rank in the attempt's static rendezvous is this node's ``SLURM_NODEID``
+(``PET_NODE_RANK``, the variable torchrun reads for ``--node-rank``).
 
 A wrapper killed with SIGKILL (srun's own hard stop) cannot do that: the next attempt's wrapper
 on the node first ends what is left in the groups of wrappers that are gone. Where no group can
@@ -54,6 +56,9 @@ def main(argv: list[str]) -> NoReturn:
         print(usage, file=sys.stderr)
         sys.exit(2)
     term_timeout_s, command = float(argv[0]), argv[1:]
+    node_id = os.environ.get("SLURM_NODEID")
+    if node_id is not None:
+        os.environ.setdefault("PET_NODE_RANK", node_id)
     path = make_group()
     if path is None:
         os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun

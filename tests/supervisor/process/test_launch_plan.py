@@ -113,6 +113,10 @@ def test_nodes_after_a_loss(
     else:
         assert f"--nnodes={nnodes}" in plan.argv
         assert plan.alloc is not None and not set(plan.alloc.nodes) & set(lost)
+        # static on several nodes too (no pickled state in the store), on the first node
+        assert "--rdzv-backend=static" in plan.argv
+        assert f"--master-addr={plan.alloc.nodes[0]}" in plan.argv
+        assert not any("c10d" in arg or "rdzv-endpoint" in arg for arg in plan.argv)
 
 
 def test_min_nnodes_above_nnodes_is_refused(tmp_path: Path) -> None:

@@ -140,8 +140,8 @@ def _line(daemon: subprocess.Popen[str]) -> str:
 @pytest.mark.process
 def test_a_dead_daemons_directory_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
     """Two daemons claim directories; one is killed with SIGKILL. A start sweeps the dead one's
-    directory (an event names it), keeps the live one's and its own, and never touches what
-    is not its user's or not a directory of this form."""
+    directory (an event names it), keeps the live one's and its own, finishes a sweep that was
+    cut short, and never touches what has no owner file (not this daemon's kind)."""
     base = _base(tmp_path)
     daemons = []
     for name in ("dead", "alive"):
@@ -160,12 +160,15 @@ def test_a_dead_daemons_directory_is_swept_and_a_live_ones_kept(tmp_path: Path) 
         daemons[0].wait()
         stranger = base / f"rvsup-{os.getuid()}-{'0' * 32}"  # no owner file: an earlier rvsup's
         stranger.mkdir(mode=0o700)
+        cut_short = base / f".rvsup-{os.getuid()}-{'2' * 32}.removing"  # a sweep killed midway
+        cut_short.mkdir(mode=0o700)
         own, _ = snapshot_home.claim(base, _run_dir(tmp_path))
         try:
             said = snapshot_home.sweep(base, keep=own.path)
             assert said == [SnapshotsSwept(paths=(str(dead_dir),))]
             assert not dead_dir.exists()
             assert alive_dir.is_dir() and own.path.is_dir() and stranger.is_dir()
+            assert not cut_short.exists()
             assert snapshot_home.sweep(base, keep=own.path) == []
         finally:
             own.close(remove=True)

@@ -193,7 +193,6 @@ class MemoryTier:
             first = next(r for r, row in enumerate(rows) if row[0] == _NO_ROOM)
             self._pause(step, max(row[3] for row in rows) / _US, says=first == self.rank)
             return
-        self.retries = 0
         wait = 1
         if self.every is None:
             cost = max(row[2] for row in rows) / _US  # the next one's, estimated
@@ -263,6 +262,7 @@ class MemoryTier:
             self.failed = outcome.failed
             self.no_room = outcome.errno in _OUT_OF_ROOM
         elif outcome.committed or self.rank != 0:  # the committing rank counts its commits
+            self.retries = 0  # a snapshot went through: a next lack of room waits 30 s again
             self.count += 1
             self.newest = outcome.step
             self.nbytes = outcome.nbytes or self.nbytes
