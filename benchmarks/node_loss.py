@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import load_config
+from supervisor.config.load import load_config
 from supervisor.ranks.snapshot_home import recorded
 from tests.helpers.states import assert_same_state, load_final
 from tests.slurm.cluster import SlurmCluster

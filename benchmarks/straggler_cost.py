@@ -8,7 +8,7 @@ torch's default, interleaved in batches so that drift of a shared machine hits b
 one read of the newest sample (``worker_sdk.runtime.stragglers.CommWait.read``).
 
 Under FSDP the SDK times the blocking collectives FSDP calls through ``torch.distributed``
-(``worker_sdk.runtime.stragglers.timed``): measured here, what the timer adds to one call
+(``worker_sdk.runtime.device_wait.timed``): measured here, what the timer adds to one call
 (a timed no-op against the no-op, interleaved), to be multiplied by the collectives of a step
 (FSDP: about three per sharded unit: its forward all-gather, its backward all-gather and its
 reduce-scatter).
@@ -84,7 +84,7 @@ def _noop(*args: object, **kwargs: object) -> None:
 
 def _timer_cost(batches: int, calls: int) -> list[float]:
     """ns the collective timer adds to one call: a timed no-op less the no-op, per batch."""
-    from worker_sdk.runtime.stragglers import timed
+    from worker_sdk.runtime.device_wait import timed
 
     wrapped = timed(_noop, [0.0])
     out = []

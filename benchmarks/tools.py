@@ -394,8 +394,3 @@ def _lines(path: Path) -> list[str]:
         return path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-
-
-def environment_of(tools: Mapping[str, Tool]) -> dict[str, str]:
-    """How each column was configured (for the JSON)."""
-    return {name: tool.describe() for name, tool in tools.items()}

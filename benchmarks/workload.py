@@ -21,7 +21,7 @@ the rank blocks inside gloo while the others block in their next all_reduce: an 
 is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError),
 ``deadlock`` (the main thread waits on a lock it holds), and healthy slow work of ``BENCH_SLOW_S``
 seconds (:func:`slow_work`): ``eval``, ``ckptwrite``, ``hooksleep``, ``epoch``. The training gone
-wrong (:data:`DATA_KINDS`): ``nan`` poisons that step's batch (its loss is NaN), ``spike`` scales
+wrong (main() does it, not the process): ``nan`` poisons that step's batch (its loss is NaN), ``spike`` scales
 the loss this process reports from that step on by ``BENCH_SPIKE_FACTOR`` (100; the gradient is
 not scaled: what is measured is the detection, not the model's reaction). ``BENCH_LOSS=1`` passes
 the loss to ``worker_sdk.step()`` as a float (under rvsup).
@@ -113,7 +113,6 @@ def inject(kind: str, step: int) -> None:
 
 
 SLOW_KINDS = ("eval", "ckptwrite", "hooksleep", "epoch")
-DATA_KINDS = ("nan", "spike")  # the data or the loss goes wrong, not the process: main() does it
 
 
 def slow_work(kind: str, seconds: float) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from supervisor.attempt_end import AttemptEnd
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending, Evidence, result_of
 from supervisor.process.cgroup import ended_events

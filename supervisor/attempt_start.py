@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.process.launch_plan import LaunchPlan, rank_environment
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks.checkpoints import CommitTracker

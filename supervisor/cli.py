@@ -19,7 +19,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor.config.load import ConfigError, JobConfig, load_config, preflight, render_config
+from supervisor.config.load import load_config
+from supervisor.config.model import ConfigError, JobConfig
+from supervisor.config.preflight import preflight
+from supervisor.config.render import render_config
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.console import logs, status_view
 from supervisor.console.completion import completion_script
@@ -81,7 +84,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             for issue in issues:
                 print(f"rvsup: {issue.key}: {issue.message}", file=sys.stderr)
             return ExitCode.USAGE
-        from supervisor.daemon import AlreadyRunningError, MetricsStartError, run_daemon
+        from supervisor.config.metrics import MetricsStartError
+        from supervisor.daemon import AlreadyRunningError, run_daemon
 
         try:
             console = None if args.quiet else sys.stderr

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.attempt_start import SlurmIds
-from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError
+from supervisor.config.model import JobConfig
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import proctree

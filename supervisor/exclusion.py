@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.record.events import EventLog
 from supervisor.record.schema import HealthChecked, NodeExcluded
 from supervisor.rules.budget import Budget

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from supervisor.attempt import Attempt
 from supervisor.attempt_start import LaunchSource, SlurmIds, prepare
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc

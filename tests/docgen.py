@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, Union, get_args, get_origin, get_type_hints
 
-from supervisor.config.load import parse_config, render_config
+from supervisor.config.load import parse_config
 from supervisor.config.model import JobConfig, toml_key
+from supervisor.config.render import render_config
 from supervisor.record import schema, typed_json
 from supervisor.rules import observation
 from supervisor.service.metrics_catalog import LABEL_VALUES, METRICS

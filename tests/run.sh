@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (once) and run every check: lint, format, types (for Python 3.11 and 3.10), the fast
+# Set up (once) and run every check: lint, format, dead code, types (for Python 3.11 and 3.10), the fast
 # selection (no process, no Slurm) on Python 3.10 without torch (where the daemon may run: its own
 # environment; test modules that need torch are skipped there), then the whole suite. Each pytest
 # run has two phases (docs/development.md): the tests that can share the machine (on $RVTEST_WORKERS
@@ -97,6 +97,7 @@ two_phases() {
 
 ruff check .
 ruff format --check .
+vulture # dead code ([tool.vulture] in pyproject.toml)
 mypy
 mypy --python-version 3.10
 if [ -n "$py310" ]; then

@@ -24,10 +24,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .contract import protocol
+from .contract.protocol import UsageError
 
 # the supervisor imports worker_sdk.contract: keep torch out of this module
 if TYPE_CHECKING:
-    from .checkpoint.checkpointer import Stateful
+    from worker_sdk.checkpoint.parallel import Stateful
+
     from .runtime.runtime import Runtime
 
 __all__ = ["UsageError", "checkpointed", "phase", "protocol", "resume", "step"]
@@ -36,15 +38,6 @@ _current: Runtime | None = None
 _monotonic = time.monotonic
 _INF = float("inf")
 _NEG_INF = -_INF
-
-
-class UsageError(RuntimeError):
-    """The script called the SDK in a way it refuses; the message says what to change.
-
-    Under rvsup a rank that dies of it exits with
-    :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and the job gives up at once instead of
-    restarting a script that would fail the same way.
-    """
 
 
 def resume(
@@ -109,7 +102,9 @@ def resume(
             "worker_sdk.resume(external=True) registers nothing: the framework saves its own "
             "checkpoints; pass no objects (or drop external=True for rvsup to save them)"
         )
-    from .checkpoint.checkpointer import Checkpointer, LoadResult
+    from worker_sdk.checkpoint.restore import LoadResult
+
+    from .checkpoint.checkpointer import Checkpointer
     from .runtime.exit_hooks import install_excepthook
     from .runtime.runtime import Runtime
     from .runtime.settings import resolve

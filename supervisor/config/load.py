@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor.config import sections
-from supervisor.config.metrics import read_metrics
+from supervisor.config.metrics import MetricsSection, read_metrics
 from supervisor.config.model import (
     AnomalySection,
     CheckpointSection,
@@ -34,7 +34,6 @@ from supervisor.config.model import (
     JobConfig,
     JobSection,
     LaunchSection,
-    MetricsSection,
     RestartSection,
     SlurmSection,
     toml_key,

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Final
 
 from supervisor.record.entries import Entry
 from supervisor.record.goodput import BADPUT_SOURCES, Goodput, goodput_of
-from supervisor.record.history import AttemptRow, attempt_rows, parse_timestamp
+from supervisor.record.history import AttemptRow, attempt_rows
+from supervisor.record.history_file import parse_timestamp
 from supervisor.record.schema import (
     AttemptClosed,
     CheckpointCommitted,

@@ -18,10 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.process import health_probe
 from supervisor.rules.health import Needs, Probe, Verdict, judge_round, parse_probe
-from supervisor.slurm.commands import Allocation, srun_argv
+from supervisor.slurm.commands import Allocation
+from supervisor.slurm.srun import srun_argv
 from worker_sdk.contract.protocol import node_name
 
 __all__ = ["HealthChecks", "directory_size", "needs_of"]

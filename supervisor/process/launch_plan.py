@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.config.load import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.config.torchrun import Torchrun
 from supervisor.record import rundir
 from worker_sdk.contract import protocol as p
@@ -165,7 +165,7 @@ def build_plan(
     ]
     argv = tr
     if nnodes > 1 and alloc is not None:
-        from supervisor.slurm.commands import srun_argv
+        from supervisor.slurm.srun import srun_argv
 
         # on every node, torchrun and all it starts in a group of their own, ended with it
         node = [

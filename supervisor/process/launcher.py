@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from supervisor.config.torchrun import Torchrun
-from supervisor.process.cgroup import Group
 from supervisor.process.launch_plan import LaunchPlan, as_torchrun, build_plan
+from worker_sdk.spawn.cgroup import Group
 
 __all__ = [
     "LaunchPlan",

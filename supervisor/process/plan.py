@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
-from supervisor.config import JobConfig
+from supervisor.config.model import JobConfig
 from supervisor.config.torchrun import Torchrun, job_python
 from supervisor.process import launch_plan, launcher
 from supervisor.process.cgroup import JobGroups, end_group
@@ -29,7 +29,8 @@ from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from supervisor.rules.policy import nodes_for_restart
-from supervisor.slurm.commands import Allocation, srun_argv
+from supervisor.slurm.commands import Allocation
+from supervisor.slurm.srun import srun_argv
 from worker_sdk.spawn.zygote_wire import same_interpreter
 
 __all__ = ["Launches", "PortHold", "sweep_nodes"]

@@ -23,11 +23,12 @@ import psutil
 
 from supervisor.loops import shielded
 from supervisor.process import diagnostics, launcher, native, proctree
-from supervisor.process.cgroup import TREE_WALK, Group
+from supervisor.process.cgroup import TREE_WALK
 from supervisor.process.exits import ExitLedger
 from supervisor.process.launch_plan import LaunchPlan
 from supervisor.rules.observation import RankExit
 from supervisor.slurm import commands as slurm
+from worker_sdk.spawn.cgroup import Group
 
 __all__ = ["AttemptTree", "ProcessTree", "Spawn"]
 

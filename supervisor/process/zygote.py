@@ -32,8 +32,8 @@ from pathlib import Path
 
 from supervisor.process.launcher import spawn_module_file
 from supervisor.record.schema import ColdStart
-from supervisor.slurm.commands import Allocation, srun_argv
-from worker_sdk.contract import protocol as p
+from supervisor.slurm.commands import Allocation
+from supervisor.slurm.srun import srun_argv
 
 __all__ = ["DEFAULT_PRELOAD", "Zygote", "zygote_argv", "zygote_step_argv"]
 
@@ -198,10 +198,6 @@ class Zygote:
         """It runs, on every node of its step."""
         return self._proc is not None and self._proc.poll() is None and not self._lost_nodes
 
-    def rank_command(self, command: Sequence[str]) -> list[str]:
-        """The bootstrap's arguments that run ``command`` forked from this zygote."""
-        return ["--zygote", self.name, *command]
-
     def cold_starts(self) -> list[ColdStart]:
         """What it said since last asked, as events: ranks refused (and why), an unsafe import,
         its death (a node's, on several)."""
@@ -284,8 +280,3 @@ def zygote_step_argv(alloc: Allocation, zygote: Sequence[str], *, step_name: str
     step, one node's zygote ending does not end the others."""
     inner = [sys.executable, "-m", "worker_sdk.spawn.zygote_watch", *zygote]
     return srun_argv(alloc, inner, job_name=step_name, kill_on_bad_exit=False)
-
-
-def rank_env_for_zygote() -> dict[str, str]:
-    """What the ranks' environment gets when they are forked: their clients report their ends."""
-    return {p.ENV_REPORT_EXIT: "1"}

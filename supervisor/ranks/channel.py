@@ -270,8 +270,6 @@ class HeartbeatEndpoint:
         self._key = secret
         self.attempt = 0
         self.dropped: collections.Counter[str] = collections.Counter()
-        self.late_reports = 0
-        """Exit reports of an earlier attempt's ranks that came after it ended (not dropped)."""
         self.accepted = 0
         self._last_seq: dict[tuple[int, int], int] = {}
         self._ctx = zmq.asyncio.Context()
@@ -352,10 +350,9 @@ class HeartbeatEndpoint:
             self.dropped["wrong direction"] += 1
             return None
         if msg.attempt != self.attempt:
-            if msg.kind == p.Kind.RANK_EXIT and msg.attempt < self.attempt:
-                # a rank's client reporting after its attempt was torn down: late, not hostile
-                self.late_reports += 1
-            else:
+            # a rank's client reporting after its attempt was torn down is late, not hostile:
+            # ignored, not counted among the dropped
+            if not (msg.kind == p.Kind.RANK_EXIT and msg.attempt < self.attempt):
                 self.dropped["other attempt"] += 1
             return None
         sender = (msg.rank, msg.pid)

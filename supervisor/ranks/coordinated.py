@@ -25,7 +25,6 @@ class SaveRound:
     stop: bool  # the ranks exit once the checkpoint is committed
     world_size: int
     resend_after_s: float  # a rank not yet reporting is asked again after this long
-    started_t: float
     reported: dict[int, int] = field(default_factory=dict)  # rank -> last step it reported
     asked_t: dict[int, float] = field(default_factory=dict)
     target: int | None = None  # the step every rank saves after, once known
@@ -107,7 +106,6 @@ class Saves:
             stop=stop,
             world_size=self.world_size,
             resend_after_s=self.resend_after_s,
-            started_t=now,
         )
         self.round.ask_all(self.endpoint, self.ranks, now)
 

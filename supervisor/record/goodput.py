@@ -33,7 +33,8 @@ from datetime import datetime
 from typing import Final
 
 from supervisor.record.entries import Entry
-from supervisor.record.history import AttemptRow, attempt_rows, parse_timestamp
+from supervisor.record.history import AttemptRow, attempt_rows
+from supervisor.record.history_file import parse_timestamp
 from supervisor.record.schema import (
     CheckpointCommitted,
     CheckpointLoaded,

@@ -32,12 +32,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import write_to_textfile
 
-from supervisor.config import JobConfig
 from supervisor.config.metrics import MetricsStartError, split_listen
+from supervisor.config.model import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock
 from supervisor.record.entries import Entry
 from supervisor.record.goodput import BADPUT_SOURCES, Goodput, goodput_of
-from supervisor.record.history import format_timestamp
+from supervisor.record.history_file import format_timestamp
 from supervisor.record.schema import (
     CheckpointCommitted,
     Event,

@@ -9,8 +9,8 @@
   timed out, or the command ran past its timeout) are retried with exponential back-off by
   tenacity, a few times; any other failure raises :class:`SlurmError` at once, with the
   command's stderr.
-- :func:`srun_argv` (:mod:`.srun`) builds the one ``srun`` step that runs torchrun once on every
-  node; see its docstring for each flag and for how to tear the step down. :func:`step_ids`,
+- :mod:`.srun` builds the one ``srun`` step that runs torchrun once on every node; see its
+  docstring for each flag and for how to tear the step down. :func:`step_ids`,
   :func:`signal_step` and :func:`cancel_step` act on that step by its name.
 - :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
   task there now, or the controller marks them down or not responding): the evidence that tells
@@ -31,10 +31,8 @@ from typing import Final
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from supervisor.slurm.srun import srun_argv
 from supervisor.slurm.text import (
     PROBE_FAILED_NODE,
-    expand_counts,
     expand_hostlist,
     parse_job_record,
     parse_lost_nodes,
@@ -52,7 +50,6 @@ __all__ = [
     "job_info",
     "requeue",
     "signal_step",
-    "srun_argv",
     "step_ids",
     "time_left_s",
     "unreachable_nodes",
@@ -71,7 +68,6 @@ PROBE_TIMEOUT_S: Final = 20.0
 #: How long the probe still listens after srun named the first failed node.
 PROBE_GRACE_S: Final = 1.0
 #: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
-_BATCH_STEP_IDS: Final = frozenset({"batch", "4294967294"})
 # stderr fragments of failures that go away when the command is tried again a little later.
 _TRANSIENT_ERRORS: Final = (
     "socket timed out",
@@ -103,11 +99,9 @@ class Allocation:
     job_id: str  #: SLURM_JOB_ID (for an array task: its own id, which scontrol accepts)
     nodes: tuple[str, ...]  #: every node of the job, in Slurm's order (node rank order)
     this_node: str  #: SLURMD_NODENAME, else the short host name (a salloc shell)
-    tasks_per_node: int | None  #: tasks Slurm planned on this node, if it says
     gpus_per_node: int | None  #: GPUs of the job on this node, if any were requested
     cpus_on_node: int | None  #: CPUs of the job (or step) on this node
     restart_count: int  #: times the job was requeued (SLURM_RESTART_COUNT), 0 at first
-    in_batch_step: bool  #: this process is the batch script's, not an srun task's or salloc's
 
 
 def _run(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
@@ -160,18 +154,13 @@ def detect(env: Mapping[str, str] | None = None) -> Allocation | None:
     this_node = p.node_name(env.get("SLURMD_NODENAME"), socket.gethostname())
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     nodes = _hostnames(nodelist) if nodelist else (this_node,)
-    step_id = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     return Allocation(
         job_id=job_id,
         nodes=nodes,
         this_node=this_node,
-        tasks_per_node=_tasks_on_node(env, nodes, this_node),
         gpus_per_node=_gpus_on_node(env),
         cpus_on_node=_int_or_none(env.get("SLURM_CPUS_ON_NODE")),
         restart_count=_int_or_none(env.get("SLURM_RESTART_COUNT")) or 0,
-        # slurmstepd sets SLURMD_NODENAME for the batch script and for srun tasks, not for a
-        # salloc shell; the batch script has no step id (or the batch one), srun tasks a number.
-        in_batch_step="SLURMD_NODENAME" in env and (step_id is None or step_id in _BATCH_STEP_IDS),
     )
 
 
@@ -181,19 +170,6 @@ def _hostnames(nodelist: str) -> tuple[str, ...]:
     except SlurmError:
         names = ()
     return names or expand_hostlist(nodelist)
-
-
-def _tasks_on_node(env: Mapping[str, str], nodes: Sequence[str], this_node: str) -> int | None:
-    per_node = _int_or_none(env.get("SLURM_NTASKS_PER_NODE"))
-    if per_node is not None:
-        return per_node
-    try:
-        counts = expand_counts(env.get("SLURM_TASKS_PER_NODE", ""))
-    except ValueError:
-        return None
-    if this_node in nodes and len(counts) == len(nodes):
-        return counts[nodes.index(this_node)]
-    return counts[0] if counts and len(set(counts)) == 1 else None
 
 
 def _gpus_on_node(env: Mapping[str, str]) -> int | None:

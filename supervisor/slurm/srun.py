@@ -1,20 +1,27 @@
 """The one ``srun`` step that runs a command once on every node of the allocation: its command
-line (:func:`srun_argv`), every flag with why, and how such a step is torn down. Re-exported by
-:mod:`supervisor.slurm.commands`."""
+line (:func:`srun_argv`), every flag with why, and how such a step is torn down."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from supervisor.slurm.commands import Allocation
+__all__ = ["StepNodes", "srun_argv"]
 
-__all__ = ["srun_argv"]
+
+class StepNodes(Protocol):
+    """What a step needs of the allocation (``supervisor.slurm.commands.Allocation``)."""
+
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def cpus_on_node(self) -> int | None: ...
+    @property
+    def gpus_per_node(self) -> int | None: ...
 
 
 def srun_argv(
-    alloc: Allocation, inner: Sequence[str], *, job_name: str, kill_on_bad_exit: bool = True
+    alloc: StepNodes, inner: Sequence[str], *, job_name: str, kill_on_bad_exit: bool = True
 ) -> list[str]:
     """The srun command that runs ``inner`` once on every node of ``alloc``, as one job step.
 

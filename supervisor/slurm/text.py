@@ -1,7 +1,6 @@
 """Slurm's notations and messages, parsed: pure functions, no commands run.
 
-- :func:`expand_hostlist` and :func:`expand_counts`: the compact node lists and per-node counts
-  of Slurm's environment ("node[1-3,5]", "2(x3),1").
+- :func:`expand_hostlist`: the compact node lists of Slurm's environment ("node[1-3,5]").
 - :func:`parse_time_left`: squeue's ``%L``; :func:`parse_job_record`: ``scontrol show job -o``.
 - :func:`parse_lost_nodes` (sinfo node states) and :func:`parse_probe_failures` (srun's launch
   failures): the evidence :func:`supervisor.slurm.commands.unreachable_nodes` reads.
@@ -15,7 +14,6 @@ from typing import Final
 
 __all__ = [
     "PROBE_FAILED_NODE",
-    "expand_counts",
     "expand_hostlist",
     "parse_job_record",
     "parse_lost_nodes",
@@ -79,20 +77,6 @@ def _expand_item(item: str) -> list[str]:
         numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     tails = _expand_item(rest) if rest else [""]
     return [f"{prefix}{number}{tail}" for number in numbers for tail in tails]
-
-
-_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-
-
-def expand_counts(text: str) -> tuple[int, ...]:
-    """Expand Slurm's per-node counts: "2(x3),1" -> (2, 2, 2, 1). Raises ValueError if malformed."""
-    counts: list[int] = []
-    for part in text.split(","):
-        match = _COUNT.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"bad per-node count {part!r} in {text!r}")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return tuple(counts)
 
 
 _TIME_LEFT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?:(\d+)")

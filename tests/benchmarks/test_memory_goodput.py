@@ -9,7 +9,7 @@ import pytest
 from benchmarks.fig_memory_goodput import MEMORY, MEMORY_FIXED, STORAGE, goodput_tools
 from benchmarks.profiles import PROFILES, Context
 from benchmarks.tools import Rvsup, Spec
-from supervisor.config import load_config
+from supervisor.config.load import load_config
 
 
 @pytest.mark.parametrize(

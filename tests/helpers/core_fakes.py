@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.config import JobConfig, load_config
-from supervisor.process.launcher import LaunchPlan
+from supervisor.config.load import load_config
+from supervisor.config.model import JobConfig
+from supervisor.process.launch_plan import LaunchPlan
 from supervisor.record.schema import ColdStart
 from supervisor.rules.observation import RankExit
 from tests.helpers.jobs import write_job_file

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from worker_sdk.checkpoint import rng as _rng
-from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful, unwrap
+from worker_sdk.checkpoint.checkpointer import Checkpointer
+from worker_sdk.checkpoint.parallel import Stateful, unwrap
 from worker_sdk.contract.layout import MANIFEST, MARKER, SHARED, committed_name, rank_file
 
 __all__ = ["assert_same_state", "load_final", "make_checkpointer", "write_format1"]

@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from supervisor import cli
-from supervisor.config import load_config
+from supervisor.config.load import load_config
 from supervisor.ranks import snapshot_home
 from supervisor.record.schema import SnapshotsSwept
 from tests.helpers.checkpoint_dirs import make_checkpoint

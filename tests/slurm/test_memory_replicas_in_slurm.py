@@ -58,7 +58,7 @@ def lost_node(
     job_id = sbatch_job(
         slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill"
     )
-    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
+    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", None, 1, 0)
 
     def memory_lost() -> None:  # node2's copies go with it (they share this machine's tmpfs)
         wait_until(lambda: any((snapshots() / "node2").glob("step-*")), timeout=30, what="copies")

@@ -365,7 +365,7 @@ def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
         restart='max_restarts = 1\nbackoff = "0.1s"\nbackoff_max = "1s"\non_node_failure = "fail"',
     )
     job_id = submit(slurm_cluster, job)
-    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
+    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", None, 1, 0)
     ended_after_s, before, after = kill_node_during(
         slurm_cluster, job, job_id, "node2", probe=alloc
     )
@@ -405,7 +405,7 @@ def spare_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFac
         nnodes="2",
     )
     job_id = submit(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill")
-    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
+    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", None, 1, 0)
     kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
     return job
 
@@ -446,7 +446,7 @@ def fewer_nodes(
         checkpoint="every_steps = 30\nmemory_every_steps = 1",
     )
     job_id = submit(slurm_cluster, job, "--nodes=2", "--nodelist=node1,node2", "--no-kill")
-    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", 1, None, 1, 0, False)
+    alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", None, 1, 0)
     kill_node_during(slurm_cluster, job, job_id, "node2", probe=alloc)
     return job
 

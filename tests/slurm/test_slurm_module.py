@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.slurm import commands as slurm
+from supervisor.slurm.srun import srun_argv
 from tests.slurm.cluster import PAIR, SlurmCluster, read_env_file
 
 pytestmark = pytest.mark.slurm
@@ -77,11 +78,9 @@ def test_detect_in_two_node_batch_job(
         "job_id": job,
         "nodes": ["node1", "node2"],
         "this_node": "node1",
-        "tasks_per_node": 2,
         "gpus_per_node": None,
         "cpus_on_node": 2,
         "restart_count": 0,
-        "in_batch_step": True,
     }
 
 
@@ -152,9 +151,9 @@ def test_srun_step_runs_one_task_per_node(
     report = "echo $SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $SLURM_CPUS_ON_NODE"
     report += " $SLURM_GPUS_ON_NODE"
     code = (
-        "import subprocess; from supervisor.slurm import commands as slurm; "
+        "import subprocess; from supervisor.slurm import commands as slurm, srun; "
         f"inner = ['bash', '-c', {report!r}]; "
-        "argv = slurm.srun_argv(slurm.detect(), inner, job_name='rvsup-test'); "
+        "argv = srun.srun_argv(slurm.detect(), inner, job_name='rvsup-test'); "
         "raise SystemExit(subprocess.run(argv).returncode)"
     )
     out = tmp_path / "step.out"
@@ -210,7 +209,7 @@ def _start_step(
     inner = [sys.executable, "-c", task, marker]
     step_env = {**slurm_cluster.env, "SLURM_JOB_ID": alloc.job_id}
     srun = subprocess.Popen(
-        slurm.srun_argv(alloc, inner, job_name="rvsup-test"),
+        srun_argv(alloc, inner, job_name="rvsup-test"),
         env=step_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

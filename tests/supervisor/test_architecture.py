@@ -334,6 +334,139 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
     assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
+# ---------------------------------------------------------------- modules: no cycle anywhere
+PACKAGES = ("supervisor", "worker_sdk", "benchmarks", "tests")
+
+
+def _module_names() -> dict[str, Path]:
+    """Every module of the tree's packages by its dotted name (a package by its own)."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Which module imports which, counting every import of the source: at the top, inside a
+    function (a deferred import), under ``TYPE_CHECKING``, relative or absolute; an import of
+    a name from a module counts as one of that module."""
+    modules = _module_names()
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+            for target in targets:
+                found = owner(target)
+                if found is not None and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No chain of imports, deferred ones and ``TYPE_CHECKING`` ones included, leads from a
+    module of the tree (supervisor, worker_sdk, benchmarks, tests) back to itself: a cycle
+    hidden behind a deferred import is a cycle all the same."""
+    cycle = _cycle(_module_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_module_graph_sees_deferred_and_relative_imports() -> None:
+    """The graph is not blind: a deferred relative import (device_wait's of the EventRing is at
+    the top; stragglers' of device_wait is relative) and a TYPE_CHECKING one are edges."""
+    graph = _module_graph()
+    assert "worker_sdk.runtime.device_wait" in graph["worker_sdk.runtime.stragglers"]
+    assert "worker_sdk.runtime.channel" in graph["worker_sdk.runtime.exit_hooks"]
+    assert "supervisor.slurm.commands" in graph["supervisor.process.launch_plan"]
+
+
+# ---------------------------------------------------------------- one import path per name
+# Modules that gather names defined elsewhere, for everyone to import from there: the history's
+# events, the checkpoint directory's layout, and the SDK's public calls (its users' path).
+FACADES: dict[str, tuple[str, ...]] = {
+    "supervisor.record.schema": ("supervisor.record.schema.",),
+    "worker_sdk.contract.layout": (
+        "worker_sdk.contract.checkpoint_names",
+        "worker_sdk.contract.manifest",
+    ),
+    "worker_sdk": (),
+}
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module binds at its top level (not by importing them)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _name_imports() -> list[tuple[str, str, str]]:
+    """(importing module, module imported from, name) for every ``from M import name`` of the
+    tree where ``M.name`` is no module."""
+    modules = _module_names()
+    found = []
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            if base in modules:
+                found += [
+                    (name, base, alias.name)
+                    for alias in node.names
+                    if f"{base}.{alias.name}" not in modules
+                ]
+    return found
+
+
+def test_a_name_is_imported_from_where_it_is_defined() -> None:
+    """Every ``from M import name`` of the tree takes the name from the module that defines it,
+    or from a declared facade (the events, the checkpoint layout, the SDK's public names);
+    and a name a facade gathers is imported through it, but inside the facade's own package."""
+    modules = _module_names()
+    defined = {name: _defined(path) for name, path in modules.items()}
+    wrong = []
+    for importer, base, name in _name_imports():
+        if base not in FACADES and name not in defined[base]:
+            wrong.append(f"{importer}: {name} from {base}, which does not define it")
+        for facade, behind in FACADES.items():
+            inside = importer.startswith(facade.rpartition(".")[0] + ".") or importer == facade
+            hidden = any(base == b or (b.endswith(".") and base.startswith(b)) for b in behind)
+            if hidden and not inside:
+                wrong.append(f"{importer}: {name} from {base}, not through {facade}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
 # ---------------------------------------------------------------- module size
 MAX_MODULE_LINES = 400  # a module that fits in a head; a new feature leaves ~20 lines of room
 SOURCE_MODULES = sorted([*SUPERVISOR.rglob("*.py"), *(ROOT / "worker_sdk").rglob("*.py")])

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.attempt import EXIT_GRACE_S
 from supervisor.loops import LoopFailedError
 from supervisor.process import native
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.exits import EXIT_GRACE_S
 from supervisor.record.events import EventLog
 from supervisor.rules.budget import Budget
 from supervisor.rules.observation import StopReason

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.exclusion import Exclusion, RequeueAway
 from supervisor.record.events import EventLog
-from supervisor.record.history import read
+from supervisor.record.history_file import read
 from supervisor.record.schema import Event, FailureDetected, HealthChecked, NodeExcluded
 from supervisor.rules import budget as budgets
 from supervisor.rules.budget import Budget

@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from worker_sdk.contract import layout
-from worker_sdk.contract.checkpoint_names import ARENA_DCP, ARENA_LOCAL
 from worker_sdk.contract.layout import (
+    ARENA_DCP,
+    ARENA_LOCAL,
     DCP_DIR,
     MARKER,
     SHARED,
@@ -62,7 +63,11 @@ from worker_sdk.contract.layout import (
     rank_file,
     temp_name,
 )
-from worker_sdk.contract.private_paths import UntrustedPathError, make_private_dir
+from worker_sdk.contract.private_paths import (
+    UntrustedPathError,
+    directory_problem,
+    make_private_dir,
+)
 
 from . import dcp as _dcp
 from . import parallel as _parallel
@@ -74,7 +79,6 @@ from .collectives import all_gather_ints, broadcast_ints, group_active
 from .commit import commit, write_durable
 from .parallel import Stateful, StatePlan, unwrap
 from .restore import LoadResult, Restorer
-from .trust import directory_problem
 
 __all__ = ["Checkpointer", "LoadResult", "SaveError", "SaveResult", "Stateful", "unwrap"]
 

@@ -112,10 +112,6 @@ class StatePlan:
         return None
 
     @property
-    def sharded_groups(self) -> tuple[Group, ...]:
-        return tuple(g for g in self.groups if g.module_index in self.sharded)
-
-    @property
     def parallelism(self) -> str:
         """One word for the job: the sharded kind if any, else "ddp" or "module"."""
         for kind in (KIND_FSDP2, KIND_FSDP1, KIND_DTENSOR, KIND_DDP, KIND_MODULE):

@@ -29,18 +29,14 @@ from worker_sdk.contract.layout import (
     committed_name,
     rank_file,
 )
+from worker_sdk.contract.private_paths import directory_problem
 from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
 
 from . import dcp as _dcp
 from . import rng as _rng
 from .collectives import all_gather_ints, group_active
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
-from .trust import (
-    directory_problem,
-    entry_problem,
-    first_bad_record,
-    opened_file_problem,
-)
+from .trust import entry_problem, first_bad_record, opened_file_problem
 
 __all__ = ["LoadResult", "Restorer"]
 

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Final
 
 from .checkpoint_names import (
+    ARENA_DCP,
+    ARENA_LOCAL,
     COMMITTED_RE,
     DCP_DIR,
     DCP_METADATA,
@@ -60,6 +62,8 @@ from .checkpoint_names import (
 from .manifest import CheckpointInfo, CorruptCheckpointError, validate
 
 __all__ = [
+    "ARENA_DCP",
+    "ARENA_LOCAL",
     "COMMITTED_RE",
     "DCP_DIR",
     "DCP_METADATA",

@@ -125,6 +125,17 @@ ENV_MEMORY_RESUME: Final = "RVSUP_MEMORY_RESUME"
 ENV_FORKED_WRITER: Final = "RVSUP_FORKED_WRITER"
 ENV_VERIFY_EVERY: Final = "RVSUP_VERIFY_EVERY"  # compare the DDP replicas every N steps; 0: never
 
+
+class UsageError(RuntimeError):
+    """The script called the SDK in a way it refuses; the message says what to change.
+
+    Under rvsup a rank that dies of it exits with
+    :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and the job gives up at once instead of
+    restarting a script that would fail the same way. Public as ``worker_sdk.UsageError``;
+    defined here, beside its exit code.
+    """
+
+
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError
 EXIT_USAGE: Final = 87  # the script called the SDK in a way it refuses (worker_sdk.UsageError)

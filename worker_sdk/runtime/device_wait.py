@@ -21,12 +21,14 @@ or a device far behind its host), the oldest pending measurement is dropped and 
 stands for (resolved + dropped) / resolved, so the wait per step stays an estimate of the whole,
 from the newest collectives.
 
-A job whose FSDP module is on the CPU never reaches this module: it keeps the host timer
-(``stragglers.timed``) unchanged and ``torch.cuda`` is never touched.
+A job whose FSDP module is on the CPU keeps the host timer (:func:`timed`) alone and never touches
+``torch.cuda``.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,6 +39,7 @@ __all__ = [
     "cuda_event",
     "is_cuda_call",
     "stream_capturing",
+    "timed",
     "timed_on_device",
 ]
 
@@ -173,6 +176,26 @@ def is_cuda_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return getattr(t, "is_cuda", False) is True
 
 
+def timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
+    """``fn`` that adds the seconds each blocking call takes to ``total[0]`` (a call with
+    ``async_op=True`` is passed through untimed)."""
+    clock = time.perf_counter
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("async_op"):
+            return fn(*args, **kwargs)
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total[0] += clock() - t0
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
 def timed_on_device(
     fn: Callable[..., Any],
     total: list[float],
@@ -182,13 +205,9 @@ def timed_on_device(
 ) -> Callable[..., Any]:
     """``fn`` timed on the device through ``ring`` when its tensors are on the device
     (``on_device``, by default :func:`is_cuda_call`), else on the host clock into ``total[0]``
-    as ``stragglers.timed`` does; a call with ``async_op=True``, or on a stream being captured
+    as :func:`timed` does; a call with ``async_op=True``, or on a stream being captured
     into a CUDA graph (``capturing``, by default :func:`stream_capturing`), is passed through
     untimed."""
-    import functools
-
-    from .stragglers import timed
-
     host = timed(fn, total)  # on the host clock; async_op=True passed through untimed
     device = on_device or is_cuda_call
     captured = capturing or stream_capturing

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
+from worker_sdk.contract.protocol import UsageError
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -62,8 +63,6 @@ def exit_on_usage_error() -> None:
     """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
     :data:`~worker_sdk.contract.protocol.EXIT_USAGE` once its traceback is printed, so that the
     supervisor gives up at once instead of restarting a script that fails the same way."""
-    from worker_sdk import UsageError
-
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from worker_sdk.checkpoint import parallel as _parallel
 from worker_sdk.checkpoint.collectives import all_gather_ints
-from worker_sdk.contract.messages import ReplicasDiverged
+from worker_sdk.contract.training_messages import ReplicasDiverged
 
 __all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
 

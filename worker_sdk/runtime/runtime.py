@@ -18,7 +18,9 @@ import warnings
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer
+from worker_sdk.checkpoint.parallel import Stateful
+from worker_sdk.checkpoint.restore import LoadResult
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
@@ -51,7 +53,6 @@ class Runtime:
         "checkpointer",
         "comm_wait",
         "external",
-        "extra_default",
         "hb_due",
         "hb_step",
         "last_step",
@@ -96,7 +97,6 @@ class Runtime:
         self.channel = channel
         self.rank = rank
         self.world_size = world_size
-        self.extra_default: Any = None
         # bring your own checkpoint (resume(external=True)): a due save is asked of the script
         # (step() returns True), which saves and calls worker_sdk.checkpointed()
         self.external = False
@@ -131,7 +131,7 @@ class Runtime:
         self.save_due_t = now + every_s if every_s else math.inf
         self.next_due = min(self.hb_due, self.save_due_t)
         self._dump_file: IO[str] | None = None
-        self._slot_map: mmap.mmap | None = None
+        self._slot_map: mmap.mmap | None = None  # held: step_slot is a view of it
         # the last finished step, stored by every step() (see protocol.step_slot_file)
         self.step_slot: memoryview = memoryview(bytearray(8)).cast("q")
 

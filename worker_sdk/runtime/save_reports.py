@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker_sdk.checkpoint.checkpointer import Checkpointer, SaveError, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer, SaveError
+from worker_sdk.checkpoint.parallel import Stateful
 from worker_sdk.contract import messages as m
 
 from .channel import Channel

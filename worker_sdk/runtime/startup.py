@@ -16,7 +16,8 @@ from .rank_files import local_rank, output_files
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from worker_sdk.checkpoint.checkpointer import LoadResult, Stateful
+    from worker_sdk.checkpoint.parallel import Stateful
+    from worker_sdk.checkpoint.restore import LoadResult
 
     from .replicas import ReplicaCheck
     from .stragglers import WaitReader

@@ -37,14 +37,15 @@ torch) reads nothing: :func:`wait_of` returns None.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from .device_wait import timed
 
 if TYPE_CHECKING:
     from .device_wait import EventRing
 
-__all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "on_cuda", "timed", "wait_of"]
+__all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "on_cuda", "wait_of"]
 
 _NS = 1e-9
 TIMED = (
@@ -173,26 +174,6 @@ class CollectiveWait:
         now = CollectiveWait._total[0]
         blocked, self._read_total = now - self._read_total, now
         return blocked / steps if steps > 0 else None
-
-
-def timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
-    """``fn`` that adds the seconds each blocking call takes to ``total[0]`` (a call with
-    ``async_op=True`` is passed through untimed)."""
-    clock = time.perf_counter
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("async_op"):
-            return fn(*args, **kwargs)
-        t0 = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            total[0] += clock() - t0
-
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    call.__name__ = fn.__name__
-    call.__doc__ = fn.__doc__
-    return call
 
 
 def on_cuda(module: Any) -> bool:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from supervisor.config.durations import format_duration, parse_duration
-from supervisor.config.load import (
+from supervisor.config.load import load_config, parse_config
+from supervisor.config.model import (
     CheckpointSection,
     ConfigError,
     FrozenEnv,
@@ -22,10 +23,8 @@ from supervisor.config.load import (
     LaunchSection,
     RestartSection,
     SlurmSection,
-    load_config,
-    parse_config,
-    render_config,
 )
+from supervisor.config.render import render_config
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.config.load import ConfigError, JobConfig, parse_config
+from supervisor.config.load import parse_config
+from supervisor.config.model import ConfigError, JobConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

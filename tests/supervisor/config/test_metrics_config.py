@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import metrics as metrics_config
-from supervisor.config.load import ConfigError, parse_config
+from supervisor.config.load import parse_config
+from supervisor.config.model import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

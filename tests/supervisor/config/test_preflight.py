@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.load import CHECKPOINT_MARKER, ConfigIssue, JobConfig, load_config, preflight
+from supervisor.config.load import load_config
+from supervisor.config.model import ConfigIssue, JobConfig
+from supervisor.config.preflight import CHECKPOINT_MARKER, preflight
 from tests.helpers.jobs import write_job_file
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.config.load import load_config
 from supervisor.process import diagnostics
-from supervisor.process.launcher import build_plan
+from supervisor.process.launch_plan import build_plan
 from tests.helpers.jobs import write_job_file
 from worker_sdk.contract import protocol as p
 from worker_sdk.runtime import flight as _flight

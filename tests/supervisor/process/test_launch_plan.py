@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config.torchrun import Torchrun
-from supervisor.process.launcher import build_plan
+from supervisor.process.launch_plan import build_plan
 from supervisor.process.plan import Launches, PortHold
 from supervisor.process.zygote import zygote_step_argv
 from supervisor.service.sdnotify import CHILD_ENV_VARS
@@ -27,7 +27,7 @@ def _launches(
     cfg = job_config(
         tmp, f"[launch]\nnproc_per_node = 2\nwarm_standby = false\nzygote = false\n{launch}\n"
     )
-    alloc = Allocation("7", nodes, nodes[0], 2, None, 2, 0, True)
+    alloc = Allocation("7", nodes, nodes[0], None, 2, 0)
     sweeps = [] if swept is None else swept
     return Launches(cfg, alloc, TORCHRUN, sweep=lambda a, _name: sweeps.append(a.nodes))
 
@@ -61,7 +61,7 @@ def test_the_sweep_removes_each_nodes_snapshots_when_the_tier_is_on(
         f"[launch]\nnproc_per_node = 2\nnnodes = 2\nwarm_standby = false\nzygote = false\n"
         f"[checkpoint]\nmemory_every_steps = {memory}\n",
     )
-    alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
+    alloc = Allocation("7", ("n1", "n2"), "n1", None, 2, 0)
     on = cfg.checkpoint.memory_every_steps != 0
     Launches(
         cfg, alloc, TORCHRUN, snapshots=tmp_path / "shm" / "rvsup-snapshots" if on else None
@@ -121,7 +121,7 @@ def test_nodes_after_a_loss(
 
 def test_min_nnodes_above_nnodes_is_refused(tmp_path: Path) -> None:
     """launch.min_nnodes larger than launch.nnodes is a configuration error naming the key."""
-    from supervisor.config import ConfigError
+    from supervisor.config.model import ConfigError
 
     with pytest.raises(ConfigError, match="min_nnodes"):
         job_config(tmp_path, "[launch]\nnnodes = 2\nmin_nnodes = 3\n")
@@ -133,7 +133,7 @@ def test_multi_node_ranks_are_forked_from_each_nodes_zygote(tmp_path: Path) -> N
     report how they end; the zygotes run as a step of their own, each watched, where one
     node's zygote ending does not end the step."""
     cfg = job_config(tmp_path, "[launch]\nnnodes = 2\nnproc_per_node = 2\n")
-    alloc = Allocation("7", ("n1", "n2"), "n1", 2, None, 2, 0, True)
+    alloc = Allocation("7", ("n1", "n2"), "n1", None, 2, 0)
     plan = build_plan(
         cfg, attempt=1, torchrun=TORCHRUN, rank_env={}, alloc=alloc, zygote="rvsup-zygote-x"
     )

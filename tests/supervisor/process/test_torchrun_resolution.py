@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.load import ConfigIssue, JobConfig, load_config
+from supervisor.config.load import load_config
+from supervisor.config.model import ConfigIssue, JobConfig
 from supervisor.config.torchrun import (
     Torchrun,
     is_python,
@@ -24,7 +25,8 @@ from supervisor.config.torchrun import (
     torchrun_issue,
 )
 from supervisor.process import launcher
-from supervisor.process.launcher import LaunchPlan, Standby, build_plan, standby_argv
+from supervisor.process.launch_plan import LaunchPlan, build_plan
+from supervisor.process.launcher import Standby, standby_argv
 from tests.helpers.jobs import write_job_file
 
 M = ("-m", "torch.distributed.run")

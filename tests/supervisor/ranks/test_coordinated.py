@@ -33,7 +33,7 @@ def _table(world: int) -> RankTable:
 
 
 def _round(stop: bool = True, world: int = 2) -> SaveRound:
-    return SaveRound(stop=stop, world_size=world, resend_after_s=1.0, started_t=0.0)
+    return SaveRound(stop=stop, world_size=world, resend_after_s=1.0)
 
 
 def test_every_rank_is_asked_once_until_the_resend_interval() -> None:

@@ -17,7 +17,7 @@ from supervisor.record.goodput import (
     goodput_to_json,
     render_goodput,
 )
-from supervisor.record.history import format_timestamp
+from supervisor.record.history_file import format_timestamp
 from supervisor.record.schema import (
     CheckpointLoaded,
     Event,

@@ -13,15 +13,8 @@ from typing import Any
 import pytest
 
 from supervisor.record.entries import parse_all
-from supervisor.record.history import (
-    AttemptRow,
-    attempt_rows,
-    format_timestamp,
-    parse_timestamp,
-    read,
-    render_table,
-    rows_to_json,
-)
+from supervisor.record.history import AttemptRow, attempt_rows, render_table, rows_to_json
+from supervisor.record.history_file import format_timestamp, parse_timestamp, read
 from supervisor.record.schema import (
     CheckpointCommitted,
     CheckpointLoaded,

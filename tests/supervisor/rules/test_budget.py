@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from supervisor.record.events import EventLog
-from supervisor.record.history import read
+from supervisor.record.history_file import read
 from supervisor.record.schema import (
     AttemptStarted,
     Event,

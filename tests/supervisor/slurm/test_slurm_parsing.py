@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.slurm import commands as slurm
+from supervisor.slurm import srun
 from supervisor.slurm import text as slurm_text
 
 
@@ -43,27 +44,6 @@ def test_expand_hostlist_rejects_malformed(nodelist: str) -> None:
     """Malformed host lists raise ValueError instead of producing wrong names."""
     with pytest.raises(ValueError, match=r"host|range|bracket"):
         slurm_text.expand_hostlist(nodelist)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("1", (1,)),
-        ("2(x3)", (2, 2, 2)),
-        ("2(x3),1", (2, 2, 2, 1)),
-        ("4,2(x2),8", (4, 2, 2, 8)),
-    ],
-)
-def test_expand_counts(text: str, expected: tuple[int, ...]) -> None:
-    """Per-node counts such as SLURM_TASKS_PER_NODE expand to one number per node."""
-    assert slurm_text.expand_counts(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "2(x)", "x2", "2(x3", "1,,2"])
-def test_expand_counts_rejects_malformed(text: str) -> None:
-    """Malformed per-node counts raise ValueError."""
-    with pytest.raises(ValueError, match="per-node count"):
-        slurm_text.expand_counts(text)
 
 
 @pytest.mark.parametrize(
@@ -109,20 +89,11 @@ def test_detect_outside_slurm_is_none() -> None:
         (_env(SLURMD_NODENAME="node2"), "this_node", "node2"),
         (_env(), "restart_count", 0),
         (_env(SLURM_RESTART_COUNT="3"), "restart_count", 3),
-        (_env(SLURM_TASKS_PER_NODE="4(x2)"), "tasks_per_node", 4),
-        (_env(SLURM_TASKS_PER_NODE="3,1", SLURMD_NODENAME="node2"), "tasks_per_node", 1),
-        (_env(SLURM_TASKS_PER_NODE="3,1", SLURM_NTASKS_PER_NODE="2"), "tasks_per_node", 2),
-        (_env(SLURM_TASKS_PER_NODE="3,1"), "tasks_per_node", None),
-        (_env(), "tasks_per_node", None),
         (_env(SLURM_GPUS_ON_NODE="8", SLURM_GPUS_PER_NODE="4"), "gpus_per_node", 8),
         (_env(SLURM_GPUS_PER_NODE="a100:4"), "gpus_per_node", 4),
         (_env(SLURM_GPUS_PER_NODE="a100:2,v100:1"), "gpus_per_node", 3),
         (_env(), "gpus_per_node", None),
         (_env(SLURM_CPUS_ON_NODE="16"), "cpus_on_node", 16),
-        (_env(SLURMD_NODENAME="node1"), "in_batch_step", True),
-        (_env(SLURMD_NODENAME="node1", SLURM_STEP_ID="batch"), "in_batch_step", True),
-        (_env(SLURMD_NODENAME="node1", SLURM_STEP_ID="0"), "in_batch_step", False),
-        (_env(), "in_batch_step", False),  # a salloc shell: no slurmstepd around it
     ],
 )
 def test_detect_reads_environment(env: dict[str, str], field: str, expected: object) -> None:
@@ -136,7 +107,7 @@ def test_srun_argv_one_task_per_node() -> None:
     """The step covers every node with one task each, and ends with the inner command."""
     alloc = slurm.detect(_env(SLURM_CPUS_ON_NODE="16", SLURM_GPUS_ON_NODE="8"))
     assert alloc is not None
-    argv = slurm.srun_argv(alloc, ["torchrun", "--nnodes=2", "train.py"], job_name="rvsup-x")
+    argv = srun.srun_argv(alloc, ["torchrun", "--nnodes=2", "train.py"], job_name="rvsup-x")
     assert argv[0] == "srun"
     assert argv[argv.index("--") + 1 :] == ["torchrun", "--nnodes=2", "train.py"]
     flags = argv[1 : argv.index("--")]
@@ -160,7 +131,7 @@ def test_srun_argv_runs_on_the_nodes_left() -> None:
     alloc = slurm.detect(_env(SLURM_JOB_NODELIST="node[1-3]"))
     assert alloc is not None
     left = dataclasses.replace(alloc, nodes=("node1", "node3"))
-    flags = slurm.srun_argv(left, ["true"], job_name="x")
+    flags = srun.srun_argv(left, ["true"], job_name="x")
     assert "--nodes=2" in flags and "--nodelist=node1,node3" in flags
 
 
@@ -168,7 +139,7 @@ def test_srun_argv_leaves_out_unknown_resources() -> None:
     """Without CPU or GPU counts in the environment srun picks its defaults."""
     alloc = slurm.detect(_env())
     assert alloc is not None
-    argv = slurm.srun_argv(alloc, ["true"], job_name="x")
+    argv = srun.srun_argv(alloc, ["true"], job_name="x")
     assert not [flag for flag in argv if flag.startswith(("--cpus-per-task", "--gpus-per-node"))]
 
 

@@ -19,12 +19,9 @@ from torch import nn
 from tests.helpers.states import assert_same_state, make_checkpointer, write_format1
 from worker_sdk.checkpoint import checkpointer as checkpoint
 from worker_sdk.checkpoint import rng as _rng
-from worker_sdk.checkpoint.checkpointer import (
-    Checkpointer,
-    LoadResult,
-    Stateful,
-    unwrap,
-)
+from worker_sdk.checkpoint.checkpointer import Checkpointer
+from worker_sdk.checkpoint.parallel import Stateful, unwrap
+from worker_sdk.checkpoint.restore import LoadResult
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import (
     MANIFEST,

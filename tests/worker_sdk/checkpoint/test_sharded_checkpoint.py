@@ -21,7 +21,8 @@ from tests.helpers.states import assert_same_state, write_format1
 from worker_sdk.checkpoint import checkpointer as checkpoint
 from worker_sdk.checkpoint import dcp as _dcp
 from worker_sdk.checkpoint import parallel as _parallel
-from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer
+from worker_sdk.checkpoint.parallel import Stateful
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import MANIFEST, committed_name
 

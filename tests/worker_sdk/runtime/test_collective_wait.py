@@ -19,7 +19,6 @@ from worker_sdk.runtime.stragglers import (
     CollectiveWait,
     CommWait,
     on_cuda,
-    timed,
     wait_of,
 )
 
@@ -82,7 +81,7 @@ def test_an_fsdp_module_on_the_cpu_keeps_the_host_timer() -> None:
     fully_shard(fsdp2, mesh=init_device_mesh("cpu", (1,)))
     wait = CollectiveWait.of([fsdp2])
     assert wait is not None and CollectiveWait._ring is None and not on_cuda(fsdp2)
-    host = timed(len, [0.0]).__code__
+    host = device_wait.timed(len, [0.0]).__code__
     assert all(getattr(dist, name).__code__ is host for name in TIMED if hasattr(dist, name))
     fsdp2(torch.randn(8, 64)).sum().backward()
     dist.all_reduce(torch.ones(1 << 16))

@@ -30,7 +30,8 @@ from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer
+from worker_sdk.checkpoint.parallel import Stateful
 from worker_sdk.contract.layout import committed_name
 from worker_sdk.contract.protocol import ENV_FORKED_WRITER
 

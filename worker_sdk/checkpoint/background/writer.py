@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 from worker_sdk.checkpoint import dcp as _dcp
 from worker_sdk.checkpoint.commit import commit, write_bytes_durable, write_durable
 from worker_sdk.contract import layout
-from worker_sdk.contract.checkpoint_names import ARENA_DCP, ARENA_LOCAL
-from worker_sdk.contract.layout import DCP_DIR, SHARED, rank_file
+from worker_sdk.contract.layout import ARENA_DCP, ARENA_LOCAL, DCP_DIR, SHARED, rank_file
 from worker_sdk.contract.private_paths import file_problem, make_private_dir
 from worker_sdk.spawn.pdeathsig import die_with_parent
 

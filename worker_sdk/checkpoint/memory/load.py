@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from worker_sdk.checkpoint.checkpointer import Checkpointer, LoadResult, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
-from worker_sdk.checkpoint.restore import Restorer
+from worker_sdk.checkpoint.parallel import Stateful
+from worker_sdk.checkpoint.restore import LoadResult, Restorer
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
 

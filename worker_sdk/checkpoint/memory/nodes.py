@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from worker_sdk.checkpoint.collectives import all_gather_ints
 from worker_sdk.contract import layout
 from worker_sdk.contract import protocol as p
-from worker_sdk.contract.checkpoint_names import MANIFEST
+from worker_sdk.contract.layout import MANIFEST
 
 from . import replica as _replica
 

@@ -50,7 +50,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from worker_sdk.contract import curve, layout
-from worker_sdk.contract.checkpoint_names import COMMITTED_RE, TEMP_RE
+from worker_sdk.contract.layout import COMMITTED_RE, TEMP_RE
 from worker_sdk.contract.private_paths import make_private_dir
 
 __all__ = [

@@ -44,12 +44,12 @@ from worker_sdk.checkpoint.background.async_save import (
     release_forked_writer,
 )
 from worker_sdk.checkpoint.background.writer import mark_failed
-from worker_sdk.checkpoint.checkpointer import Checkpointer, Stateful
+from worker_sdk.checkpoint.checkpointer import Checkpointer
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
+from worker_sdk.checkpoint.parallel import Stateful
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
-from worker_sdk.contract.checkpoint_names import ARENA_LOCAL
-from worker_sdk.contract.layout import temp_name
+from worker_sdk.contract.layout import ARENA_LOCAL, temp_name
 from worker_sdk.spawn.local_world import every_rank_here, ranks_here
 
 from . import home as _home
