@@ -34,6 +34,7 @@ from tests.helpers.harness import (
     write_job,
 )
 from tests.helpers.states import assert_same_state, load_final
+from worker_sdk.contract import curve
 
 # serial: floods the daemon; no hang may be declared (5 s timeout)
 pytestmark = [pytest.mark.process, pytest.mark.serial]
@@ -43,11 +44,15 @@ FRAMES = int(os.environ.get("RVSUP_FUZZ_FRAMES", "20000"))
 SENDERS = 2  # DEALER sockets, each in its own thread
 
 
-def _flood(endpoint: str, messages: list[tuple[bytes, ...]]) -> float:
-    """Send ``messages`` from one DEALER as fast as zmq takes them; the seconds it took."""
+def _flood(endpoint: str, messages: list[tuple[bytes, ...]], secret: bytes) -> float:
+    """Send ``messages`` from one DEALER as fast as zmq takes them; the seconds it took. Over
+    TCP the sender is an insider holding the job's CURVE client keys (a stranger never gets
+    past the handshake: tests/supervisor/ranks/test_hostile_sender.py), so its frames reach the MAC checks."""
     ctx = zmq.Context()
     try:
         dealer = ctx.socket(zmq.DEALER)
+        if endpoint.startswith("tcp://"):
+            curve.secure_client(dealer, curve.keys(secret, curve.RANKS))
         dealer.setsockopt(zmq.LINGER, 30_000)
         dealer.setsockopt(zmq.SNDHWM, 100_000)
         dealer.connect(endpoint)
@@ -124,7 +129,7 @@ def test_a_live_job_fuzzed_on_both_sockets_ends_bit_identical(
         share = [[h.parts for h in hostile[i::SENDERS]] for i in range(SENDERS)]
         took: list[float] = []
         senders = [
-            threading.Thread(target=lambda s=s: took.append(_flood(daemon["endpoint"], s)))
+            threading.Thread(target=lambda s=s: took.append(_flood(daemon["endpoint"], s, secret)))
             for s in share
         ]
         t0 = time.monotonic()

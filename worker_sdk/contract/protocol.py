@@ -132,9 +132,12 @@ class UsageError(RuntimeError):
     Under rvsup a rank that dies of it exits with
     :data:`worker_sdk.contract.protocol.EXIT_USAGE`, and the job gives up at once instead of
     restarting a script that would fail the same way. Public as ``worker_sdk.UsageError``;
-    defined here, beside its exit code.
+    defined here, beside its exit code, and printed under that public name in a traceback
+    (the supervisor finds the message by it: supervisor.rules.failures.USAGE_MARKER).
     """
 
+
+UsageError.__module__ = "worker_sdk"
 
 # ---------------------------------------------------------------- reserved rank exit codes
 EXIT_OOM: Final = 86  # the SDK's exception hook saw torch.OutOfMemoryError

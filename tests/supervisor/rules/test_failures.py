@@ -451,3 +451,18 @@ def test_deterministic_signature_shape() -> None:
     """The signature is (kind string, ranks, last step)."""
     failure = classify(Observation(exits=(sig(1, 9),), last_steps={1: 57}))
     assert deterministic_signature(failure) == ("crash", (1,), 57)
+
+
+def test_a_usage_errors_traceback_carries_the_marker_the_failure_is_read_by() -> None:
+    """The last line of the traceback a rank prints for worker_sdk.UsageError starts with
+    USAGE_MARKER, wherever the class is defined: moving it must not hide the SDK's message."""
+    import traceback
+
+    from supervisor.rules.failures import USAGE_MARKER
+    from worker_sdk.contract.protocol import UsageError
+
+    try:
+        raise UsageError("call init_process_group() first")
+    except UsageError as exc:
+        printed = "".join(traceback.format_exception(exc))
+    assert printed.splitlines()[-1] == USAGE_MARKER + "call init_process_group() first"
