@@ -186,7 +186,7 @@ def resume(
         rt.window = LoaderWindow(_rng.capture(), objects)
         rt.window.install()
     start = rt.start(loaded)
-    install_excepthook(rt)
+    rt.excepthook = install_excepthook(rt)
     atexit.register(rt.leaving)
     _current = rt
     return start, loaded.extra

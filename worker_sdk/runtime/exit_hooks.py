@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 from worker_sdk.contract.protocol import UsageError
+
+from .patches import Patch
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -40,8 +42,14 @@ def report_failure(channel: Channel | None, step: int, exc: BaseException) -> bo
     return oom
 
 
-def install_excepthook(rt: Runtime) -> None:
-    """Report uncaught exceptions (OOM in particular) before the rank dies."""
+_REPORT: Final = "report an uncaught exception (OOM) before the rank dies"
+_USAGE: Final = "a UsageError before a runtime exists ends the rank with EXIT_USAGE"
+_usage_hook: list[Patch] = []  # applied once per process
+
+
+def install_excepthook(rt: Runtime) -> Patch:
+    """Report uncaught exceptions (OOM in particular) before the rank dies; the patch is
+    undone at the runtime's shutdown."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -56,13 +64,16 @@ def install_excepthook(rt: Runtime) -> None:
             sys.stdout.flush()
             os._exit(p.EXIT_OOM)
 
-    sys.excepthook = hook
+    return Patch(sys, "excepthook", hook, _REPORT).apply()
 
 
 def exit_on_usage_error() -> None:
     """Make an uncaught :class:`worker_sdk.UsageError` end the rank with
     :data:`~worker_sdk.contract.protocol.EXIT_USAGE` once its traceback is printed, so that the
-    supervisor gives up at once instead of restarting a script that fails the same way."""
+    supervisor gives up at once instead of restarting a script that fails the same way. For
+    the rest of the process; once only."""
+    if _usage_hook:
+        return
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -72,4 +83,4 @@ def exit_on_usage_error() -> None:
             sys.stdout.flush()
             os._exit(p.EXIT_USAGE)
 
-    sys.excepthook = hook
+    _usage_hook.append(Patch(sys, "excepthook", hook, _USAGE).apply())

@@ -36,7 +36,11 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from worker_sdk.checkpoint import rng as _rng
 
+from .patches import Patch
+
 __all__ = ["LoaderWindow"]
+
+_WHY: Final = "the checkpoint's RNG states for the loaders made before the first step()"
 
 _FIX: Final = (
     "give the DataLoader its own generator and seed it at the top of every epoch, beside "
@@ -90,7 +94,7 @@ class LoaderWindow:
         self.fetched = 0  # batches fetched in the window
         self.last: _ResumedIterator | None = None  # the iterator of the latest batch
         self._given = {id(o) for o in resumed_objects}
-        self._patched: list[tuple[type[Any], Callable[..., Any]]] = []
+        self._patched: list[Patch] = []
 
     def install(self) -> None:
         """Wrap ``__iter__`` of DataLoader and of every loaded subclass that defines its own."""
@@ -104,8 +108,8 @@ class LoaderWindow:
             pending.extend(cls.__subclasses__())
             original = cls.__dict__.get("__iter__")
             if original is not None:
-                self._patched.append((cls, original))
-                cls.__iter__ = self._wrap(original)
+                wrapped = self._wrap(original)
+                self._patched.append(Patch(cls, "__iter__", wrapped, _WHY).apply())
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         window = self
@@ -126,8 +130,8 @@ class LoaderWindow:
     def close(self) -> str | None:
         """At the first ``step()``: stop intervening; what diverges from an uninterrupted run."""
         self.open = False
-        for cls, original in reversed(self._patched):
-            cls.__iter__ = original
+        for patch in reversed(self._patched):
+            patch.undo()
         self._patched.clear()
         last, self.last = self.last, None
         if last is None:

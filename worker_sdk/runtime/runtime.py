@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from worker_sdk.checkpoint.memory.tier import MemoryTier
 
     from .loader_rng import LoaderWindow
+    from .patches import Patch
     from .replicas import ReplicaCheck
     from .stragglers import WaitReader
 
@@ -52,6 +53,7 @@ class Runtime:
         "channel",
         "checkpointer",
         "comm_wait",
+        "excepthook",
         "external",
         "hb_due",
         "hb_step",
@@ -124,6 +126,7 @@ class Runtime:
         self.replicas: ReplicaCheck | None = None  # plain DDP compared (.replicas)
         self.verify_next = _NEVER
         self.comm_wait: WaitReader | None = None  # the wait for the others, for stragglers
+        self.excepthook: Patch | None = None  # ours, from resume() to the shutdown (exit_hooks)
         # the first finished step is reported at once: until the supervisor has seen it, only
         # the (long) startup timeout can catch a hang
         self.hb_due = now if channel else math.inf
@@ -381,6 +384,12 @@ class Runtime:
             self.memory.close()
             self.memory = None
         self.end_loader_window()  # no step() came
+        if self.comm_wait is not None:
+            self.comm_wait.close()
+            self.comm_wait = None
+        if self.excepthook is not None:
+            self.excepthook.undo()
+            self.excepthook = None
         if self.channel is not None:
             self.channel.close()
         if self._dump_file is not None:

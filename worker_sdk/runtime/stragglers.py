@@ -20,7 +20,8 @@ FSDP (FSDP1's ``FullyShardedDataParallel``, FSDP2's ``fully_shard``) has no redu
 meet in the all-gather before each unit's forward and backward and in the reduce-scatter after
 each unit's backward, collectives FSDP calls from Python through ``torch.distributed``
 (``all_gather_single``, ``reduce_scatter_single``; FSDP1 on CPU ``all_gather``).
-:class:`CollectiveWait` wraps those module functions once per process with a timer: two reads
+:class:`CollectiveWait` wraps those module functions, from ``resume()`` to the runtime's shutdown
+(:mod:`.patches`), with a timer: two reads
 of the monotonic clock (vDSO, no syscall) and an addition around each blocking call; nothing
 in ``step()``. The time a rank spends blocked in them, per step, is what it waits for the
 others plus the transfer itself, which is the same on every rank; the rank the others wait for
@@ -38,12 +39,10 @@ torch) reads nothing: :func:`wait_of` returns None.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, Final, Protocol
 
 from .device_wait import timed
-
-if TYPE_CHECKING:
-    from .device_wait import EventRing
+from .patches import Patch
 
 __all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "on_cuda", "wait_of"]
 
@@ -58,6 +57,7 @@ TIMED = (
 )
 """The ``torch.distributed`` collectives :class:`CollectiveWait` times (what FSDP1 and FSDP2
 call, and the all-reduce of gradient clipping)."""
+_WHY: Final = "the time waited in collectives, for stragglers (FSDP)"
 
 
 class WaitReader(Protocol):
@@ -65,6 +65,9 @@ class WaitReader(Protocol):
 
     def read(self, steps: int) -> float | None:
         """Seconds waited per step lately; None when there is nothing new."""
+
+    def close(self) -> None:
+        """The end of the reader's scope (the runtime's shutdown): undo what it patched."""
 
 
 class CommWait:
@@ -92,6 +95,9 @@ class CommWait:
                     return None
         return None
 
+    def close(self) -> None:
+        """Nothing to undo: DDP's own statistics are read, nothing is patched."""
+
     def read(self, steps: int) -> float | None:
         """Seconds the newest sampled step waited in the all-reduce after its backward; None
         when no step was sampled since the last read. ``steps``: the steps since then, which
@@ -117,38 +123,43 @@ class CommWait:
 
 class CollectiveWait:
     """The time this process waits in ``torch.distributed``'s collectives (:data:`TIMED`), per
-    step since the last read: blocked on the host, or (FSDP on CUDA) on the device."""
+    step since the last read: blocked on the host, or (FSDP on CUDA) on the device.
 
-    __slots__ = ("_read_total",)
+    The collectives are wrapped from its making to :meth:`close` (:mod:`.patches`), each
+    instance with its own total and timer: a second one (``resume()`` called again in one
+    process) wraps the first's wrappers, and closing them in turn undoes both.
+    """
 
-    _total: ClassVar[list[float]] = [0.0]  # seconds waited, over the process (the wrappers')
-    _installed: ClassVar[bool] = False
-    _ring: ClassVar[EventRing | None] = None  # the device's timing events (FSDP on CUDA only)
+    __slots__ = ("_patches", "_read_total", "_ring", "_total")
 
     def __init__(self, device: bool = False) -> None:
-        self._install(device)
-        self._read_total = CollectiveWait._total[0]
-
-    @classmethod
-    def _install(cls, device: bool) -> None:
-        """Wrap the collectives once per process: with the host timer, or (``device``: the
-        FSDP module is on CUDA) with the device timer, which keeps the host timer for
-        collectives of CPU tensors."""
-        if cls._installed:
-            return
+        """Wrap the collectives: with the host timer, or (``device``: the FSDP module is on
+        CUDA) with the device timer, which keeps the host timer for collectives of CPU
+        tensors."""
         import torch.distributed as dist
 
         from .device_wait import EventRing, timed_on_device
 
-        ring = cls._ring = EventRing() if device else None
+        self._total = [0.0]  # seconds waited, over this reader's scope (the wrappers')
+        self._ring = EventRing() if device else None  # the device's timing events (FSDP on CUDA)
+        self._read_total = 0.0
+        self._patches: list[Patch] = []
         for name in TIMED:
             fn = getattr(dist, name, None)
             if fn is not None:
+                ring = self._ring
                 wrapped = (
-                    timed(fn, cls._total) if ring is None else timed_on_device(fn, cls._total, ring)
+                    timed(fn, self._total)
+                    if ring is None
+                    else timed_on_device(fn, self._total, ring)
                 )
-                setattr(dist, name, wrapped)
-        cls._installed = True
+                self._patches.append(Patch(dist, name, wrapped, _WHY).apply())
+
+    def close(self) -> None:
+        """Put the collectives back (those still ours: see :mod:`.patches`)."""
+        for patch in reversed(self._patches):
+            patch.undo()
+        self._patches.clear()
 
     @classmethod
     def of(cls, objects: Sequence[object]) -> CollectiveWait | None:
@@ -168,10 +179,9 @@ class CollectiveWait:
     def read(self, steps: int) -> float | None:
         """Seconds waited in the collectives per step over the last ``steps`` steps (on the
         device: the collectives completed since the last read); None when no step was made."""
-        ring = CollectiveWait._ring
-        if ring is not None:
-            CollectiveWait._total[0] += ring.resolve()
-        now = CollectiveWait._total[0]
+        if self._ring is not None:
+            self._total[0] += self._ring.resolve()
+        now = self._total[0]
         blocked, self._read_total = now - self._read_total, now
         return blocked / steps if steps > 0 else None
 

@@ -4,6 +4,7 @@ which timer (host or device) an FSDP module gets."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.helpers.fake_device import FakeDevice
-from worker_sdk.runtime import device_wait
+from worker_sdk.runtime import device_wait, patches
 from worker_sdk.runtime.stragglers import (
     TIMED,
     CollectiveWait,
@@ -24,14 +25,16 @@ from worker_sdk.runtime.stragglers import (
 
 
 @pytest.fixture
-def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.distributed's collectives as they were, and put back afterwards."""
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch.distributed's collectives as they were, and put back afterwards (the timers the
+    test made undone)."""
     for name in TIMED:
         if hasattr(dist, name):
             monkeypatch.setattr(dist, name, getattr(dist, name))
-    monkeypatch.setattr(CollectiveWait, "_installed", False)
-    monkeypatch.setattr(CollectiveWait, "_total", [0.0])
-    monkeypatch.setattr(CollectiveWait, "_ring", None)
+    yield
+    for patch in reversed(patches.active()):
+        if patch.owner is dist:
+            patch.undo()
 
 
 @pytest.mark.usefixtures("one_process_group", "fresh")
@@ -47,7 +50,7 @@ def test_blocking_collectives_are_timed_per_step() -> None:
     first = wait.read(10)
     assert first is not None and first > 0
     assert wait.read(10) == 0.0
-    CollectiveWait._total[0] = 0.0
+    wait.close()
     wait = CollectiveWait()
     dist.all_reduce(t, async_op=True).wait()
     assert wait.read(1) == 0.0
@@ -80,7 +83,7 @@ def test_an_fsdp_module_on_the_cpu_keeps_the_host_timer() -> None:
     fsdp2 = nn.Linear(64, 64)
     fully_shard(fsdp2, mesh=init_device_mesh("cpu", (1,)))
     wait = CollectiveWait.of([fsdp2])
-    assert wait is not None and CollectiveWait._ring is None and not on_cuda(fsdp2)
+    assert wait is not None and wait._ring is None and not on_cuda(fsdp2)
     host = device_wait.timed(len, [0.0]).__code__
     assert all(getattr(dist, name).__code__ is host for name in TIMED if hasattr(dist, name))
     fsdp2(torch.randn(8, 64)).sum().backward()
@@ -104,7 +107,7 @@ def test_on_the_device_the_ring_is_read_into_the_same_wait(monkeypatch: pytest.M
     monkeypatch.setattr(device_wait, "is_cuda_call", on_device)
     monkeypatch.setattr(device_wait, "stream_capturing", lambda: False)
     wait = CollectiveWait(device=True)
-    ring = CollectiveWait._ring
+    ring = wait._ring
     assert ring is not None and device.created == 2 * device_wait.RING
     t = torch.ones(4)
     t.on_fake_device = True  # type: ignore[attr-defined]

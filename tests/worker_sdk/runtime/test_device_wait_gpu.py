@@ -67,8 +67,9 @@ def test_cuda_collectives_are_timed_on_the_device_without_waiting() -> None:
     model = nn.Linear(256, 256).cuda()
     fully_shard(model, mesh=init_device_mesh("cuda", (1,)))
     wait = CollectiveWait.of([model])
-    ring = CollectiveWait._ring
-    assert wait is not None and ring is not None
+    assert wait is not None
+    ring = wait._ring
+    assert ring is not None
     x = torch.randn(64, 256, device="cuda")
     for _ in range(3):
         model(x).sum().backward()
