@@ -114,7 +114,7 @@ class Attempt:
             diag_dir=self.diag_dir,
             t0=clock.monotonic(),
         )
-        self.stragglers = StragglerReports(exclude=cfg.health.exclude_stragglers)
+        self.stragglers = StragglerReports(exclude=cfg.health.stragglers_excluded)
         self.checkpoints = CheckpointsSeen(tracker.newest_step, clock.monotonic())
         self.exits = ExitBook(self.world_size)
         self.evidence = Evidence()

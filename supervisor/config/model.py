@@ -283,10 +283,11 @@ class HealthSection:
     - ``gpus`` (default ``"auto"``: the allocation's GPUs per node, else not checked): GPUs
       ``nvidia-smi`` must list; skipped where there is no ``nvidia-smi``; 0 disables.
     - ``exclude_after`` (default 2, >= 0): failures attributed to a node before it is
-      excluded; a node failing a health check is excluded at once; 0 turns exclusion off
-      (checks are still run and logged).
+      excluded; a node failing a health check is excluded at once; 0 turns exclusion off,
+      stragglers' nodes included (checks are still run and logged).
     - ``exclude_stragglers`` (default false): when a rank is named a straggler
-      (``straggler_detected``), its node is excluded at the next restart (docs/stragglers.md).
+      (``straggler_detected``), its node is excluded at the next restart (docs/stragglers.md),
+      unless ``exclude_after`` is 0.
     """
 
     enabled: bool = True
@@ -298,6 +299,12 @@ class HealthSection:
     gpus: int | None = None
     exclude_after: int = 2
     exclude_stragglers: bool = False
+
+    @property
+    def stragglers_excluded(self) -> bool:
+        """Whether a straggler's node is excluded at the next restart: asked for, and
+        exclusion not turned off (``exclude_after = 0``)."""
+        return self.exclude_stragglers and self.exclude_after > 0
 
 
 AnomalySection: TypeAlias = AnomalyPolicy

@@ -54,8 +54,15 @@ def needs_of(cfg: JobConfig, alloc: Allocation | None, nnodes: int, newest_bytes
     if shm is None:
         if cfg.checkpoint.async_save:
             shm = newest_bytes // max(nnodes, 1)
+        elif cfg.checkpoint.memory_every_steps == 0:
+            why["shm"] = (
+                "checkpoint.async and the memory tier are off: nothing is staged in /dev/shm"
+            )
         else:
-            why["shm"] = "checkpoint.async is off: nothing is staged in /dev/shm"
+            why["shm"] = (
+                "checkpoint.async is off; the memory tier checks its own room in "
+                f"{cfg.checkpoint.memory_dir} (it turns itself off where there is none)"
+            )
     gpus = health.gpus
     if gpus is None:
         gpus = alloc.gpus_per_node if alloc is not None and alloc.gpus_per_node else None

@@ -233,8 +233,13 @@ def test_minimal_file_gets_every_default() -> None:
         pytest.param(MINIMAL, {"health.exclude_stragglers": False}, id="health-default"),
         pytest.param(
             with_section("health", "exclude_stragglers = true"),
-            {"health.exclude_stragglers": True},
+            {"health.exclude_stragglers": True, "health.stragglers_excluded": True},
             id="exclude-stragglers",
+        ),
+        pytest.param(  # exclusion off: stragglers' nodes too
+            with_section("health", "exclude_stragglers = true\nexclude_after = 0"),
+            {"health.exclude_stragglers": True, "health.stragglers_excluded": False},
+            id="exclude-stragglers-exclusion-off",
         ),
         pytest.param(
             with_section("checkpoint", 'every = "off"'),
