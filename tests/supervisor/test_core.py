@@ -614,3 +614,38 @@ def test_a_rollback_discards_the_snapshots_newer_than_the_checkpoint_it_restores
         assert started["source"] == "storage", started
         assert started["checkpoint"].endswith(layout.committed_name(19))
     assert not layout.scan(snapshots)[0]
+
+
+async def rank1_straggles_then_dies(tree: FakeTree, ch: FakeChannel, clock: FakeClock) -> None:
+    """Rank 1 (on node n1) makes rank 0 (on n0) wait 50 ms of every 100 ms step for 40 s,
+    then is killed."""
+    for rank in range(2):
+        ch.put(rank, p.Kind.HELLO, payload={"host": f"n{rank}"})
+    for step in range(400):
+        await clock.sleep(0.1)
+        for rank, wait in ((0, 0.05), (1, 0.0)):
+            ch.put(rank, p.Kind.HEARTBEAT, step=step, value=0.01, payload={"comm_wait_s": wait})
+    tree.rank_killed(1)
+
+
+@pytest.mark.parametrize("exclude_after", [2, 0])
+def test_a_stragglers_node_is_excluded_at_the_next_restart(
+    tmp_path: Path, exclude_after: int
+) -> None:
+    """With exclude_stragglers, the node of the rank named a straggler is excluded when the
+    job restarts for another reason (a crash), with the straggler's reason; with exclusion
+    off (exclude_after = 0) it is named but not excluded."""
+    health = (
+        f"[health]\nenabled = false\nexclude_stragglers = true\nexclude_after = {exclude_after}\n"
+    )
+    rig = Rig(tmp_path, [rank1_straggles_then_dies, succeeds], extra=health)
+    rig.launches.usable_nodes = lambda: ("n0", "n1")  # type: ignore[method-assign]
+    assert rig.run() == ExitCode.OK
+    (named,) = rig.named("straggler_detected")
+    assert (named["rank"], named["node"], named["exclude_node"]) == (1, "n1", exclude_after > 0)
+    excluded = rig.named("node_excluded")
+    if exclude_after:
+        assert [(e["node"], "straggler" in e["reason"]) for e in excluded] == [("n1", True)]
+        assert "n1" in rig.launches.lost
+    else:
+        assert not excluded and not rig.launches.lost
