@@ -55,19 +55,25 @@ async def collect_stacks(
     stacks are in ``directory`` already, taken while the hang was being confirmed).
 
     A stopped rank is noted (``rank-NNNNN.stopped``: it is a culprit whatever its dump says) and
-    answers last: first the running ranks dump (they cannot progress while it is stopped), then
-    they are stopped in turn and the stopped ranks continued to answer, then stopped again. So no
-    rank finishes a step or commits a checkpoint after the hang was caught (the teardown
-    continues every rank it terminates). Files are polled, and the wait ends as soon as every
-    rank's file has grown and then stayed the same for a moment (a dump in progress is not read
-    half written). Returns the directory, or None when nothing was written.
+    answers last: first the running ranks dump (they cannot progress while it is stopped). With
+    py-spy, the stopped ranks' Python stacks are then read without continuing them; without it,
+    the running ranks are stopped in turn and the stopped ranks continued to answer, then
+    stopped again. So no rank finishes a step or commits a checkpoint after the hang was caught
+    (the teardown continues every rank it terminates) and, with py-spy, a stopped rank does not
+    even run (a single process, which no other rank waits for, would otherwise train on for the
+    moment its dump takes, and the next attempt's resume point race with it). Files are polled,
+    and the wait ends as soon as every rank's file has grown and then stayed the same for a
+    moment (a dump in progress is not read half written). Returns the directory, or None when
+    nothing was written.
     """
     stopped = {pid: rank for pid, rank in ranks.items() if proctree.is_stopped(pid)}
     running = {pid: rank for pid, rank in ranks.items() if pid not in stopped}
     for rank in stopped.values():
         _note_stopped(directory, rank)
     await _dump(running, directory, py_spy, native_taken)
-    if stopped:
+    if stopped and py_spy is not None:
+        await native.collect_stopped(stopped, directory, py_spy)
+    elif stopped:
         _signal_all(running, signal.SIGSTOP)
         await _dump(stopped, directory, py_spy, native_taken, continued=True)
         _signal_all(stopped, signal.SIGSTOP)
@@ -179,8 +185,9 @@ def _note_stopped(directory: Path, rank: int) -> None:
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / stopped_file(rank)).write_text(
-            "stopped by a signal (process state T) when the hang was caught; continued to dump, then"
-            " stopped again\n"
+            "stopped by a signal (process state T) when the hang was caught; its Python stacks "
+            "read by py-spy without continuing it (so no flight recorder of its own) or, without "
+            "py-spy, continued to dump, then stopped again\n"
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -28,14 +29,19 @@ from pathlib import Path
 from typing import Final
 
 from supervisor.process import proctree
+from worker_sdk.contract import protocol as p
 
 __all__ = [
     "LEAD_S",
     "NATIVE_WAIT_S",
     "RETAKE_AFTER_S",
+    "STOPPED_HEADER",
     "EarlyNative",
     "collect_native",
+    "collect_stopped",
     "dump_native",
+    "dump_stopped",
+    "faulthandler_text",
     "find_py_spy",
     "native_file",
 ]
@@ -97,10 +103,15 @@ def _no_stacks(timeout_s: float) -> str:
     return f"py-spy gave no stacks within {timeout_s:g} s\n"
 
 
-def _py_spy(py_spy: str, pid: int, deadline: float, *, native: bool) -> str | _Failed | None:
+def _py_spy(
+    py_spy: str, pid: int, deadline: float, *, native: bool, stopped: bool = False
+) -> str | _Failed | None:
     """One ``py-spy dump``: its stacks, how it failed, or None when it could not answer
-    before ``deadline`` (killed and reaped then)."""
-    argv = [py_spy, "dump", *(["--native"] if native else []), "--pid", str(pid)]
+    before ``deadline`` (killed and reaped then). ``stopped``: read without pausing the
+    process (a stopped one stays stopped; Python frames only), as JSON, rendered as
+    faulthandler prints stacks (:func:`faulthandler_text`)."""
+    flags = ["--nonblocking", "--json"] if stopped else ["--native"] if native else []
+    argv = [py_spy, "dump", *flags, "--pid", str(pid)]
     left = deadline - time.monotonic()
     if left <= 0:
         return None
@@ -112,13 +123,38 @@ def _py_spy(py_spy: str, pid: int, deadline: float, *, native: bool) -> str | _F
         return None
     except OSError as e:
         return _Failed(f"py-spy could not run: {e}\n")
-    if done.returncode == 0 and "\nThread " in done.stdout:
-        return done.stdout
     if done.returncode == 0:
+        if stopped:
+            text = faulthandler_text(done.stdout, pid)
+            if text is not None:
+                return text
+        elif "\nThread " in done.stdout:
+            return done.stdout
         return _Failed("py-spy answered without a thread's stack\n")
     # its message comes first; with RUST_BACKTRACE set, py-spy's own backtrace follows it
     error = (done.stderr or done.stdout).split("Stack backtrace:")[0].strip()[:_ERROR_HEAD]
     return _Failed(f"py-spy failed (exit {done.returncode}): {error}\n")
+
+
+def faulthandler_text(dump_json: str, pid: int) -> str | None:
+    """``py-spy dump --json``'s threads as :mod:`faulthandler` prints them (what the SDK's own
+    dumps look like, and what :mod:`supervisor.rules.culprits` reads): the main thread (its OS
+    thread id is the pid) as ``Current thread``, innermost frame first. None when it is not
+    such JSON."""
+    try:
+        threads = json.loads(dump_json)
+        blocks = []
+        for thread in sorted(threads, key=lambda t: t.get("os_thread_id") != pid):
+            head = "Current thread" if thread.get("os_thread_id") == pid else "Thread"
+            lines = [f"{head} 0x{int(thread['thread_id']):016x} (most recent call first):"]
+            lines += [
+                f'  File "{frame["filename"]}", line {int(frame["line"])} in {frame["name"]}'
+                for frame in thread["frames"]
+            ]
+            blocks.append("\n".join(lines))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return "\n\n".join(blocks) + "\n" if blocks else None
 
 
 async def collect_native(ranks: Mapping[int, int], directory: Path, py_spy: str) -> int:
@@ -127,6 +163,49 @@ async def collect_native(ranks: Mapping[int, int], directory: Path, py_spy: str)
     results = await asyncio.gather(
         *(
             asyncio.to_thread(dump_native, py_spy, pid, directory / native_file(rank))
+            for pid, rank in ranks.items()
+        )
+    )
+    return sum(results)
+
+
+STOPPED_HEADER: Final = (
+    "(Python stacks read by py-spy while the rank stayed stopped: it was never continued, so "
+    "it took no step after the hang was caught)\n"
+)
+
+
+def dump_stopped(py_spy: str, pid: int, stacks: Path, native_out: Path) -> bool:
+    """A stopped rank's Python stacks into ``stacks``, read without continuing it, and into
+    ``native_out`` why it has no native ones; True when py-spy answered with stacks. Blocking:
+    run it in a thread from async code."""
+    answer = _py_spy(py_spy, pid, time.monotonic() + NATIVE_WAIT_S, native=False, stopped=True)
+    text = answer if isinstance(answer, str) else None
+    with contextlib.suppress(OSError):
+        if text is not None:
+            stacks.write_text(STOPPED_HEADER + text)
+        why = answer.text if isinstance(answer, _Failed) else _no_stacks(NATIVE_WAIT_S)
+        native_out.write_text(
+            "no native stacks: the rank was stopped by a signal, and py-spy reads native stacks "
+            "only by pausing a running process (it was left stopped instead)\n"
+            + ("" if text is not None else why)
+        )
+    return text is not None
+
+
+async def collect_stopped(ranks: Mapping[int, int], directory: Path, py_spy: str) -> int:
+    """Every stopped rank's (pid -> rank) Python stacks into ``directory``, none continued
+    (:func:`dump_stopped`); how many py-spy answered for."""
+    directory.mkdir(parents=True, exist_ok=True)
+    results = await asyncio.gather(
+        *(
+            asyncio.to_thread(
+                dump_stopped,
+                py_spy,
+                pid,
+                directory / p.stacks_file(rank),
+                directory / native_file(rank),
+            )
             for pid, rank in ranks.items()
         )
     )

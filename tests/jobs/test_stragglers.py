@@ -75,16 +75,13 @@ def test_a_slowed_rank_is_named_within_60s(tmp_path: Path, kind: str) -> None:
     assert len(named(evs, "straggler_detected")) == 1 and named(evs, "job_succeeded")
 
 
+# Each timer normal (DDP's reducer, FSDP's wrapped collectives), and the judgment of a uniformly
+# slow job once (it reads waits, whichever timer measured them): FSDP1's timer is FSDP2's
+# wrappers (the slowed case above measures it), and a uniformly slow DDP job adds no path.
 @pytest.mark.parametrize(
     ("kind", "step_sleep"),
-    [("ddp", "0.05"), ("ddp", "0"), ("fsdp1", "0"), ("fsdp2", "0"), ("fsdp2", "0.05")],
-    ids=[
-        "ddp-uniformly-slow",
-        "ddp-normal",
-        "fsdp1-normal",
-        "fsdp2-normal",
-        "fsdp2-uniformly-slow",
-    ],
+    [("ddp", "0"), ("fsdp2", "0"), ("fsdp2", "0.05")],
+    ids=["ddp-normal", "fsdp2-normal", "fsdp2-uniformly-slow"],
 )
 def test_no_straggler_is_named(tmp_path: Path, kind: str, step_sleep: str) -> None:
     """Every rank sleeps 50 ms in each step's forward (a uniformly slow job), or none sleeps:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import psutil
 import pytest
 
 from supervisor.process import native, proctree
+from supervisor.rules import culprits
+from tests.helpers.harness import wait_for
 
 pytestmark = pytest.mark.process  # sleepers, and py-spy attached to them
 
@@ -123,6 +126,71 @@ def test_real_native_stacks_of_a_sleeping_process(tmp_path: Path) -> None:
         text = out.read_text()
         assert f"Process {child.pid}" in text and "Thread" in text, text
         assert "sleep" in text, text
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_py_spys_json_is_rendered_as_faulthandler_prints_it() -> None:
+    """The threads of ``py-spy dump --json`` become faulthandler's text, the main thread (its
+    OS thread id is the pid) first as ``Current thread``, innermost frame first, which the
+    culprit rules read; anything else is no stacks."""
+    dump = json.dumps(
+        [
+            {
+                "thread_id": 7,
+                "os_thread_id": 12,
+                "frames": [{"name": "run", "filename": "/w.py", "line": 3}],
+            },
+            {
+                "thread_id": 255,
+                "os_thread_id": 11,
+                "frames": [
+                    {"name": "f", "filename": "/t.py", "line": 3},
+                    {"name": "<module>", "filename": "/t.py", "line": 9},
+                ],
+            },
+        ]
+    )
+    text = native.faulthandler_text(dump, 11)
+    assert text == (
+        "Current thread 0x00000000000000ff (most recent call first):\n"
+        '  File "/t.py", line 3 in f\n'
+        '  File "/t.py", line 9 in <module>\n'
+        "\n"
+        "Thread 0x0000000000000007 (most recent call first):\n"
+        '  File "/w.py", line 3 in run\n'
+    )
+    assert [(f.file, f.line, f.func) for f in culprits.main_thread(text)] == [
+        ("/t.py", 3, "f"),
+        ("/t.py", 9, "<module>"),
+    ]
+    assert native.faulthandler_text("Error: no", 11) is None
+    assert native.faulthandler_text("[]", 11) is None
+    assert native.faulthandler_text('[{"frames": 3}]', 11) is None
+
+
+def test_a_stopped_process_is_read_and_stays_stopped(tmp_path: Path) -> None:
+    """With py-spy, a process stopped by SIGSTOP has its Python stacks read without being
+    continued: the file starts with the header that says so, its main thread's frames are
+    there, and the process is still stopped afterwards."""
+    py_spy = native.find_py_spy()
+    if py_spy is None:
+        pytest.skip("py-spy is not installed")
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\n\ndef waits():\n    time.sleep(60)\n\nwaits()\n")
+    child = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_for(lambda: proctree.is_stopped(child.pid), timeout=10, what="the child stopped")
+        stacks, why = tmp_path / "rank.stacks", tmp_path / "rank.native"
+        assert native.dump_stopped(py_spy, child.pid, stacks, why), why.read_text()
+        text = stacks.read_text()
+        assert text.startswith(native.STOPPED_HEADER), text
+        assert [f.func for f in culprits.main_thread(text)][:2] == ["waits", "<module>"], text
+        assert "stopped by a signal" in why.read_text()
+        assert proctree.is_stopped(child.pid)
     finally:
         child.kill()
         child.wait()

@@ -41,7 +41,9 @@ def _resumed_at(run: Run) -> int:
     return int(line.rsplit(" ", 1)[1])
 
 
-@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "ddp"])
+# FSDP1's state takes the same staging arena as FSDP2's sharded state (its asynchronous save is
+# resumed bit-identical in test_async_save.py); the tier adds nothing per parallelism
+@pytest.mark.parametrize("kind", ["fsdp2", "ddp"])
 def test_kill9_resumes_from_memory_bit_identical(
     tmp_path: Path, references: dict[str, Run], kind: str
 ) -> None:
