@@ -52,18 +52,18 @@ python310() {
   return 1
 }
 py310=$(python310) || py310=""
-if [ -n "$py310" ]; then
+# The torch-less Python 3.10 environment (made beside the static checks, below).
+setup_py310() {
   if [ ! -x "$VENV310/bin/python" ]; then
     "$py310" -m venv "$VENV310"
   fi
-  # no torch: the daemon never imports it; prometheus-client (pure Python) for the daemon's
-  # metrics; no matplotlib (the plot's tests skip here)
+  # no torch: the daemon never imports it; no matplotlib (the plot's tests skip here)
   "$VENV310/bin/pip" install -q -e '.[test,metrics]'
   if "$VENV310/bin/python" -c 'import torch' 2>/dev/null; then
     echo "tests/run.sh: $VENV310 has torch; it must not (remove the directory)" >&2
-    exit 1
+    return 1
   fi
-fi
+}
 
 PATH="$(cd "$VENV/bin" && pwd):$PATH"
 export PATH
@@ -95,11 +95,42 @@ two_phases() {
   return 0
 }
 
-ruff check .
-ruff format --check .
-vulture # dead code ([tool.vulture] in pyproject.toml)
-mypy
-mypy --python-version 3.10
+# The static checks side by side (mypy keeps a cache per Python version: the two runs do not
+# meet), with the Python 3.10 environment made meanwhile; each one's output is printed once all
+# have ended, in this order, and any failure ends the script.
+logs=$(mktemp -d)
+declare -A pid_of=()
+order=()
+beside() { # NAME COMMAND...
+  local name=$1
+  shift
+  "$@" >"$logs/${#order[@]}" 2>&1 &
+  pid_of[$name]=$!
+  order+=("$name")
+}
+beside "ruff check" ruff check .
+beside "ruff format" ruff format --check .
+beside vulture vulture # dead code ([tool.vulture] in pyproject.toml)
+beside "mypy" mypy
+beside "mypy --python-version 3.10" mypy --python-version 3.10
+if [ -n "$py310" ]; then
+  beside "the Python 3.10 environment ($VENV310)" setup_py310
+fi
+failed=()
+for i in "${!order[@]}"; do
+  name=${order[$i]}
+  status=0
+  wait "${pid_of[$name]}" || status=$?
+  cat "$logs/$i"
+  if [ "$status" != 0 ]; then
+    failed+=("$name (exit $status)")
+  fi
+done
+rm -rf "$logs"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'tests/run.sh: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
 if [ -n "$py310" ]; then
   echo "tests/run.sh: the fast selection on $("$VENV310/bin/python" -V) without torch ($VENV310)"
   two_phases "$VENV310/bin/python" -q -m "not process and not slurm"
