@@ -335,7 +335,9 @@ def test_thousands_of_connections_leave_the_job_training(
     slow.touch()
     job = write_job(
         job_dir,
-        env={"FINAL": str(final), "STEP_SLEEP": "0.2", "SLOW_WHILE": str(slow)},
+        # 1 s a step while the attacker connects: the 60 steps must outlast its 4,000
+        # connections on a loaded machine (at 0.2 s a step it once reached step 56 first)
+        env={"FINAL": str(final), "STEP_SLEEP": "1", "SLOW_WHILE": str(slow)},
         heartbeat='interval = "0.2s"\nstartup_timeout = "60s"\ntransport = "tcp"',
     )
     with job.open("a") as f:
@@ -363,6 +365,7 @@ def test_thousands_of_connections_leave_the_job_training(
 
             wait_for(opened, timeout=180, what="the attacker's connections")
             before = min(r["last_step"] for r in wait_progress(job, min_step=3)["ranks"])
+            assert before + 5 < 60, f"step {before} before the attacker was ready"
             later = wait_progress(job, min_step=before + 5, timeout=120)
             assert later["state"] == "running", later
             other = run_as(attacker, _status_of, str(job))

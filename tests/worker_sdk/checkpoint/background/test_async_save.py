@@ -189,7 +189,9 @@ def test_a_full_disk_fails_one_save_and_nothing_is_lost(
     failed = named(evs, "checkpoint_failed")
     assert failed, res.stderr
     assert {f["step"] for f in failed} == {29}, (failed, res.stderr[-3000:])
-    assert any("No space left" in f["reason"] for f in failed), failed
+    assert any("No space left" in f["reason"] for f in failed), [
+        (f["rank"], f["reason"]) for f in failed
+    ]
     committed = {c["step"] for c in named(evs, "checkpoint_committed")}
     assert 29 not in committed
     assert {19, 39, 59} <= committed
