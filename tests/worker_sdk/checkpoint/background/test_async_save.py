@@ -123,7 +123,19 @@ def test_under_rvsup_async_commits_are_recorded_and_a_stop_waits_for_the_save_in
     the synchronous reference."""
     final = tmp_path / "final.pt"
     # BALLAST_MB makes each background write take a while: the stop meets one in flight
-    job = _async_job(tmp_path, final, STEP_SLEEP="0.05", BALLAST_MB="48")
+    # and from step 22 a step takes 1 s until the resumed run: on a loaded machine the stop
+    # once came after the 60th step (exit 0)
+    slow = tmp_path / "slow"
+    slow.touch()
+    job = _async_job(
+        tmp_path,
+        final,
+        STEP_SLEEP="0.05",
+        BALLAST_MB="48",
+        TAIL_FROM="22",
+        TAIL_SLEEP="1",
+        SLOW_WHILE=str(slow),
+    )
     with running(job) as proc:
         wait_progress(job, min_step=21)
         res = rvsup("stop", str(job), timeout=60)
@@ -138,6 +150,7 @@ def test_under_rvsup_async_commits_are_recorded_and_a_stop_waits_for_the_save_in
     stop_step = named(evs, "job_stopped")[0]["step"]
     assert [c["mode"] for c in commits if c["step"] == stop_step] == ["sync"]
     assert max(c["step"] for c in commits) == stop_step
+    slow.unlink()
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stderr
     assert named(events(tmp_path / "run"), "attempt_started")[-1]["resume_step"] == stop_step + 1
