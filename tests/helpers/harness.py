@@ -16,6 +16,8 @@ from typing import Any, AnyStr
 
 import psutil
 
+from supervisor.config.load import load_config
+from supervisor.service import control
 from tests.helpers.jobs import write_job_file
 
 TRAINER = Path(__file__).with_name("trainer.py")
@@ -138,11 +140,13 @@ def wait_for(
 
 
 def status(job: Path) -> dict[str, Any] | None:
-    res = rvsup("status", str(job), "--json", timeout=20)
-    if res.returncode != 0:
+    """The daemon's answer that ``rvsup status JOB --json`` prints (None while no daemon
+    answers), asked from this process: a poll starts no interpreter, so a test waiting on its
+    job's progress takes no CPU from the job (test_cli.py runs the command itself)."""
+    try:
+        return control.request(load_config(job).job.run_dir, "status", timeout_s=20)
+    except (control.NotRunningError, OSError, ValueError):
         return None
-    answer: dict[str, Any] = json.loads(res.stdout)
-    return answer
 
 
 def dropped_since(before: dict[str, int], now: dict[str, Any]) -> collections.Counter[str]:

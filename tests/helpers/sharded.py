@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.helpers.fixtures import built_once
 from tests.helpers.harness import reaped
 
 __all__ = ["References", "Run", "torchrun"]
@@ -95,13 +98,23 @@ def _failure_text(returncode: int, output: str) -> str:
 
 
 class References(dict[str, Run]):
-    """Uninterrupted 16-step runs by parallelism, each run when first asked for."""
+    """Uninterrupted 16-step runs by parallelism, each run when first asked for, once for the
+    whole test run (every pytest-xdist worker reads the same one: see built_once)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
         super().__init__()
-        self.tmp = tmp
+        self.factory = factory
 
     def __missing__(self, kind: str) -> Run:
-        run = torchrun(self.tmp, kind, kind=kind)
+        def build(tmp: Path) -> Path:
+            run = torchrun(tmp, kind, kind=kind)
+            (tmp / OUTPUT).write_text(run.output)
+            return run.out
+
+        out = built_once(self.factory, f"reference-sharded-{kind}", build)
+        run = Run(out, (out.parent / OUTPUT).read_text(), world=2)
         self[kind] = run
         return run
+
+
+OUTPUT = "output.txt"  # beside a reference run's state: what torchrun printed

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from tests.helpers.harness import TRAINER, events, rvsup
+from tests.helpers.harness import TRAINER, events, status
 from tests.helpers.jobs import write_job_file
 from tests.slurm.cluster import PAIR, SlurmCluster
 
@@ -67,12 +67,9 @@ class TrainerJob:
         return [e for e in self.events() if e["event"] == event]
 
     def status(self) -> dict[str, Any] | None:
-        """``rvsup status --json`` run here; None while no daemon answers."""
-        done = rvsup("status", str(self.job_toml), "--json", timeout=20)
-        if done.returncode != 0:
-            return None
-        answer: dict[str, Any] = json.loads(done.stdout)
-        return answer
+        """What ``rvsup status --json`` prints, asked from here (harness.status); None while no
+        daemon answers."""
+        return status(self.job_toml)
 
     def output_text(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""

@@ -10,5 +10,6 @@ from tests.helpers.sharded import References, Run
 @pytest.fixture(scope="session")
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Uninterrupted 16-step runs, one per parallelism, computed when first needed and shared
-    by the sync and the async checkpoint tests (each kind run once: the tests only read them)."""
-    return References(tmp_path_factory.mktemp("reference"))
+    by the sync and the async checkpoint tests (each kind run once in the whole test run: the
+    tests only read them)."""
+    return References(tmp_path_factory)

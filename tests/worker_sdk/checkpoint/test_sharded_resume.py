@@ -32,7 +32,9 @@ def no_process_left_behind() -> Iterator[None]:
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
 
 
-@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "ddp"])
+# DDP only: for FSDP1 and FSDP2 the kill inside the sharded write (below) takes this path and more
+# (rank 1 killed, both ranks resumed from step 7's checkpoint, bit-identical)
+@pytest.mark.parametrize("kind", ["ddp"])
 def test_kill9_of_a_rank_resumes_bit_identical(
     tmp_path: Path, references: dict[str, Run], kind: str
 ) -> None:

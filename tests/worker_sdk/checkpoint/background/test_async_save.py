@@ -47,7 +47,9 @@ def _manifest_modes(ckpt: Path) -> set[str | None]:
     return {info.mode for info in valid}
 
 
-@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "ddp"])
+# FSDP1 only: FSDP2's and DDP's asynchronous saves are killed, resumed and compared bit for bit
+# by the kill -9 cases below (the same path, a save in flight at the kill)
+@pytest.mark.parametrize("kind", ["fsdp1"])
 def test_async_saves_resume_bit_identical_to_an_uninterrupted_sync_run(
     tmp_path: Path, references: dict[str, Run], kind: str
 ) -> None:
@@ -93,6 +95,7 @@ def test_kill9_in_each_phase_of_an_async_save_never_loads_it(
     )
     assert "exitcode: -9" in killed.output
     assert not (ckpt / committed_name(11)).exists()
+    assert _manifest_modes(ckpt) == {"async"}
     [torn] = [p for p in ckpt.iterdir() if p.name.startswith(".tmp-step-0000000011-")]
     if fault.startswith("killrename"):
         assert (torn / layout.MANIFEST).exists(), "the kill came after the manifest"
