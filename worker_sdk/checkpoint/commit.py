@@ -14,14 +14,14 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final, cast
 
 import torch
 
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import MANIFEST, SHARED, CheckpointInfo, rank_file
 
-__all__ = ["commit", "write_bytes_durable", "write_durable"]
+__all__ = ["commit", "save_into", "write_bytes_durable", "write_durable"]
 
 _CREATE: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW  # files are 0600
 
@@ -106,10 +106,42 @@ def write_durable(path: Path, payload: Any) -> None:
     with contextlib.suppress(FileNotFoundError):
         partial.unlink()
     with os.fdopen(os.open(partial, _CREATE, 0o600), "wb") as f:
-        torch.save(payload, f)
+        save_into(f, payload)
         f.flush()
         os.fsync(f.fileno())
     os.replace(partial, path)
+
+
+def save_into(f: BinaryIO, payload: Any) -> None:
+    """``torch.save(payload, f)``, raising the ``OSError`` a write into ``f`` met (a full disk:
+    ENOSPC, with its errno) where torch would raise its own error for it, which names neither
+    the cause nor the errno (``[enforce fail at inline_container.cc] unexpected pos ...``): the
+    failed save's reason says the disk is full, and the memory tier pauses on it."""
+    writes = _Writes(f)
+    try:
+        torch.save(payload, cast(BinaryIO, writes))  # torch calls its write and flush only
+    except RuntimeError as e:
+        if writes.error is not None:
+            raise writes.error from e
+        raise
+
+
+class _Writes:
+    """The file torch.save writes through: ``f``, keeping the first OSError of its writes."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
 
 
 def write_bytes_durable(path: Path, data: bytes) -> None:

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from worker_sdk.checkpoint import dcp as _dcp
+from worker_sdk.checkpoint.commit import save_into
 from worker_sdk.contract import layout
 
 from . import arena as _arena
@@ -138,7 +139,7 @@ def write_items(
                 f.write(item.data)
             else:
                 assert item.tensor is not None
-                torch.save(arena.view(item.tensor), f)
+                save_into(f, arena.view(item.tensor))
             where.append((item.index, _StorageInfo(name, offset, f.tell() - offset)))
         f.flush()
         os.fsync(f.fileno())
