@@ -19,7 +19,9 @@ WARNING = re.compile(r"^[WE]\d{4} \d\d:\d\d:\d\d|Warning\b", re.MULTILINE)
 def test_the_toy_example_meets_a_crash_recovers_and_prints_no_warning(tmp_path: Path) -> None:
     """The example job as README runs it (its job.toml, with its folders moved here): rank 1 is
     killed at step 120, rvsup restarts both ranks from the step-99 checkpoint, the job ends at
-    step 299 with nothing lost beyond the steps since that checkpoint, the history says so, and
+    step 299 with nothing lost beyond the steps since that checkpoint, the history says so (the
+    failure at step 119 exactly, though heartbeats go out once a second and steps take
+    milliseconds: the ranks' step slots, read on the node, say it), and
     nothing around the run is a warning of torch's or Python's (torchrun's shutdown notices at
     teardown included)."""
     text = (EXAMPLE / "job.toml").read_text()

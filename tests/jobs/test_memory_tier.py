@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.helpers import memory_cgroup
-from tests.helpers.harness import events, named, running, rvsup, status, wait_for, write_job
+from tests.helpers.harness import events, named, running, rvsup, wait_for, write_job
 from tests.helpers.jobs import snapshot_dir
 from tests.helpers.states import assert_same_state, load_final
 from worker_sdk.contract import layout
@@ -34,18 +34,20 @@ def _shm(tmp_path: Path) -> Path:
     return shm
 
 
-def _job(tmp_path: Path, shm: Path) -> tuple[Path, Path, Callable[[], Path | None]]:
-    """The trainer's job with the memory tier in ``shm`` (made here, sticky as /dev/shm), and
-    how to find its snapshot directory once the daemon made it; in attempt 1 a declared phase
-    of 20 s at step 3 gives the snapshot writers time to start (they import torch) on a loaded
-    machine."""
+def _job(tmp_path: Path, shm: Path) -> tuple[Path, Path, Callable[[], Path | None], Path]:
+    """The trainer's job with the memory tier in ``shm`` (made here, sticky as /dev/shm), how
+    to find its snapshot directory once the daemon made it, and the file whose removal lets the
+    ranks run at full speed (until then 0.3 s a step: a test aims at a snapshot, or waits for
+    the tier's event, before the job ends, however loaded the machine)."""
     final = tmp_path / "final.pt"
+    slow = tmp_path / "slow"
+    slow.touch()
     job = write_job(
         tmp_path,
-        env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "phase:*:3:1", "PHASE_S": "20"},
+        env={"FINAL": str(final), "STEP_SLEEP": "0.3", "SLOW_WHILE": str(slow)},
         checkpoint=_CHECKPOINT.format(shm=shm),
     )
-    return job, final, lambda: snapshot_dir(job)
+    return job, final, lambda: snapshot_dir(job), slow
 
 
 def _assert_removed(job: Path) -> None:
@@ -62,26 +64,32 @@ def _newest_snapshot(directory: Path | None, lowest: int) -> int | None:
     return info.step if info is not None and info.step >= lowest else None
 
 
-def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final: Path) -> None:
-    """SIGKILL of rank 1 once a snapshot of step 5 or later is complete: the next attempt
-    resumes from memory (attempt_started and checkpoint_loaded say so), redoes fewer steps than
-    storage (none saved yet: all of them), ends bit-identical, and the job's end removes the
-    snapshots; the history shows the steps lost next to the source."""
-    job, final, shm_dir = _job(tmp_path, _shm(tmp_path))
-    with running(job) as proc:
-        wait_for(lambda: _newest_snapshot(shm_dir(), 5), timeout=240, what="a snapshot")
-        st = status(job)
-        assert st is not None
-        victim = next(r for r in st["ranks"] if r["rank"] == 1)
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 0, out
+def test_snapshots_start_at_once_with_a_writer_forked_beside_each_rank(
+    tmp_path: Path, reference_final: Path
+) -> None:
+    """The ranks are forked from the zygote, and so is each rank's snapshot writer, with torch
+    imported: no wait for a writer to start, so a kill -9 of rank 1 after step 8, 0.8 s into
+    the job, resumes from a snapshot of step 1 or later (a writer the rank starts itself,
+    importing torch, takes longer than that here), bit-identically. The next attempt says it
+    resumes from memory (attempt_started and checkpoint_loaded), redoes fewer steps than storage
+    (none saved yet: all of them), the job's end removes the snapshots, and the history shows
+    the steps lost next to the source."""
+    final = tmp_path / "final.pt"
+    job = write_job(
+        tmp_path,
+        env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "kill:1:8:1"},
+        checkpoint=_CHECKPOINT.format(shm=_shm(tmp_path)),
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
     evs = events(tmp_path / "run")
+    assert not named(evs, "cold_start"), "the ranks were to be forked from the zygote"
     (failure,) = named(evs, "failure_detected")
     first, second = named(evs, "attempt_started")
     assert first["source"] is None
-    assert second["source"] == "memory" and second["resume_step"] >= 6
-    assert second["checkpoint"].startswith(str(shm_dir()))
+    assert second["source"] == "memory" and 2 <= second["resume_step"] <= 9, second
+    directory = snapshot_dir(job)
+    assert directory is not None and second["checkpoint"].startswith(str(directory))
     loaded = named(evs, "checkpoint_loaded")[-1]
     assert (loaded["source"], loaded["resume_step"]) == ("memory", second["resume_step"])
     redone = failure["last_step"] - (second["resume_step"] - 1)
@@ -93,28 +101,6 @@ def test_kill9_resumes_from_memory_bit_identical(tmp_path: Path, reference_final
     _assert_removed(job)
     table = rvsup("history", str(job)).stdout
     assert f"{redone} (memory)" in table
-
-
-def test_snapshots_start_at_once_with_a_writer_forked_beside_each_rank(
-    tmp_path: Path, reference_final: Path
-) -> None:
-    """The ranks are forked from the zygote, and so is each rank's snapshot writer, with torch
-    imported: no wait for a writer to start, so a kill -9 of rank 1 after step 8, 0.8 s into
-    the job, resumes from a snapshot of step 1 or later (a writer the rank starts itself,
-    importing torch, takes longer than that here), bit-identically."""
-    final = tmp_path / "final.pt"
-    job = write_job(
-        tmp_path,
-        env={"FINAL": str(final), "STEP_SLEEP": "0.1", "FAULT": "kill:1:8:1"},
-        checkpoint=_CHECKPOINT.format(shm=_shm(tmp_path)),
-    )
-    res = rvsup("start", str(job), timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    evs = events(tmp_path / "run")
-    assert not named(evs, "cold_start"), "the ranks were to be forked from the zygote"
-    second = named(evs, "attempt_started")[1]
-    assert second["source"] == "memory" and 2 <= second["resume_step"] <= 9, second
-    assert_same_state(load_final(reference_final), load_final(final))
 
 
 @pytest.fixture
@@ -136,9 +122,16 @@ def test_a_full_tmpfs_turns_the_tier_off_and_the_job_finishes(
 ) -> None:
     """memory_dir on a tmpfs too small for a snapshot: a memory_tier_off event (no space), the
     storage checkpoints go on, the job succeeds bit-identical."""
-    job, final, _ = _job(tmp_path, tiny_tmpfs)
-    res = rvsup("start", str(job), timeout=240)
-    assert res.returncode == 0, res.stderr
+    job, final, _, slow = _job(tmp_path, tiny_tmpfs)
+    with running(job) as proc:
+        wait_for(
+            lambda: named(events(tmp_path / "run"), "memory_tier_off"),
+            timeout=240,
+            what="memory_tier_off",
+        )
+        slow.unlink()
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
     evs = events(tmp_path / "run")
     (off,) = named(evs, "memory_tier_off")
     assert "space" in off["reason"].lower(), off
@@ -153,13 +146,14 @@ def test_a_killed_daemons_snapshots_are_used_by_the_next_start(
 ) -> None:
     """SIGKILL of the daemon once a snapshot of step 5 or later is complete (its ranks die with
     it): the snapshots stay, and the next rvsup start resumes from the newest, bit-identical."""
-    job, final, shm_dir = _job(tmp_path, _shm(tmp_path))
+    job, final, shm_dir, slow = _job(tmp_path, _shm(tmp_path))
     with running(job) as proc:
         wait_for(lambda: _newest_snapshot(shm_dir(), 5), timeout=240, what="a snapshot")
         tree = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
         psutil.wait_procs(tree, timeout=30)
+    slow.unlink()
     newest = _newest_snapshot(shm_dir(), 5)
     assert newest is not None
     res = rvsup("start", str(job), timeout=180)

@@ -7,7 +7,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -94,12 +93,18 @@ def test_prometheus_sees_the_restarts_the_history_records(tmp_path: Path) -> Non
         wait_for(ready, timeout=60, what="prometheus ready", interval=0.2)
         res = rvsup("start", str(job), timeout=300)
         assert res.returncode == 0, res.stderr
-        time.sleep(1.5)  # the last samples are in
         evs = events(tmp_path / "run")
         restarts = len(named(evs, "restart_scheduled"))
         crashes = [f for f in named(evs, "failure_detected") if f["kind"] == "crash"]
         assert (restarts, len(crashes)) == (2, 2)
         window = "[10m]"
+        # the scrape of the third attempt, queryable once Prometheus has stored it
+        wait_for(
+            lambda: value(base, f"max_over_time(rvsup_attempt{window})") == 3,
+            timeout=30,
+            what="the third attempt's samples in Prometheus",
+            interval=0.2,
+        )
         assert value(base, f"max_over_time(rvsup_restarts_total{window})") == restarts
         crashed = f'max_over_time(rvsup_failures_total{{kind="crash"}}{window})'
         assert value(base, crashed) == len(crashes)

@@ -93,6 +93,7 @@ def test_sigterm_stops_at_a_common_step_the_script_checkpoints_and_nothing_is_re
         "external",
         f"own/own-{at:06d}.pt",
     )
+    own_job(tmp_path)  # the same job, its steps at full speed
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     evs = events(tmp_path / "run")

@@ -100,6 +100,7 @@ def test_sigterm_stops_a_single_process_job_with_a_checkpoint_and_it_resumes(
     evs = events(tmp_path / "runs" / "single-process")
     (stopped,) = named(evs, "job_stopped")
     assert stopped["reason"] == "preempted" and stopped["step"] >= 25
+    single_job(tmp_path)  # the same job, its steps at full speed
     res = rvsup("start", str(job), timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     evs = events(tmp_path / "runs" / "single-process")

@@ -22,17 +22,17 @@ from tests.helpers.harness import (
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
 
-def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int]]:
+def _restart_launcher(job: Path, daemon: int) -> tuple[psutil.Process, set[int], int]:
     """Kill rank 1 at step >= 15, wait for the next attempt past step 32; return that attempt's
-    torchrun (the parent of its rank 0) and the daemon's descendants alive just before the kill
-    (process start times from psutil are too coarse to compare with the clock)."""
+    torchrun (the parent of its rank 0), the daemon's descendants alive just before the kill
+    (process start times from psutil are too coarse to compare with the clock) and its rank 0."""
     st = wait_progress(job, min_step=15)
     victim = next(r for r in st["ranks"] if r["rank"] == 1)
     before = {p.pid for p in psutil.Process(daemon).children(recursive=True)}
     os.kill(victim["pid"], signal.SIGKILL)
     st = wait_progress(job, min_step=32)
     rank0 = next(r for r in st["ranks"] if r["rank"] == 0)["pid"]
-    return launcher_of_ranks(daemon, rank0), before
+    return launcher_of_ranks(daemon, rank0), before, rank0
 
 
 @pytest.mark.parametrize("zygote", [True, False])
@@ -40,14 +40,18 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
     """After a crash the next attempt's torchrun is the standby: a process started before the
     crash (while attempt 1 ran), running worker_sdk.spawn.standby, forked from the zygote (which
     imported torchrun) when there is one; the job completes, and the standby prepared during
-    attempt 2 is gone when rvsup ends (the suite checks no process is left)."""
+    attempt 2 is gone when rvsup ends (the suite checks no process is left). With ``zygote =
+    false`` no launcher is given ``--zygote`` and each rank is its launcher's child (the
+    bootstrap exec'd the script)."""
     launch = f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {str(zygote).lower()}'
     # slower from step 33: the status that shows step 32 comes before the job's end on a
-    # loaded machine
-    env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "33", "TAIL_SLEEP": "0.2"}
+    # loaded machine; at full speed once the checks are done
+    slow = tmp_path / "slow"
+    slow.touch()
+    env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "33", "TAIL_SLEEP": "0.2", "SLOW_WHILE": str(slow)}
     job = write_job(tmp_path, env=env, launch=launch)
     with running(job) as proc:
-        launcher, before = _restart_launcher(job, proc.pid)
+        launcher, before, rank0 = _restart_launcher(job, proc.pid)
         assert launcher.pid in before
         parent = launcher.parent()
         assert parent is not None
@@ -59,9 +63,13 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
         else:
             assert "worker_sdk.spawn.standby" in " ".join(launcher.cmdline())
             assert parent.pid == proc.pid  # the bootstrap exec'd into it
+            assert psutil.Process(rank0).ppid() == launcher.pid  # a cold rank
+        slow.unlink()
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     evs = events(tmp_path / "run")
+    launchers = [a["launcher"] for a in named(evs, "attempt_started")]
+    assert zygote or not any("--zygote" in argv for argv in launchers), launchers
     assert [f["kind"] for f in named(evs, "failure_detected")] == ["crash"]
     assert named(evs, "job_succeeded")
 
@@ -74,7 +82,7 @@ def test_without_warm_standby_each_attempt_starts_its_launcher(tmp_path: Path) -
         launch='term_timeout = "3s"\nstop_timeout = "30s"\nwarm_standby = false',
     )
     with running(job) as proc:
-        launcher, before = _restart_launcher(job, proc.pid)
+        launcher, before, _ = _restart_launcher(job, proc.pid)
         assert launcher.pid not in before
         assert "worker_sdk.spawn.standby" not in " ".join(launcher.cmdline())
         out, _ = proc.communicate(timeout=180)
