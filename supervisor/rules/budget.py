@@ -51,7 +51,7 @@ from supervisor.rules.observation import FailureKind
 __all__ = ["Budget", "Signature", "budget_of", "fold", "signature"]
 
 Signature: TypeAlias = tuple[str, tuple[int, ...], int | None]
-"""``(kind, ranks, last_step)``, as :func:`supervisor.rules.failures.deterministic_signature`."""
+"""``(kind, first rank, last_step)``, as :func:`supervisor.rules.failures.deterministic_signature`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +93,9 @@ class Budget:
 
 
 def signature(event: FailureDetected) -> Signature:
-    """The failure's ``(kind, ranks, last_step)``: equal for two that look like the same bug."""
-    return (event.kind, event.ranks, event.last_step)
+    """The failure's ``(kind, first rank, last_step)``: equal for two that look like the same
+    bug (as :func:`supervisor.rules.failures.deterministic_signature`)."""
+    return (event.kind, event.ranks[:1], event.last_step)
 
 
 def fold(budget: Budget, event: Event) -> Budget:

@@ -74,8 +74,10 @@ _USAGE_MESSAGE_CHARS: Final = 400  # it says what to change: keep all of it
 
 
 def deterministic_signature(f: Failure) -> tuple[str, tuple[int, ...], int | None]:
-    """``(kind, ranks, last_step)``: equal for two failures that look like the same bug."""
-    return (str(f.kind), f.ranks, f.last_step)
+    """``(kind, first rank, last_step)``: equal for two failures that look like the same bug.
+    Only the first rank (the one the failure is about, whom :func:`deterministic_text` names):
+    the peers that died of the broken connection after it are seen, or not, by timing."""
+    return (str(f.kind), f.ranks[:1], f.last_step)
 
 
 def classify(obs: Observation) -> Failure:
