@@ -4,7 +4,12 @@ the training guides write it, a DataLoader per epoch made again after resume(), 
 from __future__ import annotations
 
 import importlib.util
+import pickle
+import subprocess
+import sys
+import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import worker_sdk
+from tests.helpers.harness import REPO
 from tests.helpers.states import assert_same_state
 
 EPOCHS = 3
@@ -103,6 +109,42 @@ def epoch_script(
     return run
 
 
+def in_a_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` run in a Python process of its own, its warnings raised again here. For
+    the scripts whose DataLoader forks worker processes: as a user's script does, they fork
+    from a process of one script, not from a pytest worker with threads (and state) of its own,
+    where such a fork once hung in multiprocessing's fd sharing."""
+    with tempfile.TemporaryDirectory() as scratch:
+        call, answer = Path(scratch, "call"), Path(scratch, "answer")
+        call.write_bytes(pickle.dumps((fn, args)))
+        code = f"from {__name__} import answer_call; answer_call({str(call)!r}, {str(answer)!r})"
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        result, caught = pickle.loads(answer.read_bytes())  # written just now, by the call above
+    for category, message in caught:
+        warnings.warn(message, category, stacklevel=2)
+    return result
+
+
+def answer_call(call: str, answer: str) -> None:
+    """In the fresh process: the call read from ``call``, its result and warnings written to
+    ``answer``."""
+    fn, args = pickle.loads(Path(call).read_bytes())  # the test's own file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    found = [(w.category, str(w.message)) for w in caught]
+    Path(answer).write_bytes(pickle.dumps((result, found)))
+
+
+def killed_then_resumed(ckpt: Path, loader_kind: str) -> Run:
+    """The epoch script killed before step 17, then resumed to its end."""
+    epoch_script(ckpt, loader_kind=loader_kind, kill_before=17)
+    return epoch_script(ckpt, loader_kind=loader_kind)
+
+
 def resumed(
     tmp_path: Path, loader_kind: str, kill_before: int, every: int = EVERY
 ) -> tuple[Run, Run]:
@@ -177,9 +219,8 @@ def test_worker_processes_seeded_from_the_global_rng_are_named(tmp_path: Path) -
     """A DataLoader with worker processes and no generator, resumed mid-epoch: the workers'
     seeds come from the global RNG when the iterator is made again, so random draws in them
     would differ; the first step() says so, and what to change."""
-    epoch_script(tmp_path / "ckpt", loader_kind="workers", kill_before=17)
     with pytest.warns(RuntimeWarning, match=r"worker processes seeded from the global RNG"):
-        epoch_script(tmp_path / "ckpt", loader_kind="workers")
+        in_a_fresh_process(killed_then_resumed, tmp_path / "ckpt", "workers")
 
 
 @STATEFUL
@@ -191,6 +232,6 @@ def test_stateful_dataloader_with_workers_resumes_bit_exactly(
     """torchdata's StatefulDataLoader with 2 worker processes, given to resume(): killed mid-epoch,
     or after a checkpoint at an epoch's last batch, the resumed run continues where the
     checkpoint left the loader and ends bit-identical to the uninterrupted run."""
-    reference, run = resumed(tmp_path, "stateful", kill_before, every)
+    reference, run = in_a_fresh_process(resumed, tmp_path, "stateful", kill_before, every)
     assert run.final is not None and reference.final is not None
     assert_same_state(reference.final, run.final)
