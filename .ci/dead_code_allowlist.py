@@ -36,3 +36,4 @@ _.exitstatus
 _slot_map  # worker_sdk/runtime/runtime.py: held, the step slot is a view of its mapping
 local_tz  # a fixture the tests ask for by name (tests/supervisor/record/test_history.py)
 spin  # tests/helpers/trainer.py: the busy loop's counter
+answer_call  # run by name in a fresh interpreter (tests/worker_sdk/runtime/test_epoch_resume.py)

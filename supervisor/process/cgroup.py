@@ -2,13 +2,15 @@
 
 At start-up the daemon makes a group of its own under the cgroup v2 group it runs in
 (``rvsup-PID``; found through ``worker_sdk.spawn.cgroup``, wherever the hierarchy is mounted) and
-proves it may move processes there (it moves itself in and back). Every launcher then joins a
-fresh child group before it runs anything (the bootstrap's ``--cgroup``): ``attempt-N`` for
-attempt N (the warm standby waits in ``standby-N``, and is moved into the attempt's group before
-it is given the attempt's command line), ``zygote`` for the zygote. Whatever the processes in a group
-start is in it too, whatever session, process group or parent they end up with, and a rank
-forked from the zygote moves itself into its client's group before any of its code runs. The
-teardown signals every member and ends with ``cgroup.kill``; the group is removed once empty.
+proves it may place processes there (it places itself in and back). Every process is placed by
+the one that starts it, before it runs anything, and never moved again (the rule of
+``worker_sdk.spawn.cgroup``): the daemon places each launcher into a fresh child group (the
+bootstrap's ``--cgroup`` waits for it): ``attempt-N`` for attempt N (the warm standby, started
+while attempt N-1 runs, is placed in ``attempt-N`` at once and waits there), ``zygote`` for the
+zygote; the zygote places each rank it forks into its client's group before the rank's code
+runs. Whatever the processes in a group start is in it too, whatever session, process group or
+parent they end up with. The teardown signals every member and ends with ``cgroup.kill``; the
+group is removed once empty.
 
 A daemon killed with SIGKILL leaves its groups behind: the next ``rvsup start`` on the host
 ends what is still in them and removes them (:meth:`JobGroups.stale`).
@@ -43,7 +45,6 @@ class JobGroups:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._standbys = 0
 
     @property
     def mechanism(self) -> str:
@@ -61,11 +62,11 @@ class JobGroups:
         except OSError as exc:
             return f"cannot create a cgroup under {own}: {exc.strerror or exc}"
         try:
-            _cgroup.join(str(root))  # may we move processes here, and back?
-            _cgroup.join(own)
+            _cgroup.place(os.getpid(), str(root))  # may we place processes here, and back?
+            _cgroup.place(os.getpid(), own)
         except OSError as exc:
             with contextlib.suppress(OSError):
-                _cgroup.join(own)
+                _cgroup.place(os.getpid(), own)
             with contextlib.suppress(OSError):
                 root.rmdir()
             return f"cannot move processes into {root}: {exc.strerror or exc}"
@@ -74,13 +75,6 @@ class JobGroups:
     def attempt(self, number: int) -> str:
         """The (not yet made) directory of attempt ``number``'s group."""
         return str(self.root / f"attempt-{number}")
-
-    def standby(self) -> str:
-        """A new group for a warm standby, made."""
-        self._standbys += 1
-        path = self.root / f"standby-{self._standbys}"
-        path.mkdir(exist_ok=True)
-        return str(path)
 
     def zygote(self) -> str:
         """The zygote's group, made."""

@@ -16,16 +16,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from supervisor.config.torchrun import Torchrun
 from supervisor.process.launch_plan import LaunchPlan, as_torchrun, build_plan
-from worker_sdk.spawn.cgroup import Group
+from worker_sdk.spawn.cgroup import Group, place
 
 __all__ = [
     "LaunchPlan",
     "Standby",
+    "bootstrap",
     "build_plan",
     "spawn",
     "spawn_module_file",
@@ -55,17 +56,54 @@ def _bootstrapped(
     env: Mapping[str, str] | None = None,
     cgroup: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``argv`` run through the bootstrap in a session of its own (and the cgroup ``cgroup``,
-    which it joins before anything else), with ``plan``'s cwd and env (or ``env``)."""
-    into = ["--cgroup", cgroup] if cgroup is not None else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "worker_sdk.spawn.bootstrap", *into, *argv],
-        env=dict(plan.env if env is None else env),
-        cwd=plan.cwd,
-        stdin=stdin,
-        start_new_session=True,
-        close_fds=True,
-    )
+    """``argv`` run through the bootstrap with ``plan``'s cwd and env (or ``env``)."""
+    env = plan.env if env is None else env
+    return bootstrap(argv, env=env, cwd=plan.cwd, stdin=stdin, cgroup=cgroup)
+
+
+def bootstrap(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: int,
+    stdout: int | None = None,
+    cgroup: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """``argv`` run through ``worker_sdk.spawn.bootstrap`` in a session of its own; with
+    ``cgroup``, placed into that group before it runs anything (the bootstrap waits for it, and
+    exits 126 when it is not there)."""
+    command = [sys.executable, "-m", "worker_sdk.spawn.bootstrap"]
+    held = release = None
+    if cgroup is not None:
+        held, release = os.pipe()
+        command += ["--cgroup", cgroup, str(held)]
+    try:
+        proc = subprocess.Popen(
+            [*command, *argv],
+            env=dict(env),
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=() if held is None else (held,),
+        )
+    except BaseException:
+        if release is not None:
+            os.close(release)
+        raise
+    finally:
+        if held is not None:
+            os.close(held)
+    if cgroup is not None and release is not None:
+        try:
+            place(proc.pid, cgroup)
+        except OSError as exc:  # it says where it is instead, and exits 126
+            print(f"rvsup: cannot place process {proc.pid} in {cgroup}: {exc}", file=sys.stderr)
+        finally:
+            os.close(release)
+    return proc
 
 
 def spawn_module_file(name: str) -> str:
@@ -106,10 +144,10 @@ class Standby:
     otherwise starts a fresh launcher like :func:`spawn`. Only the daemon's main thread may call
     these (the parent-death signal is tied to the thread that forked).
 
-    With cgroups the standby waits in a group of its own (``cgroup`` of :meth:`prepare`), and
-    its processes are moved into the attempt's group before it is given the attempt's command
-    line: it and everything it starts are the attempt's, and nothing of the attempt ran before.
-    A standby that has not joined its group yet is not used (dismissed; a fresh launcher runs).
+    With cgroups the standby is placed, when it is started, into the group of the attempt it
+    is for (``cgroup`` of :meth:`prepare`: the next one's), and stays there: it and everything it
+    starts are that attempt's, and nothing of the attempt ran before. It is used only by the
+    attempt whose group it is in (any other dismisses it, and its group is ended).
     """
 
     def __init__(self, torchrun: Torchrun | str) -> None:
@@ -123,13 +161,13 @@ class Standby:
         *,
         zygote: str | None = None,
         env: Mapping[str, str] | None = None,
-        cgroup: Callable[[], str] | None = None,
+        cgroup: str | None = None,
     ) -> None:
         """Start a standby for attempts like ``plan`` unless one is waiting already: forked
         from the zygote ``zygote`` (ready in milliseconds, and no import competes with the
         training for the CPU) with ``env`` as its environment (the zygote's, where imports
         care; its torchrun gets the next attempt's), else started cold. A zygote that refuses
-        leaves it cold too. ``cgroup`` makes the group it waits in."""
+        leaves it cold too. ``cgroup``: the group of the attempt it is for, made here."""
         python = self.torchrun.python
         if python is None or plan.alloc is not None:
             return
@@ -138,7 +176,9 @@ class Standby:
         argv = standby_argv(python)
         if zygote is not None:
             argv = ("--zygote", zygote, python, _standby_script())
-        self._cgroup = cgroup() if cgroup is not None and plan.cgroup is not None else None
+        self._cgroup = cgroup if plan.cgroup is not None else None
+        if self._cgroup is not None:
+            os.makedirs(self._cgroup, exist_ok=True)
         self._proc = _bootstrapped(argv, plan, stdin=subprocess.PIPE, env=env, cgroup=self._cgroup)
 
     def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
@@ -147,21 +187,8 @@ class Standby:
         group, self._cgroup = self._cgroup, None
         prefix = self.torchrun.argv
         usable = plan.alloc is None and plan.argv[: len(prefix)] == prefix
-        if (plan.cgroup is None) != (group is None):
+        if plan.cgroup != group:  # waits in another attempt's group (or none, or for none)
             usable = False
-        elif plan.cgroup is not None and group is not None and usable:
-            if proc is None or proc.pid not in Group(Path(group)).pids():
-                # its bootstrap has not joined its group yet (a Python start-up: seconds on a
-                # loaded machine, and the attempt before may have failed at once): moved now,
-                # it would find its group removed and exit 126, or run outside the attempt's
-                usable = False
-            else:
-                try:
-                    Group(Path(plan.cgroup)).take_from(Group(Path(group)))
-                except OSError:
-                    usable = False
-                else:
-                    group = None
         if proc is not None and usable and proc.poll() is None and proc.stdin is not None:
             plan.log_dir.mkdir(parents=True, exist_ok=True)
             args = list(plan.argv[len(prefix) :])

@@ -69,6 +69,7 @@ class Launches:
         self.zygote: Zygote | None = None
         self._port: PortHold | None = None
         self._cold: list[ColdStart] = []
+        self._planned = 0  # the last attempt planned
         if cfg.launch.zygote:
             python = job_python(cfg)
             if python is None:
@@ -110,6 +111,7 @@ class Launches:
     def plan(self, attempt: int, rank_env: Mapping[str, str]) -> LaunchPlan:
         """Attempt ``attempt``'s command line and environment (with the zygote started, on
         every node of the attempt, if it is not running there)."""
+        self._planned = attempt
         alloc = None
         if self.alloc is not None:
             alloc = dataclasses.replace(self.alloc, nodes=self.nodes_left())
@@ -170,13 +172,14 @@ class Launches:
             and zygote.forks()
         ):
             env = zygote.environment(plan.env, plan.nproc_per_node)
-            self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=self._standby_group)
+            self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=self._next_group)
         else:
-            self.standby.prepare(plan, cgroup=self._standby_group)
+            self.standby.prepare(plan, cgroup=self._next_group)
 
     @property
-    def _standby_group(self) -> Callable[[], str] | None:
-        return None if self.groups is None else self.groups.standby
+    def _next_group(self) -> str | None:
+        """The group of the attempt after the last one planned (a standby is for it)."""
+        return None if self.groups is None else self.groups.attempt(self._planned + 1)
 
     def close(self) -> TeardownReport | None:
         """End what the job keeps between attempts (the standby, the zygote), then, with

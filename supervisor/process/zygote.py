@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from supervisor.process.launcher import spawn_module_file
+from supervisor.process.launcher import bootstrap, spawn_module_file
 from supervisor.record.schema import ColdStart
 from supervisor.slurm.commands import Allocation
 from supervisor.slurm.srun import srun_argv
@@ -127,8 +127,8 @@ class Zygote:
     ) -> None:
         """Start it unless it runs (on ``alloc``'s nodes when given: a multi-node attempt's);
         ``env`` is the attempt's (torchrun's import-time additions are made here, so that its
-        ranks' environment matches the zygote's). ``cgroup``: the group it runs in (its forked
-        ranks move into their clients')."""
+        ranks' environment matches the zygote's). ``cgroup``: the group it is placed in (it
+        places the ranks it forks into their clients')."""
         nodes = alloc.nodes if alloc is not None else ()
         self._pump()
         if self.alive() and nodes == self._nodes:
@@ -140,15 +140,8 @@ class Zygote:
         argv = zygote_argv(self.python, self.name, self.preload, path=self.path)
         if alloc is not None:
             argv = tuple(zygote_step_argv(alloc, argv, step_name=self.step_name))
-        into = ["--cgroup", cgroup] if cgroup is not None else []
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "worker_sdk.spawn.bootstrap", *into, *argv],
-            env=zenv,
-            cwd=cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
+        self._proc = bootstrap(
+            argv, env=zenv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cgroup=cgroup
         )
         assert self._proc.stdout is not None
         os.set_blocking(self._proc.stdout.fileno(), False)

@@ -41,7 +41,7 @@ def enter_own_group() -> str | None:
     path = parent / f"{PREFIX}{os.getpid()}"
     try:
         path.mkdir(exist_ok=True)
-        _cgroup.join(str(path))
+        _cgroup.place(os.getpid(), str(path))
     except OSError:
         with contextlib.suppress(OSError):
             path.rmdir()
@@ -61,7 +61,7 @@ def _leave(parent: Path, path: Path) -> None:
     """Back to the parent group; the group removed (it is empty once the suite's last check
     has ended what was left in it)."""
     with contextlib.suppress(OSError):
-        _cgroup.join(str(parent))
+        _cgroup.place(os.getpid(), str(parent))
         path.rmdir()
 
 

@@ -9,9 +9,11 @@ with SIGSTOP or stuck before it imported the SDK. Imports nothing heavy: it cost
 On multi-node attempts (``RVSUP_REPORT_EXIT=1``) it forks instead of exec'ing and stays behind
 as the rank's parent, to tell the supervisor how the rank ended (see :mod:`.exit_report`).
 
-``python -m worker_sdk.spawn.bootstrap --cgroup DIR ...``: before anything else, this process moves
-itself into the cgroup v2 directory ``DIR`` (the attempt's, or the zygote's), so that everything
-it starts, whatever it does later, is a member of that group; it exits 126 when it cannot.
+``python -m worker_sdk.spawn.bootstrap --cgroup DIR FD ...``: before anything else, this process
+waits until the supervisor, which started it, has placed it into the cgroup v2 directory ``DIR``
+(the attempt's, or the zygote's) and closed its end of the pipe whose read end is ``FD``, so that
+everything it starts, whatever it does later, is a member of that group; it moves nothing itself
+(:mod:`.cgroup`), and exits 126 when it is not there.
 
 ``python -m worker_sdk.spawn.bootstrap --zygote NAME CMD [ARGS...]``: the rank is forked from the
 node's zygote ``NAME``, which imported torch already, and this process stands in for it (see
@@ -29,20 +31,19 @@ from .pdeathsig import die_with_parent
 
 def main(argv: list[str]) -> int:
     """Entry point: exec ``argv`` with the parent-death signal armed."""
-    if argv[:1] == ["--cgroup"] and len(argv) > 2:
-        from .cgroup import join
+    if argv[:1] == ["--cgroup"] and len(argv) > 3:
+        from .cgroup import wait_placed
 
-        try:
-            join(argv[1])
-        except OSError as exc:
-            print(f"rvsup: cannot join the cgroup {argv[1]}: {exc}", file=sys.stderr)
+        wrong = wait_placed(int(argv[2]), argv[1])
+        if wrong is not None:
+            print(f"rvsup: cannot run the attempt: {wrong}", file=sys.stderr)
             return 126
-        argv = argv[2:]
+        argv = argv[3:]
     zygote = None
     if argv[:1] == ["--zygote"] and len(argv) > 2:
         zygote, argv = argv[1], argv[2:]
     if not argv:
-        usage = "usage: python -m worker_sdk.spawn.bootstrap [--cgroup DIR] [--zygote NAME] CMD [ARGS...]"
+        usage = "usage: python -m worker_sdk.spawn.bootstrap [--cgroup DIR FD] [--zygote NAME] CMD [ARGS...]"
         print(usage, file=sys.stderr)
         return 2
     parent = os.getppid()

@@ -1,6 +1,13 @@
-"""Where a process sits in the cgroup v2 hierarchy, and how it moves itself into another group.
+"""Where a process sits in the cgroup v2 hierarchy, and how it is placed into a group.
 
-Standard library only: the bootstrap, the zygote's forked children and the daemon all use it.
+One rule for every process rvsup starts: **the process that starts it places it** (the daemon
+its launchers, standby and zygote; the zygote the ranks it forks; a node's wrapper its
+torchrun), with :func:`place`, before the process runs anything of its own; the process itself
+moves nothing, and only checks that it is where it was meant to be (:func:`wait_placed`).
+Groups are never moved between: a process stays in the group it was placed in until it ends.
+
+Standard library only: the bootstrap, the zygote and its forked children and the daemon all use
+it.
 Nothing is assumed about where the hierarchy is mounted: the mount is found in
 ``/proc/self/mountinfo`` (type ``cgroup2``; on a hybrid host it sits beside the v1 controllers,
 on a pure v2 host it is ``/sys/fs/cgroup`` itself) and the process's own group in
@@ -11,7 +18,6 @@ on a pure v2 host it is ``/sys/fs/cgroup`` itself) and the process's own group i
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import signal
@@ -21,13 +27,13 @@ from pathlib import Path
 __all__ = [
     "Group",
     "group_dir",
-    "join",
-    "join_beside",
     "mount_points",
     "own_group",
     "own_group_dir",
+    "place",
+    "placement",
     "stale_groups",
-    "to_join",
+    "wait_placed",
 ]
 
 _EMPTY_WAIT_S = 1.0
@@ -89,9 +95,9 @@ def own_group_dir(pid: int | str = "self") -> str | None:
     return group_dir(mounts, group)
 
 
-def to_join(wanted: object, own: str | None) -> str | bool | None:
-    """The cgroup directory a process now in ``own`` must move into to be in ``wanted``; None
-    when it need not move, False when it may not."""
+def placement(wanted: object, own: str | None) -> str | bool | None:
+    """The cgroup directory a process started by one now in ``own`` must be placed into to be in
+    ``wanted``; None when it need not be placed (it is there by birth), False when it may not."""
     if not isinstance(wanted, str) or wanted == own:
         return None
     if not os.access(os.path.join(wanted, "cgroup.procs"), os.W_OK):
@@ -99,31 +105,29 @@ def to_join(wanted: object, own: str | None) -> str | bool | None:
     return wanted
 
 
-def join(directory: str) -> None:
-    """Move this process into the cgroup ``directory`` (raises OSError when it may not)."""
+def place(pid: int, directory: str) -> None:
+    """Move process ``pid`` (all its threads) into the cgroup ``directory``: what the process
+    that started it does, before it lets it run (raises OSError when it may not)."""
     fd = os.open(os.path.join(directory, "cgroup.procs"), os.O_WRONLY)
     try:
-        os.write(fd, b"0")
+        os.write(fd, str(pid).encode())
     finally:
         os.close(fd)
 
 
-def join_beside(directory: str, peer: int) -> None:
-    """Move this process into the group of process ``peer``, named ``directory`` when ``peer``
-    asked: where ``peer`` was moved since, and ``directory`` removed (a warm standby's client is
-    moved into its attempt's group and its own group removed, maybe before the standby it asked
-    the zygote for has joined it), into the group ``peer`` is in now. The group may go at any
-    moment of the join: before it (ENOENT) or between opening its ``cgroup.procs`` and writing
-    to it (ENODEV). Raises OSError when it may not, or when ``peer`` is gone."""
+def wait_placed(held: int, directory: str) -> str | None:
+    """In a process just started: wait until the process that started it has placed it (it
+    closes its end of the pipe whose read end is ``held``), then check it is in ``directory``;
+    None when it is, else what is wrong."""
     try:
-        join(directory)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENODEV):
-            raise
-        now = own_group_dir(peer)
-        if now is None or now == directory:
-            raise
-        join(now)
+        while os.read(held, 512):
+            pass
+    finally:
+        os.close(held)
+    here = own_group_dir()
+    if here != directory:
+        return f"it is in the cgroup {here}, not in {directory}, where it was to be placed"
+    return None
 
 
 def _unescape(field: str) -> str:
@@ -184,16 +188,6 @@ class Group:
             except OSError:
                 ok = False
         return ok
-
-    def take_from(self, other: Group) -> None:
-        """Move every process of ``other`` (idle ones: a waiting standby) into this group, made
-        if need be, and remove ``other`` (raises OSError when the kernel refuses). A group
-        cannot be renamed on the v2 hierarchy."""
-        self.path.mkdir(exist_ok=True)
-        for pid in other.pids():
-            with contextlib.suppress(ProcessLookupError):
-                (self.path / "cgroup.procs").write_text(str(pid))
-        other.remove()
 
     def end(self) -> bool:
         """Kill everything in it and remove it; False when something could not be ended."""

@@ -3,8 +3,10 @@
 ``python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]`` is what srun runs on every node
 of an attempt's step, in front of torchrun. It makes a group ``rvsup-node-PID`` under its own
 cgroup v2 group (Slurm's step group where Slurm uses cgroup v2, slurmd's otherwise) and starts
-``CMD`` there: the child joins the group and arms the parent-death signal before it execs, so
-everything torchrun and the ranks start is a member, whatever session or parent it ends up with.
+``CMD`` there: the wrapper places the child into the group (the rule of :mod:`.cgroup`) while
+the child waits, and the child checks it is there and arms the parent-death signal before it
+execs, so everything torchrun and the ranks start is a member, whatever session or parent it
+ends up with.
 It passes signals on to ``CMD``, and once ``CMD`` has ended it ends what is left in the group
 (SIGTERM, ``TERM_TIMEOUT_S``, ``cgroup.kill``), removes the group and ends like ``CMD``.
 torchrun's node rank in the attempt's static rendezvous is this node's ``SLURM_NODEID``
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from .cgroup import Group, join, own_group_dir, stale_groups
+from .cgroup import Group, own_group_dir, place, stale_groups, wait_placed
 from .exit_report import FORWARDED, end_like
 from .pdeathsig import die_with_parent
 
@@ -62,15 +64,27 @@ def main(argv: list[str]) -> NoReturn:
     path = make_group()
     if path is None:
         os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
+    held, release = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(release)
         try:
-            join(str(path))
+            wrong = wait_placed(held, str(path))
+            if wrong is not None:
+                print(f"rvsup: cannot start {command[0]!r}: {wrong}", file=sys.stderr)
+                os._exit(126)
             die_with_parent()
             os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
         except OSError as exc:
             print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)
         os._exit(127)
+    os.close(held)
+    try:
+        place(pid, str(path))
+    except OSError as exc:  # the child says where it is, and ends
+        print(f"rvsup: cannot place {command[0]!r} in {path}: {exc}", file=sys.stderr)
+    finally:
+        os.close(release)
     for sig in FORWARDED:
         signal.signal(sig, lambda number, _frame: _pass_on(pid, number))
     _, status = os.waitpid(pid, 0)

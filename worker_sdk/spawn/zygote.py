@@ -8,10 +8,11 @@ happened (:func:`_fork_unsafe`), freezes the heap for the garbage collector and 
 the rank's bootstrap (``worker_sdk.spawn.zygote_client``) hands it the rank's command line,
 environment, working directory, limits and standard streams, and gets back a forked child that
 becomes the rank exactly as a cold ``exec`` would have made it (:func:`_become`), then runs the
-script or module in a fresh ``__main__``. Before it becomes the rank, the child moves itself into
-its client's cgroup (v2; the attempt's), so that the rank and all it starts belong to the
-attempt, not to the zygote; a rank that could not join is refused (it starts cold, in the
-attempt's group by birth).
+script or module in a fresh ``__main__``. Before the child may run, the zygote places it into its
+client's cgroup (v2; the attempt's: ``worker_sdk.spawn.cgroup``'s rule, the one that starts a
+process places it), so that the rank and all it starts belong to the attempt, not to the zygote;
+the child checks it is there before it becomes the rank. A rank that cannot be placed there is
+refused (it starts cold, placed in the attempt's group by the supervisor).
 
 When a request cannot be served like a cold start (another interpreter, an option the fork
 cannot honour, a different import-time environment) or the imports were not safe, the reply is
@@ -262,21 +263,28 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             _say({"refused": program, "rank": _rank_of(request)})
             wire.send(conn, {"refused": program})
             return None
-        client = _peer_pid(conn)
         go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(go_w)
             try:
                 _wait_for_go(go_r)
-                if request.get("join"):  # the client's cgroup (the attempt's), before the rank
-                    cgroups.join_beside(request["join"], client)
+                here = cgroups.own_group_dir()
+                if request.get("place") and here != request["place"]:
+                    raise RuntimeError(f"placed in {here}, not in {request['place']}")
                 child.become(request, fds, zygote, served.added_env)
             except BaseException:  # noqa: BLE001 -- a child that cannot become the rank ends
                 traceback.print_exc()
                 os._exit(127)
             return child.Job(program, request["cwd"])
         os.close(go_r)
+        unplaced = _place(pid, request.get("place"))
+        if unplaced is not None:
+            os.close(go_w)  # it ends without running
+            os.waitpid(pid, 0)
+            _say({"refused": unplaced, "rank": _rank_of(request)})
+            wire.send(conn, {"refused": unplaced})
+            return None
         _answer_then_go(conn, pid, go_w)
     except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -286,6 +294,18 @@ def _answer(conn: socket.socket, served: Served) -> Any:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
+
+
+def _place(pid: int, group: str | None) -> str | None:
+    """Place the forked child ``pid`` into its client's group ``group`` (None: the zygote's own,
+    where it is by birth); None when done, else why it was not."""
+    if not group:
+        return None
+    try:
+        cgroups.place(pid, group)
+    except OSError as exc:
+        return f"the rank cannot be placed in its client's cgroup {group}: {exc.strerror or exc}"
+    return None
 
 
 def _wait_for_go(go: int) -> None:
@@ -323,11 +343,6 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
-def _peer_pid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[0])
-
-
 def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:
     """The rank's program (a ``wire.Program``), or why it cannot start from this zygote as it
     would start cold."""
@@ -342,10 +357,10 @@ def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:
     differ = wire.import_env_differences(env, served.startup_env)
     if differ:
         return "import-time environment differs: " + ", ".join(differ)
-    join = cgroups.to_join(request.get("cgroup"), served.cgroup)
-    if join is False:
-        return f"the rank cannot join its client's cgroup ({request['cgroup']})"
-    request["join"] = join
+    place = cgroups.placement(request.get("cgroup"), served.cgroup)
+    if place is False:
+        return f"the rank cannot be placed in its client's cgroup ({request['cgroup']})"
+    request["place"] = place
     import resource
 
     for name, (_soft, hard) in request["rlimits"].items():

@@ -53,7 +53,7 @@ def request_of(argv: Sequence[str]) -> dict[str, object]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "ignored": sorted(int(s) for s in SHIELDED if signal.getsignal(s) == signal.SIG_IGN),
-        "cgroup": own_group_dir(),  # the forked rank joins it before it runs (the attempt's)
+        "cgroup": own_group_dir(),  # the forked rank is placed in it before it runs (the attempt's)
     }
 
 

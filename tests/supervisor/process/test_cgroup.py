@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from supervisor.process.cgroup import TREE_WALK, JobGroups, ended_events, mechan
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import ProcessesEnded, ProcessesLeft
 from worker_sdk.spawn import cgroup as _cgroup
-from worker_sdk.spawn.cgroup import group_dir, mount_points, own_group, stale_groups, to_join
+from worker_sdk.spawn.cgroup import group_dir, mount_points, own_group, placement, stale_groups
 
 HYBRID = """\
 24 31 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -90,13 +91,14 @@ def test_group_dir_joins_mount_and_group(tmp_path: Path) -> None:
     assert group_dir([("/", str(tmp_path))], "/missing") is None
 
 
-def test_to_join(tmp_path: Path) -> None:
-    """A forked child moves only into another group, and only one it may write."""
+def test_placement(tmp_path: Path) -> None:
+    """A forked child is placed only into another group than its parent's, and only one its
+    parent may write."""
     (tmp_path / "cgroup.procs").write_text("")
-    assert to_join(None, "/own") is None
-    assert to_join("/own", "/own") is None
-    assert to_join(str(tmp_path), "/own") == str(tmp_path)
-    assert to_join(str(tmp_path / "nowhere"), "/own") is False
+    assert placement(None, "/own") is None
+    assert placement("/own", "/own") is None
+    assert placement(str(tmp_path), "/own") == str(tmp_path)
+    assert placement(str(tmp_path / "nowhere"), "/own") is False
 
 
 def test_ended_events_name_what_is_left() -> None:
@@ -135,3 +137,37 @@ def test_stale_groups_are_those_of_dead_owners(tmp_path: Path) -> None:
     for name in (f"rvsup-{gone}", f"rvsup-{os.getpid()}", "rvsup-node-1", "other"):
         (tmp_path / name).mkdir()
     assert [g.path.name for g in stale_groups(tmp_path, "rvsup-")] == [f"rvsup-{gone}"]
+
+
+# Who places processes into groups: each one the process that starts it, nothing else.
+PLACERS = {
+    ("supervisor/process/cgroup.py", "create"),  # the daemon itself, in and back: its probe
+    ("supervisor/process/launcher.py", "bootstrap"),  # the daemon: launchers, standby, zygote
+    ("worker_sdk/spawn/zygote.py", "_place"),  # the zygote: the ranks it forks
+    ("worker_sdk/spawn/node_group.py", "main"),  # a node's wrapper: its torchrun
+}
+
+
+def test_only_the_starter_of_a_process_places_it() -> None:
+    """The one rule of containment (``worker_sdk/spawn/cgroup.py``), in the source: ``place`` is
+    called where a process is started and nowhere else, and no other code writes a group's
+    ``cgroup.procs``."""
+    repo = Path(__file__).resolve().parents[3]
+    calls, writers = set(), set()
+    for path in sorted([*repo.glob("supervisor/**/*.py"), *repo.glob("worker_sdk/**/*.py")]):
+        name = str(path.relative_to(repo))
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and (
+                    getattr(node.func, "id", None) == "place"
+                    or getattr(node.func, "attr", None) == "place"
+                ):
+                    calls.add((name, function.name))
+        if "cgroup.procs" in path.read_text():
+            writers.add(name)
+    assert calls == PLACERS
+    # spawn/cgroup.py writes (place) and reads (pids) it; the memory room check looks for it
+    assert writers == {"worker_sdk/spawn/cgroup.py", "worker_sdk/checkpoint/memory/room.py"}

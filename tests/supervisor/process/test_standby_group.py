@@ -1,12 +1,11 @@
-"""A warm standby with cgroups is used only once it has joined the group it waits in: the next
-attempt may take it sooner (a restart at once, after an attempt that failed at once, while the
-standby's Python still starts on a loaded machine), and its group is removed when it is taken."""
+"""A warm standby with cgroups waits in the group of the attempt it is for, placed there when it
+is started: the next attempt may take it at once (a restart after an attempt that failed at
+once, while the standby's Python still starts on a loaded machine)."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -42,35 +41,33 @@ def _plan(tmp_path: Path, torchrun: Torchrun, attempt: str) -> LaunchPlan:
     )
 
 
-@pytest.mark.parametrize("joined", [True, False], ids=["joined", "not-yet-joined"])
-def test_a_standby_is_used_only_once_it_is_in_its_group(
-    tmp_path: Path, job_groups: JobGroups, joined: bool
+@pytest.mark.parametrize("taken_by", [2, 3], ids=["its-attempt", "another-attempt"])
+def test_a_standby_waits_in_the_group_of_the_attempt_it_is_for(
+    tmp_path: Path, job_groups: JobGroups, taken_by: int
 ) -> None:
-    """Taken after its bootstrap joined ``standby-1``, the standby runs the attempt. Taken at
-    once (its Python not started yet), it is dismissed and a fresh launcher runs the attempt;
-    before, its group was removed under it and it exited 126, a crash that was none. Either
-    way the attempt ends 0 with its rank in the attempt's group."""
+    """Prepared while attempt 1 runs, the standby is placed in attempt 2's group before
+    ``prepare`` returns (nothing moves it later; before, it waited in a group of its own, was
+    moved when taken, and a standby taken at once exited 126 or ran outside the attempt's
+    group). Taken at once by attempt 2, it runs it, its rank in that group; any other attempt
+    dismisses it (its group ended) and a fresh launcher runs in that attempt's group."""
     torchrun = Torchrun((str(Path(sys.executable).parent / "torchrun"),), sys.executable, "given")
     standby = Standby(torchrun)
-    attempt = job_groups.attempt(1)
-    plan = _plan(tmp_path, torchrun, attempt)
-    standby.prepare(plan, cgroup=job_groups.standby)
-    waiting = Group(job_groups.root / "standby-1")
-    members: set[int] = set()
-    if joined:
-        deadline = time.monotonic() + 60
-        while not (members := waiting.pids()):
-            assert time.monotonic() < deadline, "the standby never joined its group"
-            time.sleep(0.02)
-    launched = standby.spawn(plan)
+    running = _plan(tmp_path, torchrun, job_groups.attempt(1))
+    standby.prepare(running, cgroup=job_groups.attempt(2))
+    waiting = Group(Path(job_groups.attempt(2)))
+    members = waiting.pids()
+    assert members, "the standby is not in its attempt's group"
+    attempt = job_groups.attempt(taken_by)
+    launched = standby.spawn(_plan(tmp_path, torchrun, attempt))
     try:
         assert launched.wait(timeout=120) == 0
     finally:
         if launched.poll() is None:
             launched.kill()
             launched.wait()
-    assert (launched.pid in members) is joined
+    assert (launched.pid in members) is (taken_by == 2)
     ran_in = (tmp_path / "group.txt").read_text()
     assert attempt.endswith(ran_in), (attempt, ran_in)
-    assert not waiting.path.exists()
+    if taken_by != 2:
+        assert not waiting.path.exists()
     standby.close()
