@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeAlias
 
 from supervisor.record.schema import (
     AttemptStarted,
@@ -46,12 +45,9 @@ from supervisor.record.schema import (
     RestartScheduled,
     RolledBack,
 )
-from supervisor.rules.observation import FailureKind
+from supervisor.rules.observation import FailureKind, Signature, signature
 
-__all__ = ["Budget", "Signature", "budget_of", "fold", "signature"]
-
-Signature: TypeAlias = tuple[str, tuple[int, ...], int | None]
-"""``(kind, first rank, last_step)``, as :func:`supervisor.rules.failures.deterministic_signature`."""
+__all__ = ["Budget", "budget_of", "fold", "signature_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +88,10 @@ class Budget:
         return None if self.failure is None else self.failure[0]
 
 
-def signature(event: FailureDetected) -> Signature:
-    """The failure's ``(kind, first rank, last_step)``: equal for two that look like the same
-    bug (as :func:`supervisor.rules.failures.deterministic_signature`)."""
-    return (event.kind, event.ranks[:1], event.last_step)
+def signature_of(event: FailureDetected) -> Signature:
+    """The recorded failure's :func:`~supervisor.rules.observation.signature` (that of the
+    failure it records: :func:`supervisor.rules.failures.deterministic_signature`)."""
+    return signature(event.kind, event.ranks, event.last_step)
 
 
 def fold(budget: Budget, event: Event) -> Budget:
@@ -122,7 +118,7 @@ def fold(budget: Budget, event: Event) -> Budget:
             counts[node] = counts.get(node, 0) + 1
         return replace(
             budget,
-            failure=signature(event),
+            failure=signature_of(event),
             oom_count=budget.oom_count + is_oom,
             node_failures=counts,
         )

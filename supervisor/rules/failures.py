@@ -49,7 +49,9 @@ from supervisor.rules.observation import (
     Observation,
     RankExit,
     RankReport,
+    Signature,
     StopReason,
+    signature,
 )
 from worker_sdk.contract.protocol import EXIT_OOM, EXIT_USAGE
 
@@ -73,11 +75,10 @@ _DETAIL_MESSAGE_CHARS: Final = 160
 _USAGE_MESSAGE_CHARS: Final = 400  # it says what to change: keep all of it
 
 
-def deterministic_signature(f: Failure) -> tuple[str, tuple[int, ...], int | None]:
-    """``(kind, first rank, last_step)``: equal for two failures that look like the same bug.
-    Only the first rank (the one the failure is about, whom :func:`deterministic_text` names):
-    the peers that died of the broken connection after it are seen, or not, by timing."""
-    return (str(f.kind), f.ranks[:1], f.last_step)
+def deterministic_signature(f: Failure) -> Signature:
+    """The failure's :func:`~supervisor.rules.observation.signature`: equal for two failures that
+    look like the same bug (its rank is the one :func:`deterministic_text` names)."""
+    return signature(f.kind, f.ranks, f.last_step)
 
 
 def classify(obs: Observation) -> Failure:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeAlias
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -33,8 +33,10 @@ __all__ = [
     "Observation",
     "RankExit",
     "RankReport",
+    "Signature",
     "StopReason",
     "signal_name",
+    "signature",
 ]
 
 
@@ -194,3 +196,14 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
+
+
+Signature: TypeAlias = tuple[str, tuple[int, ...], int | None]
+"""``(kind, first rank, last_step)``: what two failures that look like the same bug share."""
+
+
+def signature(kind: str, ranks: Sequence[int], last_step: int | None) -> Signature:
+    """A failure's :data:`Signature` (of a :class:`Failure`, or of the ``failure_detected`` it
+    is recorded as). Only the first rank, the one the failure is about: the peers that died of
+    the broken connection after it are seen, or not, by timing."""
+    return (str(kind), tuple(ranks[:1]), last_step)

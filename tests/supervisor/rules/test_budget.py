@@ -23,7 +23,7 @@ from supervisor.record.schema import (
     RolledBack,
     StopRequested,
 )
-from supervisor.rules.budget import Budget, budget_of, fold, signature
+from supervisor.rules.budget import Budget, budget_of, fold, signature_of
 from supervisor.rules.failures import deterministic_signature
 from supervisor.rules.observation import Failure, FailureKind
 from supervisor.rules.policy import GiveUp, Requeue, Restart, RestartPolicy, decide
@@ -200,7 +200,7 @@ def test_fold_is_one_event_at_a_time() -> None:
 def test_signature_matches_the_rules() -> None:
     """A failure_detected's signature equals deterministic_signature() of its failure."""
     f = Failure(K.OOM, (3, 0), (137,), ("SIGKILL",), None, "oom", ("n1",))
-    assert signature(failure_event(f)) == deterministic_signature(f)
+    assert signature_of(failure_event(f)) == deterministic_signature(f)
 
 
 # ---------------------------------------------------------------- during the run == at start-up
