@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -144,9 +145,15 @@ def status(job: Path) -> dict[str, Any] | None:
     answers), asked from this process: a poll starts no interpreter, so a test waiting on its
     job's progress takes no CPU from the job (test_cli.py runs the command itself)."""
     try:
-        return control.request(load_config(job).job.run_dir, "status", timeout_s=20)
+        return control.request(_run_dir(job, job.stat().st_mtime_ns), "status", timeout_s=20)
     except (control.NotRunningError, OSError, ValueError):
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _run_dir(job: Path, mtime_ns: int) -> Path:
+    """The run directory ``job`` names, read once per version of the file (``mtime_ns``)."""
+    return load_config(job).job.run_dir
 
 
 def dropped_since(before: dict[str, int], now: dict[str, Any]) -> collections.Counter[str]:

@@ -6,6 +6,8 @@ two layers).
 SLOW_RANK=r, SLOW_FROM_S=t, SLOW_S=s: from t seconds after its first step on, rank r alone
 sleeps s seconds more in each step, and writes the wall-clock time it began (``time.time()``)
 into ONSET_FILE.
+END_FILE=path: the training also ends (at a step every rank reaches) once this file exists: a
+test ends it when it has seen what it waits for.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
     slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
     slow_from = float(os.environ.get("SLOW_FROM_S", "0"))
     slow_s = float(os.environ.get("SLOW_S", "0"))
+    end_file = os.environ.get("END_FILE")
     torch.manual_seed(0)
     pause = Pause()
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), pause, nn.Linear(128, 1))
@@ -85,7 +88,8 @@ def main() -> None:
         worker_sdk.step(step)
         step += 1
         if step % 20 == 0:
-            go_on.fill_(1.0 if time.monotonic() - began < duration else 0.0)
+            ended = end_file is not None and os.path.exists(end_file)
+            go_on.fill_(1.0 if time.monotonic() - began < duration and not ended else 0.0)
             dist.broadcast(go_on, src=0)
     dist.destroy_process_group()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from tests.helpers import memory_cgroup
 from tests.helpers.harness import events, named, running, rvsup, wait_for, write_job
 from tests.helpers.jobs import snapshot_dir
 from tests.helpers.states import assert_same_state, load_final
+from tests.helpers.tmpfs import tmpfs
 from worker_sdk.contract import layout
 
 pytestmark = pytest.mark.process
@@ -106,15 +106,8 @@ def test_snapshots_start_at_once_with_a_writer_forked_beside_each_rank(
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 KiB tmpfs (root only): too small for any snapshot."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "tiny", "16k") as mounted:
+        yield mounted
 
 
 def test_a_full_tmpfs_turns_the_tier_off_and_the_job_finishes(

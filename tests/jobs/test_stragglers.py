@@ -37,7 +37,7 @@ def test_a_slowed_rank_is_named_within_60s(tmp_path: Path, kind: str) -> None:
     (every rank sleeps 20 ms): straggler_detected names rank 1 and this host, within 60 s of
     the onset (the latency is printed), never before it, at least 1.5x slower, the others
     waiting 10-80 ms of each step for it; with exclude_stragglers the event says the node is to
-    be excluded and ``rvsup status`` shows both; the job goes on and succeeds."""
+    be excluded and ``rvsup status`` shows both; the job goes on and succeeds (ended once seen)."""
     onset_file = tmp_path / "onset"
     env = {
         "KIND": kind,
@@ -47,6 +47,7 @@ def test_a_slowed_rank_is_named_within_60s(tmp_path: Path, kind: str) -> None:
         "SLOW_FROM_S": "4",
         "SLOW_S": "0.06",
         "ONSET_FILE": str(onset_file),
+        "END_FILE": str(tmp_path / "end"),
     }
     job = _job(tmp_path, env, "exclude_stragglers = true")
     with running(job) as proc:
@@ -57,6 +58,7 @@ def test_a_slowed_rank_is_named_within_60s(tmp_path: Path, kind: str) -> None:
             interval=0.2,
         )
         shown = rvsup("status", str(job), timeout=20)
+        (tmp_path / "end").touch()  # nothing more to see: the training ends
         assert proc.wait(timeout=60) == 0
     assert len(found) == 1, found
     event = found[0]

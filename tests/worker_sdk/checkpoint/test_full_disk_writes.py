@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.helpers.tmpfs import tmpfs  # noqa: E402
 from worker_sdk.checkpoint.commit import save_into, write_durable  # noqa: E402
 
 
@@ -75,22 +75,8 @@ def test_an_error_that_is_no_write_is_torchs() -> None:
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs (root; skipped otherwise)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "tiny", "64k", mode="0700") as mounted:
+        yield mounted
 
 
 def test_write_durable_on_a_full_tmpfs_raises_enospc(tiny_tmpfs: Path) -> None:

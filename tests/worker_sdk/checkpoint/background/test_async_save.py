@@ -20,6 +20,7 @@ from tests.helpers.harness import events, named, running, rvsup, wait_progress
 from tests.helpers.harness import write_job as write_rvsup_job
 from tests.helpers.sharded import Run, torchrun
 from tests.helpers.states import assert_same_state, load_final
+from tests.helpers.tmpfs import tmpfs
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import committed_name
 
@@ -163,22 +164,8 @@ def test_under_rvsup_async_commits_are_recorded_and_a_stop_waits_for_the_save_in
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs mounted (as root) on a fresh directory; skipped without root."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "small", "64m", mode="0700") as mounted:
+        yield mounted
 
 
 @pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
