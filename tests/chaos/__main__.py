@@ -3,7 +3,8 @@
     python -m tests.chaos --runs 200 --seed 1        # a campaign; prints every run and a summary
     python -m tests.chaos --runs 200 --seed 1 --start 111   # the same campaign's runs 111..199
     python -m tests.chaos --runs 200 --seed 1 --memory auto  # the memory tier on, its faults too
-    python -m tests.chaos --smoke                    # the regression schedules and one drawn
+    python -m tests.chaos --smoke    # the regression schedules (the memory tier's with a snapshot
+                                     # every 3 steps) and one drawn (the tier as shipped, "auto")
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
@@ -59,9 +60,11 @@ REGRESSIONS = (
 )
 
 MEMORY_REGRESSIONS = (
-    # with --memory: the snapshot writers killed at step 6, then a rank killed while a snapshot
-    # is being written; rvsup killed, the newest snapshot corrupted before the next start
-    "max_restarts=1 writerkill:-:6:1 snapkill:1:12:1 daemonkill:-:30:2 shmcorrupt:-:0:2",
+    # a rank killed while a snapshot is being written; the snapshot writers killed at step 16 of
+    # the next attempt, rvsup killed, the newest snapshot corrupted before the next start (the
+    # writers killed first, the kill at step 12 found no snapshot to aim at whenever their death
+    # turned the tier off for the attempt: a dead writer's snapshot in flight does)
+    "max_restarts=1 snapkill:1:12:1 writerkill:-:16:2 daemonkill:-:30:2 shmcorrupt:-:0:2",
     # memory_dir full from step 5 to 13: the tier off for the attempt, then a crash
     "max_restarts=1 shmfull:0:5:1 kill:1:20:1",
 )
@@ -79,30 +82,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in KINDS
         if (k not in ("enospc", "shmfull") or _can_mount()) and (k not in MEMORY or args.memory)
     ]
+    memory = [args.memory]  # each schedule's memory_every_steps (None: the tier off)
     if args.replay:
         schedules = [parse(args.replay)]
     elif args.smoke:
+        # the memory tier's regressions with snapshots every 3 steps whether or not --memory is
+        # given (its faults need snapshots to aim at), the drawn schedule with the tier as
+        # shipped ("auto") unless --memory says otherwise
         drawn = draw(random.Random(f"{args.seed}:0"), kinds=kinds, max_endings=2)
-        regressions = [*REGRESSIONS, *(MEMORY_REGRESSIONS if args.memory else ())]
-        schedules = [*(parse(t) for t in regressions), drawn]
+        schedules = [*(parse(t) for t in (*REGRESSIONS, *MEMORY_REGRESSIONS)), drawn]
+        memory = [
+            *[args.memory] * len(REGRESSIONS),
+            *[args.memory or "3"] * len(MEMORY_REGRESSIONS),
+            args.memory or "auto",
+        ]
     else:
         schedules = [draw(random.Random(f"{args.seed}:{i}"), kinds=kinds) for i in range(args.runs)]
-    numbered = list(enumerate(schedules))[args.start :]
+    memory += [memory[-1]] * (len(schedules) - len(memory))
+    numbered = list(enumerate(zip(schedules, memory, strict=True)))[args.start :]
     if not _can_mount():
         print("not root: enospc and shmfull faults (a full tmpfs) left out", flush=True)
-        numbered = [(i, s) for i, s in numbered if not s.needs_tmpfs]
-    schedules = [s for _, s in numbered]
+        numbered = [(i, (s, m)) for i, (s, m) in numbered if not s.needs_tmpfs]
+    schedules = [s for _, (s, _) in numbered]
+    used = sorted({m or "off" for _, (_, m) in numbered})
     root = Path(tempfile.mkdtemp(prefix="rvsup-chaos-"))
     tally: collections.Counter[str] = collections.Counter()
     try:
         refs = References(root)
-        results = [_one(i, s, root / f"run-{i:04d}", refs, args.memory, tally) for i, s in numbered]
+        results = [_one(i, s, root / f"run-{i:04d}", refs, m, tally) for i, (s, m) in numbered]
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary = _summary(schedules, results)
-    summary["memory_every_steps"] = args.memory or "off"
-    if args.memory:
+    summary["memory_every_steps"] = ", ".join(used)
+    if used != ["off"]:
         summary |= {k: tally[k] for k in _MEMORY_TALLY}
     summary["resumed_from"] = {
         k.partition(":")[2]: n for k, n in sorted(tally.items()) if k.startswith("from:")

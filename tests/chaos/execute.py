@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
 
 from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
 from tests.helpers.process_guard import guard
@@ -291,17 +294,46 @@ def _wait_save(
 ) -> int | None:
     """The step of the first checkpoint seen being written at ``from_step`` or later (not an
     old checkpoint that a prune renamed aside to remove it); ``below``: a glob of the folder
-    in ``ckpt`` it is written in ("*/": the snapshots' directory in ``memory_dir``). A
-    snapshot of the chaos job is written in milliseconds, and with ``"auto"`` they come every
-    step or two (with a ballast's megabytes, once in the job's 80 steps: the budget): a kill
-    aimed at one may land just after it was committed, a kill of a rank like any other."""
-    while time.monotonic() < deadline and proc.poll() is None:
-        for tmp in ckpt.glob(f"{below}.tmp-step-*"):
-            m = layout.TEMP_RE.match(tmp.name)
-            if m and not m.group(2).startswith("rm-") and int(m.group(1)) >= from_step:
-                return int(m.group(1))
-        time.sleep(0.002)
-    return None
+    in ``ckpt`` it is written in ("*/": the snapshots' directory in ``memory_dir``).
+
+    Its temporary directory is seen when it is made (inotify, through watchdog), not by
+    polling: a snapshot of the chaos job is written in milliseconds, so a poll could miss every
+    one of a run ("no save to aim at"). A kill aimed at one may still land just after it was
+    committed, a kill of a rank like any other."""
+    found: queue.SimpleQueue[int] = queue.SimpleQueue()
+    handler = _TempMade(found, from_step)
+    observer = Observer()
+    for folder in [p for p in ckpt.glob(below) if p.is_dir()] if below else [ckpt]:
+        observer.schedule(handler, str(folder), recursive=False)
+    observer.start()
+    try:
+        for tmp in ckpt.glob(f"{below}.tmp-step-*"):  # one made before the watch began
+            handler.seen(tmp.name)
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(queue.Empty):
+                return found.get(timeout=0.05)
+        return None
+    finally:
+        observer.stop()
+        observer.join()
+
+
+class _TempMade(FileSystemEventHandler):
+    """Puts the step of each checkpoint's temporary directory made at ``from_step`` or later."""
+
+    def __init__(self, found: queue.SimpleQueue[int], from_step: int) -> None:
+        self.found, self.from_step = found, from_step
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        self.seen(os.path.basename(os.fsdecode(event.src_path)))
+
+    def on_moved(self, event: FileSystemEvent) -> None:  # made under another name, renamed
+        self.seen(os.path.basename(os.fsdecode(event.dest_path)))
+
+    def seen(self, name: str) -> None:
+        m = layout.TEMP_RE.match(name)
+        if m and not m.group(2).startswith("rm-") and int(m.group(1)) >= self.from_step:
+            self.found.put(int(m.group(1)))
 
 
 def _is_zygote(process: psutil.Process) -> bool:

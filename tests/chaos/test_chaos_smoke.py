@@ -27,9 +27,12 @@ def test_chaos_smoke_holds_every_invariant() -> None:
     rank then a kill aimed at a save that spends the budget, two ranks failing at once, a full
     disk and a killed daemon with its checkpoint truncated, a rank stuck in a receive twice, a
     stopped rank's hang before a full disk, a killed daemon whose ranks committed what it never
-    logged, a NaN rolled back then a crash before the next save, and a drawn schedule (a full
-    disk, then an out-of-memory rank: with it the smoke injects every fault kind), the exit
-    codes, the resumes, the failures named, the budget and the final state are all as
+    logged, a NaN rolled back then a crash before the next save, the memory tier's (a snapshot
+    every 3 steps): a rank killed while a snapshot is written, then the snapshot writers and
+    rvsup killed and the newest snapshot corrupted, a full ``memory_dir`` then a crash; and a
+    drawn schedule with the tier as shipped (``"auto"``: a full disk, then an out-of-memory
+    rank: with it the smoke injects every fault kind), the exit codes, the resumes (from
+    storage and from memory), the failures named, the budget and the final state are all as
     injected."""
     res = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--smoke", "--seed", str(SEED)],
@@ -42,3 +45,6 @@ def test_chaos_smoke_holds_every_invariant() -> None:
     )
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     assert "failed_runs            0" in res.stdout, res.stdout
+    assert "memory_every_steps     3, auto, off" in res.stdout, res.stdout
+    resumed = res.stdout.split("resumed_from")[1]
+    assert "memory" in resumed and "storage" in resumed, res.stdout
