@@ -74,32 +74,24 @@ def test_nothing_a_rank_starts_outlives_its_attempt(tmp_path: Path, zygote: bool
     assert evs[-1]["event"] == "job_succeeded"  # nothing was left for the job's end
 
 
-def test_the_leftover_guard_sees_forked_ranks(tmp_path: Path) -> None:
-    """While a job trains with ranks forked from the zygote (the default), the suite's leftover
-    guard finds the zygote and every rank, though a forked rank shows the zygote's environment."""
-    job = write_job(tmp_path, total=400, env={"STEP_SLEEP": "0.05"})
-    with running(job):
-        st = wait_progress(job, min_step=2)
-        ranks = [psutil.Process(r["pid"]) for r in st["ranks"]]
-        zygotes = {rank.parent() for rank in ranks}
-        assert len(zygotes) == 1
-        zygote = zygotes.pop()
-        assert zygote is not None and "worker_sdk.spawn.zygote" in " ".join(zygote.cmdline())
-        found = marked_processes(exempt_daemons=True)
-        assert {zygote.pid, *(rank.pid for rank in ranks)} <= set(found)
-
-
 def test_what_a_killed_rvsup_left_ends_at_the_next_start(tmp_path: Path) -> None:
     """rvsup is killed with SIGKILL while its ranks' helpers run (the ranks die with it; their
     children, setsid grandchildren and double-forked daemons outlive it, re-parented to init):
     the next ``rvsup start`` ends them before its first attempt's first step, and says so
-    (``processes_ended``, scope previous)."""
+    (``processes_ended``, scope previous). While it trained, with ranks forked from the zygote,
+    the suite's leftover guard found the zygote and every rank, though a forked rank shows the
+    zygote's environment."""
     mark = f"spawn-{uuid.uuid4().hex}"
     out = tmp_path / "spawned"
     out.mkdir()
     job = _spawning_job(tmp_path, mark, out, total=400, zygote=True)
     with running(job) as proc:
         ranks = [r["pid"] for r in wait_progress(job, min_step=11)["ranks"]]  # saved at 9
+        parents = {psutil.Process(pid).parent() for pid in ranks}
+        assert len(parents) == 1
+        zygote = parents.pop()
+        assert zygote is not None and "worker_sdk.spawn.zygote" in " ".join(zygote.cmdline())
+        assert {zygote.pid, *ranks} <= set(marked_processes(exempt_daemons=True))
         proc.kill()
         proc.wait()
         wait_for(
