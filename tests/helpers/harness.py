@@ -151,8 +151,9 @@ def status(job: Path) -> dict[str, Any] | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _run_dir(job: Path, mtime_ns: int) -> Path:
-    """The run directory ``job`` names, read once per version of the file (``mtime_ns``)."""
+def _run_dir(job: Path, _version: int) -> Path:
+    """The run directory ``job`` names, read once per version of the file (``_version``: its
+    modification time, a key of the cache alone)."""
     return load_config(job).job.run_dir
 
 
