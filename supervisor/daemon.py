@@ -34,7 +34,7 @@ from supervisor.config.model import JobConfig
 from supervisor.config.torchrun import resolve_torchrun
 from supervisor.loops import Liveness, run_beside
 from supervisor.process import proctree
-from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events
+from supervisor.process.cgroup import TREE_WALK, JobGroups, end_group, ended_events, job_memory
 from supervisor.process.health import HealthChecks
 from supervisor.process.plan import Launches
 from supervisor.ranks import snapshot_home
@@ -150,6 +150,10 @@ async def _house(
         containment = (
             groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
         )
+        # the job's OOM kills are counted in its own memory cgroup (the daemon is placed in a
+        # v1 one before it starts anything), left at the end, after everything else
+        oom, leave_memory = job_memory(groups if isinstance(groups, JobGroups) else None)
+        stack.callback(leave_memory)
         events = EventLog(run_dir, cfg.job.name, console=console)
         stack.callback(events.close)
         home, said = _snapshot_home(cfg)
@@ -162,6 +166,7 @@ async def _house(
             groups if isinstance(groups, JobGroups) else None,
             withheld_env=sdnotify.CHILD_ENV_VARS,  # torchrun must not talk to systemd for us
             snapshots=None if home is None else home.path,
+            oom=oom,
         )
         stack.callback(launches.close)
         transport = cfg.heartbeat.transport

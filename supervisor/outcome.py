@@ -112,6 +112,7 @@ def result_of(
     """The result of an attempt that ended so, from its evidence and its process tree's record
     (``last_steps``: each rank's last finished step; ``rank_nodes``: the ranks' hosts)."""
     verdict = ev.verdict or culprits.Verdict((), (), "")
+    oom_kills, oom_kills_host_wide = tree.oom_kills()
     obs = Observation(
         exits=tree.exits,
         reports=tuple(ev.reports),
@@ -121,7 +122,8 @@ def result_of(
         last_steps=last_steps,
         stop_reason=stop_reason,
         stderr_tail=tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
-        host_oom_kills=tree.host_oom_kills(),
+        oom_kills=oom_kills,
+        oom_kills_host_wide=oom_kills_host_wide,
         lost_nodes=lost,
         hang_culprits=verdict.culprits,
         hang_evidence="; ".join(filter(None, [slow_note, verdict.detail])),

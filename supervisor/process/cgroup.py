@@ -25,17 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from supervisor.process import proctree
+from supervisor.process.oom_count import OomCounter
 from supervisor.process.proctree import TeardownReport
 from supervisor.record.schema import Event, ProcessesEnded, ProcessesLeft
 from worker_sdk.spawn import cgroup as _cgroup
 from worker_sdk.spawn.cgroup import Group
 
-__all__ = ["TREE_WALK", "Group", "JobGroups", "end_group", "ended_events", "mechanism_here"]
+__all__ = [
+    "TREE_WALK",
+    "Group",
+    "JobGroups",
+    "end_group",
+    "ended_events",
+    "job_memory",
+    "mechanism_here",
+]
 
 TREE_WALK = "process tree (subreaper)"
 
@@ -97,6 +107,42 @@ def end_group(group: Group) -> TeardownReport:
     report = proctree.teardown((), term_timeout_s=0.0, members=group.pids, kill_all=group.kill)
     group.remove()
     return report
+
+
+def job_memory(groups: JobGroups | None) -> tuple[OomCounter, Callable[[], None]]:
+    """Where the job's OOM kills are counted (:mod:`.oom_count`), and what undoes it at the job's
+    end. Its v2 group when the memory controller is on there; else a v1 memory group
+    ``rvsup-PID`` beside those of the other daemons in the daemon's own, which the daemon places
+    itself in before it starts anything (whatever it starts is in it too; empty groups of
+    daemons that are gone are removed first); else the host's counter, saying why."""
+    if groups is not None and (groups.root / "memory.events").exists():
+        return OomCounter.of_job(groups.root, None, ""), _nothing
+    own = _cgroup.own_memory_v1_dir()
+    if own is None:
+        why = "no memory controller in the job's cgroup v2 group, no cgroup v1 memory controller"
+        return OomCounter.of_job(None, None, why), _nothing
+    for gone in _cgroup.stale_groups(Path(own), "rvsup-"):
+        gone.remove()  # what is still in one is its job's, ended by that job's next start
+    path = Path(own) / f"rvsup-{os.getpid()}"
+    try:
+        path.mkdir()
+        _cgroup.place(os.getpid(), str(path))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        why = f"cannot use a cgroup v1 memory group under {own}: {exc.strerror or exc}"
+        return OomCounter.of_job(None, None, why), _nothing
+
+    def leave() -> None:
+        with contextlib.suppress(OSError):
+            _cgroup.place(os.getpid(), own)
+        Group(path).remove()
+
+    return OomCounter.of_job(None, path, ""), leave
+
+
+def _nothing() -> None:
+    pass
 
 
 def mechanism_here() -> str:

@@ -24,6 +24,7 @@ from supervisor.config.torchrun import Torchrun, job_python
 from supervisor.process import launch_plan, launcher
 from supervisor.process.cgroup import JobGroups, end_group
 from supervisor.process.launch_plan import LaunchPlan
+from supervisor.process.oom_count import OomCounter
 from supervisor.process.proctree import TeardownReport
 from supervisor.process.tree import AttemptTree
 from supervisor.process.zygote import Zygote
@@ -48,8 +49,11 @@ class Launches:
         sweep: Callable[[Allocation, str], None] | None = None,
         withheld_env: Collection[str] = (),
         snapshots: Path | None = None,
+        oom: OomCounter | None = None,
     ) -> None:
         self.cfg = cfg
+        self.oom = oom or OomCounter.of_job(None, None, "")
+        """Where the job's OOM kills are counted (cgroup.job_memory)."""
         self.withheld_env = tuple(withheld_env)
         """The daemon's environment variables no child inherits (:func:`launch_plan.build_plan`)."""
         self.groups = groups
@@ -156,7 +160,7 @@ class Launches:
     def tree(self, plan: LaunchPlan) -> AttemptTree:
         """The process tree that will run ``plan`` (through the warm standby when there is one)."""
         spawn = launcher.spawn if self.standby is None else self.standby.spawn
-        return AttemptTree(plan, spawn, term_timeout_s=self.cfg.launch.term_timeout_s)
+        return AttemptTree(plan, spawn, term_timeout_s=self.cfg.launch.term_timeout_s, oom=self.oom)
 
     def warm_up(self, plan: LaunchPlan) -> None:
         """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile (forked

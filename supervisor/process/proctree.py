@@ -26,7 +26,6 @@ __all__ = [
     "TeardownReport",
     "become_subreaper",
     "descendants",
-    "host_oom_kill_count",
     "is_stopped",
     "open_pidfd",
     "teardown",
@@ -76,22 +75,6 @@ def zombie_wait_status(pid: int) -> int | None:
     if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return int(fields[49])
-
-
-def host_oom_kill_count() -> int | None:
-    """Kernel OOM kills so far on this host (``oom_kill`` in /proc/vmstat, Linux >= 4.13).
-
-    The kernel counts every OOM kill there, whether the global OOM killer or a memory cgroup's
-    limit (Slurm's, a container's) chose the victim.
-    """
-    try:
-        with open("/proc/vmstat", "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from supervisor.process import diagnostics, launcher, native, proctree
 from supervisor.process.cgroup import TREE_WALK
 from supervisor.process.exits import ExitLedger
 from supervisor.process.launch_plan import LaunchPlan
+from supervisor.process.oom_count import OomCounter
 from supervisor.rules.observation import RankExit
 from supervisor.slurm import commands as slurm
 from worker_sdk.spawn.cgroup import Group
@@ -57,7 +58,7 @@ class ProcessTree(Protocol):
     def hang_averted(self) -> None: ...
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
     async def lost_nodes(self) -> tuple[str, ...]: ...
-    def host_oom_kills(self) -> int: ...
+    def oom_kills(self) -> tuple[int, str]: ...
     def stderr_tail(self, rank: int | None = None) -> str: ...
     @property
     def mechanism(self) -> str: ...
@@ -67,7 +68,14 @@ class ProcessTree(Protocol):
 class AttemptTree:
     """One attempt's process tree on this node (see the module docstring)."""
 
-    def __init__(self, plan: LaunchPlan, spawn: Spawn, *, term_timeout_s: float) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        spawn: Spawn,
+        *,
+        term_timeout_s: float,
+        oom: OomCounter | None = None,
+    ) -> None:
         self.plan = plan
         self._spawn = spawn
         self._term_timeout_s = term_timeout_s
@@ -77,7 +85,8 @@ class AttemptTree:
         self._ledger = ExitLedger(
             self._on_pid_exit, reports_expected=plan.alloc is not None or plan.forked
         )
-        self._oom_baseline = proctree.host_oom_kill_count()
+        self._oom = oom or OomCounter.of_job(None, None, "")
+        self._oom_baseline = self._oom.read()
         self._early: native.EarlyNative | None = None  # native stacks of a foreseen hang
         self.launcher_rc: int | None = None
         """The launcher's exit status once it ended (negative: killed by that signal)."""
@@ -181,11 +190,14 @@ class AttemptTree:
             return ()
         return await asyncio.to_thread(slurm.unreachable_nodes, alloc)
 
-    def host_oom_kills(self) -> int:
-        """OOM kills on this host during the attempt, counted only if a rank died of SIGKILL."""
-        if not self._ledger.sigkilled or self._oom_baseline is None:
-            return 0
-        return max(0, (proctree.host_oom_kill_count() or 0) - self._oom_baseline)
+    def oom_kills(self) -> tuple[int, str]:
+        """OOM kills of the job's processes during the attempt, and ``""``; where only the
+        host's counter can be read, the host's (counted only if a rank died of SIGKILL) and why
+        (:mod:`.oom_count`)."""
+        host_wide = self._oom.host_wide
+        if self._oom_baseline is None or (host_wide and not self._ledger.sigkilled):
+            return 0, host_wide
+        return max(0, (self._oom.read() or 0) - self._oom_baseline), host_wide
 
     def stderr_tail(self, rank: int | None = None) -> str:
         """The end of the ranks' stderr on this node; with ``rank``, of that rank's alone."""

@@ -157,12 +157,10 @@ def _node_failure(obs: Observation, last_step: int | None) -> Failure:
 def _oom(obs: Observation, last_step: int | None) -> Failure | None:
     oom_reports = [r for r in obs.reports if r.kind == "oom"]
     oom_exits = [e for e in obs.exits if e.exit_code == EXIT_OOM]
-    host_killed = [
-        e for e in obs.exits if obs.host_oom_kills > 0 and signal_of(e) == signal.SIGKILL
-    ]
+    host_killed = [e for e in obs.exits if obs.oom_kills > 0 and signal_of(e) == signal.SIGKILL]
     in_stderr = any(marker in obs.stderr_tail for marker in OOM_MARKERS)
     launcher_oom = obs.launcher_exit == EXIT_OOM
-    if not (oom_reports or oom_exits or obs.host_oom_kills > 0 or in_stderr or launcher_oom):
+    if not (oom_reports or oom_exits or obs.oom_kills > 0 or in_stderr or launcher_oom):
         return None
     ranks = _unique(
         [r.rank for r in oom_reports]
@@ -180,12 +178,17 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
         detail = (
             f"{rank_text(first_exit)} exited with code {EXIT_OOM} (out of memory){_at_step(where)}"
         )
-    elif obs.host_oom_kills > 0:
-        count = obs.host_oom_kills
-        detail = f"the host OOM killer killed {count} process{'es' if count != 1 else ''}"
+    elif obs.oom_kills > 0:
+        count, processes = obs.oom_kills, "process" if obs.oom_kills == 1 else "processes"
+        if obs.oom_kills_host_wide:
+            detail = f"the host OOM killer killed {count} {processes}"
+        else:
+            detail = f"the OOM killer killed {count} of the job's processes"
         if host_killed:
             detail += f" ({rank_text(host_killed[0])} killed by SIGKILL)"
         detail += _at_step(last_step)
+        if obs.oom_kills_host_wide:
+            detail += f"; counted host-wide ({obs.oom_kills_host_wide})"
     elif in_stderr:
         detail = f"out of memory reported in the ranks' stderr{_at_step(last_step)}"
     else:

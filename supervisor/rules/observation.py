@@ -154,8 +154,11 @@ class Observation:
     """Set when a stop was requested."""
     stderr_tail: str = ""
     """The last lines of the ranks' stderr (OOM fallback)."""
-    host_oom_kills: int = 0
-    """New ``oom_kill`` count from the cgroup's ``memory.events`` during this attempt."""
+    oom_kills: int = 0
+    """OOM kills of the job's processes during this attempt (its memory cgroup's count)."""
+    oom_kills_host_wide: str = ""
+    """Empty, or why ``oom_kills`` is the host's count instead (every job's kills; taken only
+    when a rank died of SIGKILL)."""
     lost_nodes: tuple[str, ...] = ()
     """Nodes whose srun task or slurmd went away."""
     hang_culprits: tuple[int, ...] = ()

@@ -205,8 +205,8 @@ class FakeTree:
     async def lost_nodes(self) -> tuple[str, ...]:
         return self.lost
 
-    def host_oom_kills(self) -> int:
-        return 0
+    def oom_kills(self) -> tuple[int, str]:
+        return 0, ""
 
     def stderr_tail(self, rank: int | None = None) -> str:
         return self.stderr.get(rank, "") if rank is not None else ""

@@ -9,13 +9,13 @@ CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), mismatch
 ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
 directory's file system with a file, remove it), shmfill / shmunfill (the same in the memory
-tier's memory_dir), hostoom (join the memory-limited cgroup OOM_CGROUP
-and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises OutOfMemoryError
-before resume() in attempt n. STEP_SLEEP=seconds slows every step, TAIL_SLEEP=seconds the steps from
-TAIL_FROM on (room for an outside fault aimed near the end); SLOW_WHILE=path: STEP_SLEEP only
-while that file exists (a test keeps the job slow while it acts on it, then lets it run to its
-end at full speed); BALLAST_MB=n adds n MB to every
-rank's checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
+tier's memory_dir), hostoom (move into a new memory cgroup below its own, limited to
+OOM_LIMIT_BYTES, and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises
+OutOfMemoryError before resume() in attempt n. STEP_SLEEP=seconds slows every step,
+TAIL_SLEEP=seconds the steps from TAIL_FROM on (room for an outside fault aimed near the end);
+SLOW_WHILE=path: STEP_SLEEP only while that file exists (a test keeps the job slow while it acts
+on it, then lets it run to its end at full speed); BALLAST_MB=n adds n MB to every rank's
+checkpoint; FINAL=path: rank 0 saves the final model and optimizer there.
 LOSS=float passes the loss to step() as a Python float, LOSS=tensor as the 0-d tensor; the kind
 nan poisons that step's batch (the loss is NaN); NAN_FROM=n makes every loss from step n on NaN,
 whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from, to); the kind
@@ -116,14 +116,27 @@ def inject(kind: str, step: int) -> None:
         _fill(Path(os.environ["RVSUP_MEMORY_DIR"]).parent / "filler")
     if kind == "shmunfill":
         (Path(os.environ["RVSUP_MEMORY_DIR"]).parent / "filler").unlink()
-    if (
-        kind == "hostoom"
-    ):  # move into a memory-limited cgroup, then allocate until the kernel kills us
-        limited = Path(os.environ["OOM_CGROUP"])
+    if kind == "hostoom":  # into a memory-limited cgroup, then allocate until the kernel kills us
+        limited = _limited_memory_group(int(os.environ["OOM_LIMIT_BYTES"]))
         (limited / "cgroup.procs").write_text(str(os.getpid()))
         hog = []
         while True:
             hog.append(torch.ones(16 * 2**20 // 4))
+
+
+def _limited_memory_group(limit: int) -> Path:
+    """A new memory cgroup below this rank's own (the job's: its OOM kills are the job's),
+    limited to ``limit`` bytes; the job's end removes it with the job's group."""
+    from worker_sdk.checkpoint.memory.room import memory_groups
+
+    for directory, v2 in memory_groups():
+        limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
+        if (Path(directory) / limit_file).exists():
+            child = Path(directory) / f"oom-{os.getpid()}"
+            child.mkdir()
+            (child / limit_file).write_text(str(limit))
+            return child
+    raise RuntimeError("no memory cgroup to limit")
 
 
 def main() -> None:

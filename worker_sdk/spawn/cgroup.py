@@ -30,6 +30,7 @@ __all__ = [
     "mount_points",
     "own_group",
     "own_group_dir",
+    "own_memory_v1_dir",
     "place",
     "placement",
     "stale_groups",
@@ -93,6 +94,23 @@ def own_group_dir(pid: int | str = "self") -> str | None:
     if group is None or not mounts:
         return None
     return group_dir(mounts, group)
+
+
+def own_memory_v1_dir(pid: int | str = "self") -> str | None:
+    """This process's (or process ``pid``'s) cgroup v1 memory group directory, or None (no v1
+    memory controller mounted, or the process is gone)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = mount_points(f.read(), v1_controller="memory")
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return group_dir(mounts, group)
+    return None
 
 
 def placement(wanted: object, own: str | None) -> str | bool | None:

@@ -52,7 +52,7 @@ EVERYTHING_WRONG = Observation(
     hang_timeout_s=300,
     last_steps={0: 57, 1: 30, 2: 56},
     lost_nodes=("n2",),
-    host_oom_kills=1,
+    oom_kills=1,
     stderr_tail="torch.OutOfMemoryError: CUDA out of memory",
 )
 
@@ -65,7 +65,7 @@ ROWS = {
             silent_ranks=(0,),
             last_steps={0: 57, 1: 30, 2: 56},
             lost_nodes=("n2",),
-            host_oom_kills=1,
+            oom_kills=1,
             stop_reason=StopReason.PREEMPTED,
         ),
         K.PREEMPTED,
@@ -130,19 +130,43 @@ ROWS = {
         exit_codes=(EXIT_OOM,),
         last_step=12,
     ),
-    "host-oom-killer": Row(
-        Observation(exits=(sig(1, 9), sig(0, 15)), host_oom_kills=1, last_steps={1: 7}),
+    "oom-killer-of-the-jobs-process": Row(
+        Observation(exits=(sig(1, 9), sig(0, 15)), oom_kills=1, last_steps={1: 7}),
         K.OOM,
         (1,),
-        "the host OOM killer killed 1 process (rank 1 killed by SIGKILL) at step 7",
+        "the OOM killer killed 1 of the job's processes (rank 1 killed by SIGKILL) at step 7",
+        signals=("SIGKILL",),
+        last_step=7,
+    ),
+    # the job's count names no rank when the victim was a process of a rank (a DataLoader
+    # worker, a snapshot writer) and the rank died of its loss
+    "oom-killer-of-a-ranks-helper": Row(
+        Observation(exits=(code(0, 1),), oom_kills=1, last_steps={0: 4}),
+        K.OOM,
+        (),
+        "the OOM killer killed 1 of the job's processes at step 4",
+        last_step=4,
+    ),
+    "host-oom-killer": Row(
+        Observation(
+            exits=(sig(1, 9), sig(0, 15)),
+            oom_kills=1,
+            oom_kills_host_wide="no memory cgroup",
+            last_steps={1: 7},
+        ),
+        K.OOM,
+        (1,),
+        "the host OOM killer killed 1 process (rank 1 killed by SIGKILL) at step 7; counted"
+        " host-wide (no memory cgroup)",
         signals=("SIGKILL",),
         last_step=7,
     ),
     "host-oom-killer-shell-137": Row(
-        Observation(exits=(code(0, 137),), host_oom_kills=2),
+        Observation(exits=(code(0, 137),), oom_kills=2, oom_kills_host_wide="no memory cgroup"),
         K.OOM,
         (0,),
-        "the host OOM killer killed 2 processes (rank 0 killed by SIGKILL)",
+        "the host OOM killer killed 2 processes (rank 0 killed by SIGKILL); counted host-wide"
+        " (no memory cgroup)",
         exit_codes=(137,),
         signals=("SIGKILL",),
     ),
@@ -306,7 +330,7 @@ ROWS = {
         exit_codes=(88,),
     ),
     "sigkill-without-host-oom-is-crash": Row(
-        Observation(exits=(sig(0, 9),), host_oom_kills=0),
+        Observation(exits=(sig(0, 9),), oom_kills=0),
         K.CRASH,
         (0,),
         "rank 0 killed by SIGKILL",
