@@ -4,13 +4,11 @@
 run directory (one daemon per job), become the subreaper of the job's processes, write the per-job
 secret, bind the rank channel and the control socket, open the history (closing the attempts of a
 daemon that died, ``attempt_closed``) and fold it into the restart budget, install the stop
-signals (kept since the process began, see :mod:`supervisor.service.stop_signals`; handlers
-only enqueue), then run the supervisor with its
-loops beside it (systemd watchdog, Slurm time limit). A loop or the supervisor raising is a bug:
-it is recorded as ``supervisor_error`` with its traceback, the attempt's process tree is torn down
-(shielded from cancellation, on the way out of the attempt), and the daemon exits 1. Everything it
-opened is closed on every path.
-"""
+signals (kept since the process began, :mod:`supervisor.service.stop_signals`; handlers only
+enqueue), then run the supervisor with its loops beside it (systemd watchdog, Slurm time limit).
+A loop or the supervisor raising is a bug (``supervisor_error``, with its traceback): the
+attempt's tree is torn down (shielded from cancellation) and the daemon exits 1. Everything it
+opened is closed on every path."""
 
 from __future__ import annotations
 
@@ -146,14 +144,11 @@ async def _house(
         alloc = await asyncio.to_thread(slurm.detect)
         torchrun = resolve_torchrun(cfg)
         assert torchrun is not None, "preflight checks that torchrun exists"
-        groups = JobGroups.create()
-        containment = (
-            groups.mechanism if isinstance(groups, JobGroups) else f"{TREE_WALK}: {groups}"
-        )
-        # the job's OOM kills are counted in its own memory cgroup (the daemon is placed in a
-        # v1 one before it starts anything), left at the end, after everything else
-        oom, leave_memory = job_memory(groups if isinstance(groups, JobGroups) else None)
-        stack.callback(leave_memory)
+        made = JobGroups.create()
+        groups = made if isinstance(made, JobGroups) else None
+        containment = f"{TREE_WALK}: {made}" if groups is None else groups.mechanism
+        oom, leave_memory = job_memory(groups)
+        stack.callback(leave_memory)  # after everything else: the group must be empty
         events = EventLog(run_dir, cfg.job.name, console=console)
         stack.callback(events.close)
         home, said = _snapshot_home(cfg)
@@ -163,7 +158,7 @@ async def _house(
             cfg,
             alloc,
             torchrun,
-            groups if isinstance(groups, JobGroups) else None,
+            groups,
             withheld_env=sdnotify.CHILD_ENV_VARS,  # torchrun must not talk to systemd for us
             snapshots=None if home is None else home.path,
             oom=oom,
@@ -248,7 +243,7 @@ async def _house(
             loop, lambda sig: sup.request_stop(STOP_SIGNALS[sig], f"signal {sig.name}")
         )
         stack.callback(stops.hold)
-        _after_start(events, said, groups if isinstance(groups, JobGroups) else None)
+        _after_start(events, said, groups)
         notifier.ready("supervising")
         interval = notifier.watchdog_interval_s
         if interval is not None:

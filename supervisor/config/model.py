@@ -233,6 +233,15 @@ class HeartbeatSection:
       (C/C++) stacks where py-spy is installed. py-spy needs about a second a rank (at most
       3 s), paid while the hang is confirmed: from 2 s before the timeout runs out, so that the
       restart does not wait for it; false never runs it.
+    - ``hang_timeout_idle`` (default ``"2m"``, or ``hang_timeout_max`` where that is shorter;
+      > the interval and <= ``hang_timeout_max``): the longest a silence may last while the
+      ranks outside collectives use no CPU and wait on their own (a sleep, a socket, a pipe, a
+      data loader), from when none of them was last seen working: a rank asleep forever
+      outside any collective is a hang after this long, not after ``hang_timeout_max``. Why
+      2 minutes: long enough for a hook that sleeps or a socket that waits in a healthy job
+      (the waits measured in benchmarks' figure 10 last seconds), short enough that a dead
+      service costs minutes, not half an hour. A hook that really waits longer: wrap it in
+      ``worker_sdk.phase()`` (a declared phase gets ``startup_timeout``) or raise this key.
     """
 
     interval_s: float
@@ -241,6 +250,7 @@ class HeartbeatSection:
     hang_timeout_max_s: float
     transport: Transport
     native_stacks: bool = True
+    hang_timeout_idle_s: float = 120.0
 
 
 RestartSection: TypeAlias = RestartPolicy

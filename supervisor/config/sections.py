@@ -192,6 +192,7 @@ def read_heartbeat(t: Table) -> HeartbeatSection:
     startup_timeout = t.read("startup_timeout", "10m", duration(positive=True))
     hang = t.read("hang_timeout", "auto", duration_or("auto", positive=True))
     hang_max = t.read("hang_timeout_max", "30m", duration(positive=True))
+    idle = t.read("hang_timeout_idle", "2m", duration(positive=True))
     transport = cast(Transport, t.read("transport", "auto", choice(*get_args(Transport))))
     native_stacks = t.read("native_stacks", True, boolean)
     if hang is not None and hang <= interval and t.ok("interval", "hang_timeout"):
@@ -206,7 +207,18 @@ def read_heartbeat(t: Table) -> HeartbeatSection:
             message = f"must be at least heartbeat.hang_timeout ({minimum}), got {got}"
             t.report("hang_timeout_max", message)
         hang_max = hang  # only the default is below it: a longer hang_timeout raises it
-    return HeartbeatSection(interval, startup_timeout, hang, hang_max, transport, native_stacks)
+    if idle <= interval and t.ok("interval", "hang_timeout_idle"):
+        longer = f"must be longer than heartbeat.interval ({format_duration(interval)})"
+        t.report("hang_timeout_idle", longer)
+    elif idle > hang_max and t.ok("hang_timeout_max", "hang_timeout_idle"):
+        if "hang_timeout_idle" in t.table:
+            maximum, got = format_duration(hang_max), format_duration(idle)
+            message = f"must be at most heartbeat.hang_timeout_max ({maximum}), got {got}"
+            t.report("hang_timeout_idle", message)
+        idle = hang_max  # only the default is above it: a shorter hang_timeout_max lowers it
+    return HeartbeatSection(
+        interval, startup_timeout, hang, hang_max, transport, native_stacks, idle
+    )
 
 
 def read_restart(t: Table) -> RestartSection:

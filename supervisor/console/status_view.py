@@ -73,6 +73,7 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
         f"{r['heartbeat_age_s']:>12.1f}s  {r['phase'] or ''}"
         for r in answer["ranks"]
     ]
+    lines += _busy_lines(answer)
     lines += _straggler_lines(answer)
     lines += [
         f"checkpoint of step {failed['step']} failed on rank {failed['rank']} "
@@ -89,6 +90,15 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
 def excluded_lines(excluded: Mapping[str, str]) -> list[str]:
     """One line per excluded node and why (``rvsup status`` and ``rvsup history``)."""
     return [f"excluded node {node}: {why}" for node, why in excluded.items()]
+
+
+def _busy_lines(answer: dict[str, Any]) -> list[str]:
+    """The silence judged busy now (a slow phase), and when it becomes a hang."""
+    b = answer.get("busy")
+    if not b:
+        return []
+    silent, hang = f"{b['silent_s']:.0f}s", f"{b['hang_at_s']:.0f}s"
+    return [f"busy, no step for {silent}: {b['detail']}; a hang at {hang} ({b['bound']})"]
 
 
 def _straggler_lines(answer: dict[str, Any]) -> list[str]:

@@ -48,7 +48,9 @@ class HangCheck:
             # early native stacks; the hang rule's evidence window
             lead_s=max(native.LEAD_S if hb.native_stacks else 0.0, slow.LEAD_S),
         )
-        self.slow = SlowWatch(diag_dir, cap_s=hb.hang_timeout_max_s)
+        self.slow = SlowWatch(
+            diag_dir, cap_s=hb.hang_timeout_max_s, idle_cap_s=hb.hang_timeout_idle_s
+        )
 
     def check(self, now: float) -> Hung | None:
         """The silence found, when it is to be declared a hang now; else None (no silence, not

@@ -7,8 +7,10 @@ window, and its Python stacks (faulthandler's dump on ``protocol.DUMP_SIGNAL``, 
 window's start, only of ranks that handle that signal, and not into a stacks file grown past
 16 MB, which a job that keeps coming close to its timeout would otherwise fill). A stuck group
 is declared hung at its timeout, as before. A busy one opens a *slow phase*: its silence is
-judged again every timeout and is declared a hang once it has lasted ``hang_timeout_max``; when
-the ranks finish a step again, the phase is over and recorded (``slow_phase``).
+judged again every timeout and is declared a hang once it has lasted ``hang_timeout_max``, or
+once its ranks have used no CPU, waiting on their own (:attr:`Busy.working` false at every
+review), for ``hang_timeout_idle``; when the ranks finish a step again, the phase is over and
+recorded (``slow_phase``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from supervisor.process import activity
 from supervisor.record.schema import SlowPhase
@@ -51,15 +54,24 @@ class Phase:
     detail: str
     review_t: float  # when it is judged again
     cap_t: float  # when it is a hang whatever it looks like
+    idle_t: float | None = None  # since when no rank was seen working (None: one works)
+    idle_cap_s: float = float("inf")
+
+    @property
+    def hang_t(self) -> float:
+        """When it is a hang: at its cap, or ``hang_timeout_idle`` into an idle wait."""
+        return self.cap_t if self.idle_t is None else min(self.cap_t, self.idle_t + self.idle_cap_s)
 
 
 class SlowWatch:
     """One attempt's judge of silences (see the module docstring); ``diag_dir`` is where the
-    ranks write their stacks, ``cap_s`` is ``hang_timeout_max``."""
+    ranks write their stacks, ``cap_s`` is ``hang_timeout_max``, ``idle_cap_s``
+    ``hang_timeout_idle``."""
 
-    def __init__(self, diag_dir: Path, *, cap_s: float) -> None:
+    def __init__(self, diag_dir: Path, *, cap_s: float, idle_cap_s: float | None = None) -> None:
         self._diag_dir = diag_dir
         self._cap_s = cap_s
+        self._idle_cap_s = cap_s if idle_cap_s is None else min(idle_cap_s, cap_s)
         self._window: _Window | None = None
         self.phase: Phase | None = None
         self.note = ""  # a hang that was a busy phase until cap_s: says so (the failure's detail)
@@ -78,12 +90,19 @@ class SlowWatch:
         group is busy). ``silent_s`` is the longest silence, ``pids`` the local ranks."""
         phase = self.phase
         if phase is not None:
-            if now >= phase.cap_t:
-                lasted = f"{self._cap_s:g}s"
-                self.note = (
-                    f"{_who(phase.ranks)} ran for hang_timeout_max ({lasted}) without a finished"
-                    f" step ({phase.where})"
-                )
+            if now >= phase.hang_t:
+                if now >= phase.cap_t:
+                    lasted = f"{self._cap_s:g}s"
+                    self.note = (
+                        f"{_who(phase.ranks)} ran for hang_timeout_max ({lasted}) without a"
+                        f" finished step ({phase.where})"
+                    )
+                else:
+                    self.note = (
+                        f"{_who(phase.ranks)} waited on {'its' if len(phase.ranks) == 1 else 'their'}"
+                        f" own, using no CPU, for hang_timeout_idle ({self._idle_cap_s:g}s)"
+                        f" without a finished step ({phase.where})"
+                    )
                 return Stuck(phase.ranks, self.note)
             if now < phase.review_t - LEAD_S:
                 return None
@@ -99,6 +118,20 @@ class SlowWatch:
             return verdict
         self._extend(verdict, now, silent_s=silent_s, review_s=review_s)
         return None
+
+    def status(self, now: float) -> dict[str, Any] | None:
+        """The slow phase in progress, for ``rvsup status`` (None: none is)."""
+        phase = self.phase
+        if phase is None:
+            return None
+        return {
+            "ranks": list(phase.ranks),
+            "where": phase.where,
+            "detail": phase.detail,
+            "silent_s": round(now - phase.start_t, 1),
+            "hang_at_s": round(phase.hang_t - phase.start_t, 1),
+            "bound": "hang_timeout_max" if phase.idle_t is None else "hang_timeout_idle",
+        }
 
     def native_due(self, now: float, lead_s: float) -> bool:
         """Whether native stacks are worth taking ahead of a declaration now: not inside a busy
@@ -122,7 +155,8 @@ class SlowWatch:
         )
 
     def _extend(self, verdict: Busy, now: float, *, silent_s: float, review_s: float) -> None:
-        if self.phase is None:
+        phase = self.phase
+        if phase is None:
             start = now - silent_s
             self.phase = Phase(
                 start_t=start,
@@ -131,9 +165,15 @@ class SlowWatch:
                 detail=verdict.detail,
                 review_t=now + review_s,
                 cap_t=start + self._cap_s,
+                idle_t=None if verdict.working else start,  # idle since the silence began
+                idle_cap_s=self._idle_cap_s,
             )
-        else:
-            self.phase.review_t = now + review_s
+            return
+        phase.review_t = now + review_s
+        if verdict.working:
+            phase.idle_t = None
+        elif phase.idle_t is None:
+            phase.idle_t = now  # it worked at the last review: idle since then at most
 
     def _open(self, now: float, pids: Mapping[int, int]) -> _Window:
         before = {pid: s for pid in pids if (s := activity.read(pid)) is not None}

@@ -26,7 +26,9 @@ a collective: the gloo/NCCL hang; or nothing is known). Otherwise it is :class:`
 outside collectives are doing something of their own and the others wait for them. A sleep counts
 as busy because, to the kernel and the stacks, a rank that sleeps in a logging hook looks exactly
 like one that sleeps forever; only time tells them apart, so a busy group is given up to
-``hang_timeout_max`` (and judged again meanwhile) before its silence is declared a hang.
+``hang_timeout_max`` (and judged again meanwhile) before its silence is declared a hang, and a
+group busy only with waits of its own (no rank working: :attr:`Busy.working` false) up to
+``hang_timeout_idle`` from when a rank was last seen working.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Busy:
     ranks: tuple[int, ...]
     where: str  # where the first of them is, ``train.py:90 in main``
     detail: str
+    working: bool = True  # some rank used CPU; False: every busy rank waits on its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,8 @@ def judge_silence(evidence: Sequence[RankEvidence]) -> Busy | Stuck:
     if waiting:
         parts.append(f"{_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it")
     first = busy[0][0]
-    return Busy(tuple(e.rank for e, _ in busy), where(first.frames), "; ".join(parts))
+    working = any(a is Activity.WORKING for _, a in busy)
+    return Busy(tuple(e.rank for e, _ in busy), where(first.frames), "; ".join(parts), working)
 
 
 def _at(e: RankEvidence) -> str:

@@ -77,3 +77,27 @@ def test_a_busy_loop_is_a_hang_at_hang_timeout_max(tmp_path: Path) -> None:
     slow = named(evs, "slow_phase")
     assert len(slow) == 1 and slow[0]["ranks"] == [1] and slow[0]["finished"] is False, slow
     assert named(evs, "job_succeeded")
+
+
+def test_a_rank_asleep_forever_is_a_hang_at_hang_timeout_idle(tmp_path: Path) -> None:
+    """Rank 1 sleeps forever outside any collective (a wait on a dead service looks the same):
+    its own wait, so the automatic 5 s timeout does not end it, but it uses no CPU and never
+    wakes: declared a hang at hang_timeout_idle (8 s here, hang_timeout_max 60 s) + 1 s at the
+    latest, rank 1 named first and the bound said; the restarted job completes."""
+    job = write_job(
+        tmp_path,
+        env={"FAULT": "sleep:1:12:1", "STEP_SLEEP": "0.02"},
+        total=40,
+        heartbeat=AUTO + '\nhang_timeout_max = "60s"\nhang_timeout_idle = "8s"',
+        restart='max_restarts = 1\nbackoff = "0.1s"',
+    )
+    res = rvsup("start", str(job), timeout=240)
+    assert res.returncode == 0, res.stderr
+    evs = events(tmp_path / "run")
+    hangs = named(evs, "failure_detected")
+    assert [f["kind"] for f in hangs] == ["hang"], hangs
+    hang = hangs[0]
+    assert 8.0 <= hang["detect_s"] <= 9.0, hang
+    assert hang["ranks"][0] == 1, hang
+    assert "for hang_timeout_idle (8s)" in hang["detail"], hang
+    assert named(evs, "job_succeeded")

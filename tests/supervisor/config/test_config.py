@@ -275,6 +275,16 @@ def test_minimal_file_gets_every_default() -> None:
             id="hang-timeout-max",
         ),
         pytest.param(
+            with_section("heartbeat", 'hang_timeout_max = "1m"'),
+            {"heartbeat.hang_timeout_max_s": 60.0, "heartbeat.hang_timeout_idle_s": 60.0},
+            id="hang-timeout-max-lowers-the-default-idle",
+        ),
+        pytest.param(
+            with_section("heartbeat", 'hang_timeout_idle = "10m"'),
+            {"heartbeat.hang_timeout_idle_s": 600.0, "heartbeat.hang_timeout_max_s": 1800.0},
+            id="hang-timeout-idle",
+        ),
+        pytest.param(
             with_section("slurm", "requeue = true"), {"slurm.requeue": "always"}, id="requeue-true"
         ),
         pytest.param(

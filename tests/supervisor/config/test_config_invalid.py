@@ -307,6 +307,21 @@ INVALID: list[Any] = [
         id="hang-max-short",
     ),
     pytest.param(
+        with_section("heartbeat", 'interval = "2s"\nhang_timeout_idle = "1s"'),
+        [("heartbeat.hang_timeout_idle", "longer than heartbeat.interval (2s)")],
+        id="hang-idle-short",
+    ),
+    pytest.param(
+        with_section("heartbeat", 'hang_timeout_max = "5m"\nhang_timeout_idle = "10m"'),
+        [
+            (
+                "heartbeat.hang_timeout_idle",
+                "must be at most heartbeat.hang_timeout_max (5m), got 10m",
+            )
+        ],
+        id="hang-idle-above-max",
+    ),
+    pytest.param(
         with_section("heartbeat", 'hang_timeout = "10m"\nhang_timeout_max = "5m"'),
         [("heartbeat.hang_timeout_max", "must be at least heartbeat.hang_timeout (10m), got 5m")],
         id="hang-max-below-hang-timeout",

@@ -139,3 +139,39 @@ def test_straggler_lines(extra: dict[str, Any], expected: list[str]) -> None:
     lines = render({**answer(50, 48), **extra}, [], None)
     found = [ln for ln in lines if ln.startswith(("straggler:", "excluded at"))]
     assert found == expected
+
+
+BUSY = {
+    "ranks": [0],
+    "where": "train.py:92 in main",
+    "detail": "rank 0 is waiting on its own (a sleep or I/O) (train.py:92 in main); rank 1 waits"
+    " for it",
+    "silent_s": 47.2,
+    "hang_at_s": 120.0,
+    "bound": "hang_timeout_idle",
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({}, []),
+        ({"busy": None}, []),
+        (
+            {"busy": BUSY},
+            [
+                (
+                    "busy, no step for 47s: rank 0 is waiting on its own (a sleep or I/O)"
+                    " (train.py:92 in main); rank 1 waits for it; a hang at 120s"
+                    " (hang_timeout_idle)"
+                )
+            ],
+        ),
+    ],
+    ids=["old-daemon", "none", "judged-busy"],
+)
+def test_busy_line(extra: dict[str, Any], expected: list[str]) -> None:
+    """A silence judged busy (a slow phase) is shown with what each rank does, how long there
+    has been no step, and when it becomes a hang under which bound."""
+    lines = render({**answer(50, 48), **extra}, [], None)
+    assert [ln for ln in lines if ln.startswith("busy,")] == expected

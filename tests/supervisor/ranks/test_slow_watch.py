@@ -69,9 +69,11 @@ def ranks(tmp: Path, kinds: Sequence[str], *, dumps: bool = True) -> Iterator[di
                 proc.stdout.close()
 
 
-def judged(tmp: Path, pids: dict[int, int]) -> tuple[SlowWatch, Stuck | None]:
+def judged(
+    tmp: Path, pids: dict[int, int], *, idle_cap_s: float | None = None
+) -> tuple[SlowWatch, Stuck | None]:
     """Open a window, wait for it, and judge at the timeout."""
-    watch = SlowWatch(tmp, cap_s=60.0)
+    watch = SlowWatch(tmp, cap_s=60.0, idle_cap_s=idle_cap_s)
     t0 = time.monotonic()
     assert watch.review(t0, hung=False, silent_s=4.0, review_s=5.0, pids=pids) is None
     time.sleep(MIN_WINDOW_S + 0.3)
@@ -139,6 +141,33 @@ def test_a_slow_phase_is_a_hang_at_its_cap(tmp_path: Path) -> None:
         late = watch.review(cap, hung=True, silent_s=60.0, review_s=5.0, pids=pids)
     assert late is not None and "ran for hang_timeout_max (60s)" in late.detail
     assert watch.note == late.detail
+
+
+@pytest.mark.parametrize(
+    ("kinds", "idle"),
+    [(["sleep", "collective"], True), (["spin", "collective"], False)],
+    ids=["asleep", "working"],
+)
+def test_an_idle_wait_is_a_hang_at_hang_timeout_idle(
+    tmp_path: Path, kinds: list[str], idle: bool
+) -> None:
+    """A rank asleep outside collectives (its own wait, no CPU) is a hang once its silence
+    reaches the idle bound (20 s here), not the cap (60 s); a working rank is not, and is
+    judged by the cap alone."""
+    with ranks(tmp_path, kinds) as pids:
+        watch, stuck = judged(tmp_path, pids, idle_cap_s=20.0)
+        assert stuck is None and watch.phase is not None
+        start = watch.phase.start_t
+        shown = watch.status(start + 10.0)
+        at_idle = watch.review(start + 20.0, hung=True, silent_s=20.0, review_s=5.0, pids=pids)
+    assert shown is not None and shown["silent_s"] == 10.0
+    if idle:
+        assert shown["hang_at_s"] == 20.0 and shown["bound"] == "hang_timeout_idle", shown
+        assert at_idle is not None and at_idle.ranks == (0,)
+        assert "waited on its own, using no CPU, for hang_timeout_idle (20s)" in at_idle.detail
+    else:
+        assert shown["hang_at_s"] == 60.0 and shown["bound"] == "hang_timeout_max", shown
+        assert at_idle is None
 
 
 def test_a_full_stacks_file_is_not_added_to(tmp_path: Path) -> None:

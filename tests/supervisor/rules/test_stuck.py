@@ -132,3 +132,25 @@ def test_stuck_names_the_stuck_rank() -> None:
         [ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "S", 0.0, "futex_do_wait", HOOK)]
     )
     assert verdict == Stuck((1,), "rank 1 is blocked on a lock (train.py:40 in log_hook)")
+
+
+@pytest.mark.parametrize(
+    ("evidence", "working"),
+    [
+        # a sleep in a hook, a read from the data loader: waits of their own, no CPU
+        (
+            [ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "S", 0.0, "do_nanosleep", HOOK)],
+            False,
+        ),
+        ([ev(0, "S", 0.0, "futex_do_wait", LOADER)], False),
+        # one rank waits on its own while another works: the group works
+        ([ev(0, "R", 0.9, "", EVAL), ev(1, "S", 0.0, "do_nanosleep", HOOK)], True),
+        ([ev(0, "R", 0.9, "", EVAL), ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE)], True),
+    ],
+    ids=["hook-sleep", "data-loader", "one-works", "evaluation"],
+)
+def test_busy_says_whether_a_rank_works(evidence: list[RankEvidence], working: bool) -> None:
+    """A busy verdict says whether some rank used CPU, or every busy rank only waits on its own
+    (the idle bound, hang_timeout_idle, applies then)."""
+    verdict = judge_silence(evidence)
+    assert isinstance(verdict, Busy) and verdict.working is working
