@@ -125,7 +125,7 @@ def job_memory(groups: JobGroups | None) -> tuple[OomCounter, Callable[[], None]
         gone.remove()  # what is still in one is its job's, ended by that job's next start
     path = Path(own) / f"rvsup-{os.getpid()}"
     try:
-        path.mkdir()
+        path.mkdir(exist_ok=True)  # left by a daemon gone with our pid: ours now
         _cgroup.place(os.getpid(), str(path))
     except OSError as exc:
         with contextlib.suppress(OSError):
