@@ -322,6 +322,16 @@ def test_open_pidfd_of_a_gone_process() -> None:
     assert open_pidfd(proc.pid) is None
 
 
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, ExitStatus(None, None)),
+        (0, ExitStatus(0, None)),
+        (3 << 8, ExitStatus(3, None)),
+        (signal.SIGTERM, ExitStatus(None, signal.SIGTERM)),
+        (signal.SIGKILL | 0x80, ExitStatus(None, signal.SIGKILL)),  # with a core dump
+    ],
+)
 def test_exit_status_from_wait_status(status: int | None, expected: ExitStatus) -> None:
     """A raw wait status becomes an exit code or a signal."""
     assert ExitStatus.from_wait_status(status) == expected
