@@ -220,6 +220,7 @@ class Rvsup(Tool):
     zygote: bool = True  # False: every rank starts cold (interpreter, imports)
     native_stacks: bool = True  # False: a hang's diagnostics skip py-spy
     hang_timeout_max: str | None = None  # None: rvsup's default
+    hang_timeout_idle: str | None = None  # None: rvsup's default
     memory_every_steps: int | str | None = "off"  # the memory tier's interval ("auto" or a
     # number of steps); "off" unless a figure is about the tier (rvsup's columns of the other
     # figures are storage-only, as before the tier's default became "auto"); None: the default
@@ -243,7 +244,7 @@ every_steps = {spec.ckpt_every}
 [heartbeat]
 hang_timeout = {json.dumps(self.hang_timeout)}
 native_stacks = {json.dumps(self.native_stacks)}
-{self._hang_timeout_max_line()}
+{self._hang_bound_lines()}
 [restart]
 max_restarts = {spec.max_restarts}
 on_oom = {json.dumps(self.on_oom)}
@@ -259,10 +260,12 @@ on_oom = {json.dumps(self.on_oom)}
             return ""
         return f"memory_every_steps = {json.dumps(self.memory_every_steps)}\n"
 
-    def _hang_timeout_max_line(self) -> str:
-        if self.hang_timeout_max is None:
-            return ""
-        return f"hang_timeout_max = {json.dumps(self.hang_timeout_max)}\n"
+    def _hang_bound_lines(self) -> str:
+        bounds = {
+            "hang_timeout_max": self.hang_timeout_max,
+            "hang_timeout_idle": self.hang_timeout_idle,
+        }
+        return "".join(f"{k} = {json.dumps(v)}\n" for k, v in bounds.items() if v is not None)
 
     def command(self, spec: Spec, workdir: Path) -> tuple[list[str], dict[str, str]]:
         job = workdir / "job.toml"

@@ -19,8 +19,10 @@ fault fires once per run (a marker file in the record directory remembers it acr
 Kinds: ``kill`` (SIGKILL itself), ``sigstop`` (SIGSTOP itself), ``stuck`` (a receive nobody sends, so
 the rank blocks inside gloo while the others block in their next all_reduce: an extra all_reduce
 is no hang on gloo, which aborts on the size mismatch), ``oom`` (raise torch.OutOfMemoryError),
-``deadlock`` (the main thread waits on a lock it holds), and healthy slow work of ``BENCH_SLOW_S``
-seconds (:func:`slow_work`): ``eval``, ``ckptwrite``, ``hooksleep``, ``epoch``. The training gone
+``deadlock`` (the main thread waits on a lock it holds), ``asleep`` (sleeps forever outside any
+collective), ``loaderdeadlock`` (waits forever on a data-loader worker that never returns a
+batch), and healthy slow work of ``BENCH_SLOW_S`` seconds (:func:`slow_work`): ``eval``,
+``ckptwrite``, ``hooksleep``, ``epoch``, ``threadwait``, ``queuewait``, ``storagewrite``. The training gone
 wrong (main() does it, not the process): ``nan`` poisons that step's batch (its loss is NaN), ``spike`` scales
 the loss this process reports from that step on by ``BENCH_SPIKE_FACTOR`` (100; the gradient is
 not scaled: what is measured is the detection, not the model's reaction). ``BENCH_LOSS=1`` passes
@@ -42,8 +44,10 @@ import datetime  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import queue  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import IO, Any  # noqa: E402
 
@@ -106,13 +110,29 @@ def inject(kind: str, step: int) -> None:
         lock = threading.Lock()
         lock.acquire()
         lock.acquire()
+    elif kind == "asleep":  # a wait on a dead service looks the same: no CPU, no end
+        while True:
+            time.sleep(3600)
+    elif kind == "loaderdeadlock":  # its data-loader worker never returns a batch
+        next(iter(torch.utils.data.DataLoader(_NeverReady(), num_workers=1)))
     elif kind in SLOW_KINDS:
         slow_work(kind, float(os.environ.get("BENCH_SLOW_S", "8")))
     else:
         raise ValueError(f"unknown fault kind {kind!r}")
 
 
-SLOW_KINDS = ("eval", "ckptwrite", "hooksleep", "epoch")
+SLOW_KINDS = ("eval", "ckptwrite", "hooksleep", "epoch", "threadwait", "queuewait", "storagewrite")
+
+
+class _NeverReady(torch.utils.data.Dataset[int]):
+    """A dataset whose every item waits forever (a worker deadlocked on a lock of its own)."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        threading.Event().wait()
+        return index
 
 
 def slow_work(kind: str, seconds: float) -> None:
@@ -120,10 +140,23 @@ def slow_work(kind: str, seconds: float) -> None:
     (CPU, this rank alone; the others wait in the next all_reduce), ``ckptwrite`` (a checkpoint
     of the user's own: 16 MB writes, each fsynced, to one file), ``hooksleep`` (a blocking
     ``time.sleep`` in a logging hook), ``epoch`` (an epoch boundary: every rank reshuffles, rank
-    r for ``seconds / (r + 1)``, then a barrier)."""
+    r for ``seconds / (r + 1)``, then a barrier), ``threadwait`` / ``queuewait`` (the main thread
+    waits on a thread of its own that sleeps: on its future, on a ``queue.Queue`` it feeds: an
+    upload, a logger's flush), ``storagewrite`` (a 64 KiB file written to ``BENCH_SLOW_DIR``, slow
+    storage whose server takes ``seconds`` per write, and closed: ``close()`` flushes in state D)."""
     end = time.monotonic() + (seconds / (dist.get_rank() + 1) if kind == "epoch" else seconds)
     if kind == "hooksleep":
         time.sleep(seconds)
+    elif kind == "threadwait":
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(time.sleep, seconds).result()
+    elif kind == "queuewait":
+        done: queue.Queue[float] = queue.Queue()
+        threading.Thread(target=lambda: done.put(_slept(seconds))).start()
+        done.get()
+    elif kind == "storagewrite":
+        with open(Path(os.environ["BENCH_SLOW_DIR"]) / f"rank-{dist.get_rank()}.bin", "wb") as f:
+            f.write(os.urandom(1 << 16))
     elif kind == "ckptwrite":
         path = Path(os.environ["BENCH_RECORD_DIR"]) / f"user-ckpt-{dist.get_rank()}.bin"
         chunk = os.urandom(16 * 2**20)
@@ -139,6 +172,11 @@ def slow_work(kind: str, seconds: float) -> None:
             a = torch.tanh(a @ a)
     if kind == "epoch":
         dist.barrier()
+
+
+def _slept(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
 
 
 def build_model(width: int) -> nn.Module:

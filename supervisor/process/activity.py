@@ -1,4 +1,4 @@
-"""What a rank's process is doing, as /proc shows it: state, CPU time, where its main thread waits.
+"""What a rank's process is doing, as /proc shows it: state, CPU time, where its threads wait.
 
 The evidence the hang rule (:mod:`supervisor.rules.stuck`) judges a silent rank by. Everything is
 read from ``/proc/PID`` of the ranks on this node (their pids are known from their hello), which
@@ -8,9 +8,10 @@ None.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
+
+from supervisor.rules.stuck import ThreadState
 
 __all__ = ["ProcSample", "catches", "read"]
 
@@ -24,14 +25,14 @@ class ProcSample:
     state: str  # the state letter: R running, S sleeping, D uninterruptible, T stopped, Z, ...
     cpu_s: float  # user + system CPU time of all its threads so far
     wchan: str  # the kernel function its main thread waits in ("" when running or unknown)
+    threads: tuple[ThreadState, ...] = ()  # its other threads, as far as they could be read
 
 
-def read(pid: int) -> ProcSample | None:
-    """The process's state, CPU time and main thread's wait channel; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
+def read(pid: int, *, threads: bool = False) -> ProcSample | None:
+    """The process's state, CPU time and main thread's wait channel (and, with ``threads``, its
+    other threads' names, states and wait channels); None if it is gone."""
+    stat = _text(f"/proc/{pid}/stat")
+    if stat is None:
         return None
     # "pid (comm) S ppid ...": comm may hold spaces and parentheses; the rest starts after the
     # last ")": state is its first field, utime and stime its 12th and 13th
@@ -42,10 +43,38 @@ def read(pid: int) -> ProcSample | None:
         cpu = (int(fields[11]) + int(fields[12])) / _TICKS
     except ValueError:
         return None
-    wchan = ""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/wchan", "rb") as f:
-        wchan = f.read().decode("ascii", "replace").strip()
-    return ProcSample(fields[0], cpu, "" if wchan == "0" else wchan)
+    others = _threads(pid) if threads else ()
+    return ProcSample(fields[0], cpu, _wchan(pid, pid), others)
+
+
+def _threads(pid: int) -> tuple[ThreadState, ...]:
+    """The process's threads other than the main one (those gone meanwhile left out)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit() and int(t) != pid]
+    except OSError:
+        return ()
+    out = []
+    for tid in sorted(tids):
+        stat, name = _text(f"/proc/{pid}/task/{tid}/stat"), _text(f"/proc/{pid}/task/{tid}/comm")
+        if stat is None or name is None:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields:
+            out.append(ThreadState(name.rstrip("\n"), fields[0], _wchan(pid, tid)))
+    return tuple(out)
+
+
+def _wchan(pid: int, tid: int) -> str:
+    wchan = (_text(f"/proc/{pid}/task/{tid}/wchan") or "").strip()
+    return "" if wchan == "0" else wchan
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def catches(pid: int, signum: int) -> bool:

@@ -189,7 +189,7 @@ class SlowWatch:
     def _evidence(self, window: _Window, now: float) -> list[RankEvidence]:
         out = []
         for pid, rank in window.pids.items():
-            first, last = window.before.get(pid), activity.read(pid)
+            first, last = window.before.get(pid), activity.read(pid, threads=True)
             if first is None or last is None:
                 out.append(RankEvidence(rank))
                 continue
@@ -207,6 +207,7 @@ class SlowWatch:
                     wchan=last.wchan,
                     frames=frames,
                     stack_read=offset is not None,
+                    threads=last.threads,
                 )
             )
         return out

@@ -35,8 +35,19 @@ def test_verdicts(lines: list[str], expected: Verdicts) -> None:
     assert verdicts(lines) == expected
 
 
+@pytest.mark.parametrize(("detect_s", "in_time"), [(30.8, 1), (31.2, 0)])
+def test_an_idle_hang_is_in_time_by_its_own_bound(detect_s: float, in_time: int) -> None:
+    """A hang with no CPU outside collectives is in time within hang_timeout_idle + 1 s (30 s
+    here), whatever the collective timeout was."""
+    lines = [line("failure_detected", kind="hang", detect_s=detect_s, hang_timeout_s=5.0)]
+    assert verdicts(lines, 30.0) == Verdicts(1, in_time, 0, (detect_s,))
+
+
 def test_smoke_is_small_and_full_has_every_case() -> None:
-    """Smoke runs one healthy case and one hang; the full campaign adds the 120 s evaluation."""
+    """Smoke runs one healthy case and one hang; the full campaign adds the 120 s evaluation,
+    the waits on a thread of its own, slow storage and the hangs with no CPU."""
     assert [c.hang for c in cases("smoke")] == [False, True]
-    full = {c.label for c in cases("full")}
-    assert "rank 0 evaluates alone 120 s" in full and len(full) == 9
+    full = {c.label: c for c in cases("full")}
+    assert "rank 0 evaluates alone 120 s" in full and len(full) == 14
+    assert sum(c.idle for c in full.values()) == 2
+    assert [c.fault for c in full.values() if c.storage] == ["storagewrite:0:60"]

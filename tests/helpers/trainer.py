@@ -4,7 +4,8 @@ FAULT="kind:rank:step[:attempt]" (several separated by ","); rank "*" means ever
 "*" or absent every attempt. Kinds: raise, kill (SIGKILL itself), oom (raise
 torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP itself), deadlock
 (the main thread waits on a lock it holds), spin (a busy infinite loop), eval (EVAL_S seconds of
-CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), mismatch
+CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), threadwait / queuewait (EVAL_S seconds
+waiting on a thread of its own that sleeps: on its future, on a queue.Queue it feeds), mismatch
 (a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
 ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
@@ -28,10 +29,12 @@ skipped them must end like).
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -97,6 +100,8 @@ def inject(kind: str, step: int) -> None:
         evaluate(float(os.environ.get("EVAL_S", "8")))
     if kind == "hooksleep":  # a blocking sleep of EVAL_S seconds in a logging hook
         time.sleep(float(os.environ.get("EVAL_S", "8")))
+    if kind in ("threadwait", "queuewait"):  # EVAL_S seconds waiting on a thread of its own
+        _wait_on_own_thread(float(os.environ.get("EVAL_S", "8")), kind == "queuewait")
     if kind == "mismatch":  # a receive the peer never sends; the peer then waits in all-reduce
         dist.recv(torch.zeros(1), src=1 - dist.get_rank())
     if kind == "ignore_term":
@@ -122,6 +127,25 @@ def inject(kind: str, step: int) -> None:
         hog = []
         while True:
             hog.append(torch.ones(16 * 2**20 // 4))
+
+
+def _wait_on_own_thread(seconds: float, through_queue: bool) -> None:
+    """Wait for a thread of this rank that sleeps ``seconds`` (an upload, a logger's flush): on
+    its future, or on a queue.Queue it feeds."""
+    if through_queue:
+        done: queue.Queue[bool] = queue.Queue()
+
+        def feed() -> None:
+            time.sleep(seconds)
+            done.put(True)
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        done.get()
+        feeder.join()
+        return
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(time.sleep, seconds).result()
 
 
 def _limited_memory_group(limit: int) -> Path:

@@ -18,22 +18,27 @@ AUTO = 'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "auto"'
 
 
 @pytest.mark.parametrize(
-    ("eval_s", "zygote"),
-    [(8, "true"), (30, "false")],
-    ids=["8s-forked-ranks", "30s-cold-ranks"],
+    ("kind", "eval_s", "zygote", "doing"),
+    [
+        ("eval", 8, "true", "rank 0 is working (trainer.py:"),
+        ("eval", 30, "false", "rank 0 is working (trainer.py:"),
+        ("threadwait", 12, "true", "rank 0 is waiting on a thread of its own (trainer.py:"),
+    ],
+    ids=["8s-forked-ranks", "30s-cold-ranks", "12s-on-a-thread"],
 )
 def test_rank_zero_evaluating_alone_is_not_a_hang(
-    tmp_path: Path, reference_final: Path, eval_s: int, zygote: str
+    tmp_path: Path, reference_final: Path, kind: str, eval_s: int, zygote: str, doing: str
 ) -> None:
-    """Rank 0 alone evaluates for 8 s (ranks forked from the zygote) or 30 s (cold ranks) at step
-    20, without worker_sdk.phase(), under the automatic 5 s timeout; rank 1 waits for it in the
-    next all-reduce. No failure, one attempt, one slow_phase event naming rank 0 in the
-    evaluation with the phase's length and the phase() hint, and the final weights are
-    bit-identical to a run without the evaluation."""
+    """Rank 0 alone evaluates for 8 s (ranks forked from the zygote) or 30 s (cold ranks), or
+    waits 12 s on the future of a thread of its own that sleeps (an upload, a logger's flush),
+    at step 20, without worker_sdk.phase(), under the automatic 5 s timeout; rank 1 waits for it
+    in the next all-reduce. No failure, one attempt, one slow_phase event naming rank 0, what it
+    does and where, with the phase's length and the phase() hint, and the final weights are
+    bit-identical to a run without it."""
     final = tmp_path / "final.pt"
     job = write_job(
         tmp_path,
-        env={"FAULT": "eval:0:20", "EVAL_S": str(eval_s), "FINAL": str(final)},
+        env={"FAULT": f"{kind}:0:20", "EVAL_S": str(eval_s), "FINAL": str(final)},
         heartbeat=AUTO,
         launch=f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {zygote}',
     )
@@ -46,7 +51,8 @@ def test_rank_zero_evaluating_alone_is_not_a_hang(
     assert len(slow) == 1, slow
     phase = slow[0]
     assert phase["ranks"] == [0] and phase["finished"] is True, phase
-    assert "in evaluate" in phase["where"], phase
+    assert "in evaluate" in phase["where"] or kind != "eval", phase
+    assert doing in phase["detail"], phase
     assert eval_s - 1 <= phase["seconds"] <= eval_s + 5, phase
     assert "rank 1 waits for it" in phase["detail"], phase
     assert "worker_sdk.phase" in phase["hint"], phase

@@ -21,6 +21,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from worker_sdk.contract import threads
+
 if TYPE_CHECKING:  # pyzmq is imported where a socket is made (the daemon's core loads none)
     import zmq
 
@@ -90,6 +92,8 @@ class Listener:
         # a plain context over the same one (an asyncio context's sockets would not block)
         self._auth = ThreadAuthenticator(zmq.Context.shadow(context.underlying))
         self._auth.start()
+        if self._auth.thread is not None:
+            threads.name_os_thread(self._auth.thread, "zap")
         self._auth.configure_curve_callback(
             _DOMAIN, credentials_provider=_OnlyTheJob(k.client_public)
         )

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from worker_sdk.contract import protocol as p
+from worker_sdk.contract import threads
 
 __all__ = ["arm", "recording"]
 
@@ -71,6 +72,7 @@ def arm(directory: Path, rank: int) -> threading.Thread | None:
         daemon=True,
     )
     thread.start()
+    threads.name_os_thread(thread, "flight")
     return thread
 
 

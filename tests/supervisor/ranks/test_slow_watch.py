@@ -14,6 +14,7 @@ import pytest
 
 from supervisor.ranks.slow import MIN_WINDOW_S, STACKS_CAP_BYTES, SlowWatch
 from supervisor.rules.stuck import Stuck
+from tests.helpers.slow_storage import slow_storage
 from worker_sdk.contract import protocol as p
 
 pytestmark = pytest.mark.process  # ranks stood in for by real processes
@@ -26,6 +27,43 @@ BODIES = {
     "sleep": f"import time\n{READY}time.sleep(3600)",
     "lock": f"import threading\nl = threading.Lock()\nl.acquire()\n{READY}l.acquire()",
     "stop": f"import os, signal, time\n{READY}os.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(3600)",
+    # the main thread waits on a thread of its own: on its future, on a queue it feeds
+    "future": (
+        "import time\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        f"{READY}ThreadPoolExecutor(1).submit(time.sleep, 3600).result()"
+    ),
+    "queue": (
+        "import queue, threading, time\nq = queue.Queue()\n"
+        "threading.Thread(target=lambda: (time.sleep(3600), q.put(1)), daemon=True).start()\n"
+        f"{READY}q.get()"
+    ),
+    # a checkpoint written to slow storage: write() returns, close() flushes in state D; or the
+    # same write in a thread of its own that the main thread waits on
+    "storage": (
+        "import sys\nfrom pathlib import Path\n"
+        "f = open(Path(sys.argv[1]).parents[3] / 'slow' / 'ckpt.bin', 'wb')\n"
+        f"f.write(bytes(1 << 16))\n{READY}f.close()"
+    ),
+    "future-storage": (
+        "import sys\nfrom concurrent.futures import ThreadPoolExecutor\nfrom pathlib import Path\n"
+        "def save():\n"
+        "    with open(Path(sys.argv[1]).parents[3] / 'slow' / 'ckpt.bin', 'wb') as f:\n"
+        "        f.write(bytes(1 << 16))\n"
+        f"{READY}ThreadPoolExecutor(1).submit(save).result()"
+    ),
+    # ... on an event nobody sets, beside rvsup's flight-recorder thread (which waits on its FIFO)
+    "event-beside-flight": (
+        "import os, sys, threading\nfrom pathlib import Path\n"
+        "os.environ['TORCH_FR_BUFFER_SIZE'] = '10'\nfrom worker_sdk.runtime import flight\n"
+        "assert flight.arm(Path(sys.argv[1]).parent, 0) is not None\n"
+        f"{READY}threading.Event().wait()"
+    ),
+    # ... on a future whose thread is itself blocked on a lock the main thread holds: a deadlock
+    "deadlocked-future": (
+        "import threading\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        "l = threading.Lock()\nl.acquire()\n"
+        f"{READY}ThreadPoolExecutor(1).submit(l.acquire).result()"
+    ),
     "collective": (
         "import sys\nns = {}\npath = sys.argv[1]\n"
         "exec(compile(open(path).read(), path, 'exec'), ns)\n"
@@ -82,22 +120,26 @@ def judged(
 
 
 @pytest.mark.parametrize(
-    ("kinds", "busy"),
+    ("kinds", "busy", "says"),
     [
-        (["spin", "collective"], (0,)),  # rank 0 works while rank 1 waits for it
-        (["sleep", "collective"], (0,)),  # a sleep in user code: its own wait
-        (["spin", "spin"], (0, 1)),
+        (["spin", "collective"], (0,), "rank 0 is working"),  # rank 1 waits for it
+        (["sleep", "collective"], (0,), "rank 0 is waiting on its own"),  # a sleep in user code
+        (["spin", "spin"], (0, 1), "rank 1 is working"),
+        (["future", "collective"], (0,), "rank 0 is waiting on a thread of its own"),
+        (["queue", "collective"], (0,), "rank 0 is waiting on a thread of its own"),
     ],
 )
 def test_a_working_rank_opens_a_slow_phase(
-    tmp_path: Path, kinds: list[str], busy: tuple[int, ...]
+    tmp_path: Path, kinds: list[str], busy: tuple[int, ...], says: str
 ) -> None:
-    """Real processes: a rank that spins or sleeps outside a collective is busy, not stuck: no
-    hang, a slow phase naming it, recorded once the silence ends."""
+    """Real processes: a rank that spins, sleeps, or waits on a thread of its own that sleeps
+    (its future, a queue it feeds) outside a collective is busy, not stuck: no hang, a slow
+    phase naming it and what it does, recorded once the silence ends."""
     with ranks(tmp_path, kinds) as pids:
         watch, stuck = judged(tmp_path, pids)
     assert stuck is None
     assert watch.phase is not None and watch.phase.ranks == busy
+    assert says in watch.phase.detail, watch.phase.detail
     event = watch.close(time.monotonic(), finished=True)
     assert event is not None and event.ranks == busy and event.seconds >= 5.0
     assert "<string>" in event.where, event
@@ -107,6 +149,8 @@ def test_a_working_rank_opens_a_slow_phase(
     ("kinds", "stuck_ranks", "says"),
     [
         (["lock", "collective"], (0,), "rank 0 is blocked on a lock"),
+        (["deadlocked-future", "collective"], (0,), "rank 0 is blocked on a lock"),
+        (["event-beside-flight", "collective"], (0,), "rank 0 is blocked on a lock"),
         (["stop", "collective"], (0,), "rank 0 is stopped by a signal"),
         (["collective", "collective"], (), "wait in collectives"),
     ],
@@ -114,12 +158,33 @@ def test_a_working_rank_opens_a_slow_phase(
 def test_a_stuck_group_is_a_hang_at_the_timeout(
     tmp_path: Path, kinds: list[str], stuck_ranks: tuple[int, ...], says: str
 ) -> None:
-    """Real processes: a deadlock on a lock, a stopped process, every rank in a collective: stuck
-    at the timeout, no slow phase."""
+    """Real processes: a deadlock on a lock (also one between the main thread and the thread it
+    waits on, and a wait on an event nobody sets beside rvsup's own thread, which a rank's wait
+    never counts on), a stopped process, every rank in a collective: stuck at the timeout, no
+    slow phase."""
     with ranks(tmp_path, kinds) as pids:
         watch, stuck = judged(tmp_path, pids)
     assert stuck is not None and stuck.ranks == stuck_ranks and says in stuck.detail, stuck
     assert watch.phase is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("storage", "rank 0 is waiting on storage (state D)"),
+        ("future-storage", "rank 0 is waiting on a thread of its own"),
+    ],
+)
+def test_a_write_to_slow_storage_is_an_idle_wait(tmp_path: Path, kind: str, says: str) -> None:
+    """Real processes on a file system whose server takes 4 s per write: a rank flushing its
+    checkpoint there (close() in state D, no CPU), or waiting on a thread of its own that does,
+    is busy, not stuck, and waits on its own: bounded by hang_timeout_idle."""
+    with slow_storage(tmp_path / "slow", 4.0), ranks(tmp_path, [kind, "collective"]) as pids:
+        watch, stuck = judged(tmp_path, pids)
+    assert stuck is None, stuck
+    phase = watch.phase
+    assert phase is not None and phase.ranks == (0,) and says in phase.detail, phase
+    assert phase.idle_t is not None, phase  # no rank works: the idle bound applies
 
 
 def test_a_rank_that_cannot_dump_is_not_signalled(tmp_path: Path) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from supervisor.rules.culprits import Frame
-from supervisor.rules.stuck import Activity, Busy, RankEvidence, Stuck, activity, judge_silence
+from supervisor.rules.stuck import (
+    Activity,
+    Busy,
+    RankEvidence,
+    Stuck,
+    ThreadState,
+    activity,
+    judge_silence,
+)
+from worker_sdk.contract import threads
 
 ALL_REDUCE = (
     Frame("/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 81, "wrapper"),
@@ -27,9 +36,39 @@ LOADER = (
     Frame("/job/train.py", 50, "main"),
 )
 
+FUTURE = (  # waiting on a thread's future: ThreadPoolExecutor(...).submit(...).result()
+    Frame("/usr/lib/python3.11/threading.py", 327, "wait"),
+    Frame("/usr/lib/python3.11/concurrent/futures/_base.py", 451, "result"),
+    Frame("/job/train.py", 92, "main"),
+)
+QUEUE = (  # waiting on a queue.Queue a thread feeds
+    Frame("/usr/lib/python3.11/threading.py", 327, "wait"),
+    Frame("/usr/lib/python3.11/queue.py", 171, "get"),
+    Frame("/job/train.py", 93, "main"),
+)
+JOIN = (Frame("/usr/lib/python3.11/threading.py", 1132, "_wait_for_tstate_lock"), *HOOK)
+# the threads every rank has: libraries' (gloo, torch, ZeroMQ) and rvsup's, named by them
+INFRA = (
+    ThreadState("gloo_tcp_loop", "S", "do_epoll_wait"),
+    ThreadState("pt_gloo_runloop", "S", "futex_do_wait"),
+    ThreadState("ZMQbg/IO/0", "S", "do_epoll_wait"),
+    ThreadState(threads.PREFIX + "flight", "S", "wait_for_partner"),
+    ThreadState("cuda-EvtHandlr", "S", "do_sys_poll"),
+)
+SLEEPING = ThreadState("python", "S", "hrtimer_nanosleep")  # the user's thread: time.sleep
+READING = ThreadState("python", "S", "sk_wait_data")  # an upload's socket
+WRITING = ThreadState("python", "D", "nfs_wait_bit_killable")  # a checkpoint's write
+RUNNING = ThreadState("python", "R", "")
+BLOCKED = ThreadState("python", "S", "futex_do_wait")  # itself waiting on a lock
+
 
 def ev(
-    rank: int, state: str = "S", cpu: float = 0.0, wchan: str = "", frames: tuple[Frame, ...] = ()
+    rank: int,
+    state: str = "S",
+    cpu: float = 0.0,
+    wchan: str = "",
+    frames: tuple[Frame, ...] = (),
+    others: tuple[ThreadState, ...] = INFRA,
 ) -> RankEvidence:
     return RankEvidence(
         rank,
@@ -39,6 +78,7 @@ def ev(
         wchan=wchan,
         frames=tuple(frames),
         stack_read=True,
+        threads=others,
     )
 
 
@@ -54,13 +94,25 @@ def ev(
         (ev(0, "T", 0.0, "do_signal_stop", HOOK), Activity.STOPPED),
         (ev(0, "T", 0.0, "", ()), Activity.STOPPED),
         (ev(0, "t", 0.0, "hrtimer_nanosleep", HOOK), Activity.OWN_WAIT),  # py-spy reading it
-        (ev(0, "D", 0.0, "nfs_wait_bit_killable", HOOK), Activity.UNINTERRUPTIBLE),
+        (ev(0, "D", 0.0, "nfs_wait_bit_killable", HOOK), Activity.STORAGE),  # a slow write
         (ev(0, "S", 0.0, "futex_do_wait", HOOK), Activity.LOCKED),  # a deadlock
         (ev(0, "S", 0.01, "futex_wait_queue", HOOK), Activity.LOCKED),  # under 5 %: no work
         (ev(0, "S", 0.0, "hrtimer_nanosleep", HOOK), Activity.OWN_WAIT),  # time.sleep
         (ev(0, "S", 0.0, "do_select", HOOK), Activity.OWN_WAIT),  # time.sleep on 3.10
         (ev(0, "S", 0.0, "futex_do_wait", LOADER), Activity.OWN_WAIT),  # waits for its data
         (ev(0, "S", 0.0, "futex_do_wait", ()), Activity.LOCKED),
+        # the main thread waits on a thread of its own: busy while that thread is alive
+        (ev(0, "S", 0.0, "futex_do_wait", FUTURE, (*INFRA, SLEEPING)), Activity.THREAD_WAIT),
+        (ev(0, "S", 0.0, "futex_do_wait", QUEUE, (READING,)), Activity.THREAD_WAIT),
+        (ev(0, "S", 0.0, "futex_do_wait", FUTURE, (WRITING,)), Activity.THREAD_WAIT),
+        (ev(0, "S", 0.0, "futex_do_wait", JOIN, (BLOCKED, RUNNING)), Activity.THREAD_WAIT),
+        # ... and locked when every thread of its own is blocked on a lock too (a deadlock)
+        (ev(0, "S", 0.0, "futex_do_wait", FUTURE, (*INFRA, BLOCKED)), Activity.LOCKED),
+        # ... or only the libraries' and rvsup's threads are alive
+        (ev(0, "S", 0.0, "futex_do_wait", QUEUE, INFRA), Activity.LOCKED),
+        # a bare Lock.acquire() shows no wait on another thread: locked, whatever else runs
+        (ev(0, "S", 0.0, "futex_do_wait", HOOK, (SLEEPING,)), Activity.LOCKED),
+        (ev(0, "S", 0.0, "futex_do_wait", (), (SLEEPING,)), Activity.LOCKED),
         (ev(0, "S", 0.0, "ep_poll", ()), Activity.SILENT),  # no stack: stuck outside Python
         (ev(0, "R", 0.8, "", ()), Activity.WORKING),  # no stack, but native code runs
         (RankEvidence(0), Activity.UNKNOWN),  # another node
@@ -98,8 +150,24 @@ def test_activity_of_one_rank(evidence: RankEvidence, expected: Activity) -> Non
             [ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "S", 0.0, "futex_do_wait", HOOK)],
             Stuck,
         ),
-        # uninterruptible sleep with no CPU (a dead file server)
-        ([ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "D", 0.0, "nfs_wait", HOOK)], Stuck),
+        # rank 1 writes to slow storage (state D, no CPU): busy, bounded by hang_timeout_idle
+        ([ev(0, "S", 0.0, "futex_do_wait", ALL_REDUCE), ev(1, "D", 0.0, "nfs_wait", HOOK)], Busy),
+        # rank 0 waits 12 s on an upload thread's future, rank 1 in the all-reduce: busy
+        (
+            [
+                ev(0, "S", 0.0, "futex_do_wait", FUTURE, (*INFRA, SLEEPING)),
+                ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE),
+            ],
+            Busy,
+        ),
+        # the same wait, but the thread is itself blocked on a lock: a deadlock
+        (
+            [
+                ev(0, "S", 0.0, "futex_do_wait", FUTURE, (*INFRA, BLOCKED)),
+                ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE),
+            ],
+            Stuck,
+        ),
         # one rank works but another is stopped: the stopped one decides
         ([ev(0, "R", 0.9, "", EVAL), ev(1, "T", 0.0, "", ())], Stuck),
         # nothing observed (every rank on another node): as before, a hang
@@ -143,14 +211,49 @@ def test_stuck_names_the_stuck_rank() -> None:
             False,
         ),
         ([ev(0, "S", 0.0, "futex_do_wait", LOADER)], False),
+        # a wait on its own thread, a write to slow storage: no CPU either
+        ([ev(0, "S", 0.0, "futex_do_wait", FUTURE, (SLEEPING,))], False),
+        ([ev(0, "D", 0.0, "nfs_wait_bit_killable", HOOK)], False),
         # one rank waits on its own while another works: the group works
         ([ev(0, "R", 0.9, "", EVAL), ev(1, "S", 0.0, "do_nanosleep", HOOK)], True),
         ([ev(0, "R", 0.9, "", EVAL), ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE)], True),
     ],
-    ids=["hook-sleep", "data-loader", "one-works", "evaluation"],
+    ids=["hook-sleep", "data-loader", "thread", "storage", "one-works", "evaluation"],
 )
 def test_busy_says_whether_a_rank_works(evidence: list[RankEvidence], working: bool) -> None:
     """A busy verdict says whether some rank used CPU, or every busy rank only waits on its own
     (the idle bound, hang_timeout_idle, applies then)."""
     verdict = judge_silence(evidence)
     assert isinstance(verdict, Busy) and verdict.working is working
+
+
+def test_a_wait_on_its_own_thread_is_named_with_where_it_waits() -> None:
+    """The verdict for a rank waiting on a thread of its own says so, at the user's line."""
+    verdict = judge_silence(
+        [
+            ev(0, "S", 0.0, "futex_do_wait", FUTURE, (*INFRA, SLEEPING)),
+            ev(1, "S", 0.0, "futex_do_wait", ALL_REDUCE),
+        ]
+    )
+    assert verdict == Busy(
+        (0,),
+        "train.py:92 in main",
+        "rank 0 is waiting on a thread of its own (train.py:92 in main); rank 1 waits for it",
+        working=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "libraries"),
+    [
+        (threads.PREFIX + "replica", True),
+        ("gloo_tcp_loop", True),
+        ("pt_nccl_watchdg", True),
+        ("ZMQbg/Reaper", True),
+        ("python", False),  # an unnamed thread: the process's name
+        ("uploader", False),  # a thread the user named
+    ],
+)
+def test_which_threads_libraries_started(name: str, libraries: bool) -> None:
+    """Each row: a thread's kernel name -> whether a library (or rvsup) started it."""
+    assert ThreadState(name, "S", "").libraries is libraries

@@ -49,7 +49,7 @@ from typing import IO, Final
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from worker_sdk.contract import curve, layout
+from worker_sdk.contract import curve, layout, threads
 from worker_sdk.contract.layout import COMMITTED_RE, TEMP_RE
 from worker_sdk.contract.private_paths import make_private_dir
 
@@ -161,6 +161,7 @@ class Receiver:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="rvsup-replica", daemon=True)
         self._thread.start()
+        threads.name_os_thread(self._thread, "replica")
 
     def close(self) -> None:
         self._stop.set()
