@@ -74,7 +74,7 @@ class AttemptTree:
         spawn: Spawn,
         *,
         term_timeout_s: float,
-        oom: OomCounter | None = None,
+        oom: OomCounter,
     ) -> None:
         self.plan = plan
         self._spawn = spawn
@@ -85,7 +85,7 @@ class AttemptTree:
         self._ledger = ExitLedger(
             self._on_pid_exit, reports_expected=plan.alloc is not None or plan.forked
         )
-        self._oom = oom or OomCounter.of_job(None, None, "")
+        self._oom = oom
         self._oom_baseline = self._oom.read()
         self._early: native.EarlyNative | None = None  # native stacks of a foreseen hang
         self.launcher_rc: int | None = None
