@@ -132,7 +132,7 @@ class Attempt:
             loops["watch"] = self._watch_loop()
         ending = Ending.FAILED
         diagnostics: str | None = None
-        lost: tuple[str, ...] = ()
+        lost: dict[str, str] = {}
         try:
             self.tree.start(self._on_launcher_exit, self._on_rank_exit)
             ending = await run_beside(done, loops)
@@ -154,7 +154,7 @@ class Attempt:
             self.end.close()
             if ending is not Ending.SUCCEEDED:
                 self.job.transition(JobState.TEARING_DOWN)
-            report = await shielded(self.tree.teardown())
+            report = await shielded(self.tree.teardown(lost_nodes=tuple(lost)))
             if report is not None:
                 for event in ended_events(report, scope="attempt", mechanism=self.tree.mechanism):
                     self.events.log(event)
@@ -362,7 +362,7 @@ class Attempt:
 
     # ------------------------------------------------------------------ ending
     def _result(
-        self, ending: Ending, diagnostics: str | None, lost: tuple[str, ...]
+        self, ending: Ending, diagnostics: str | None, lost: dict[str, str]
     ) -> AttemptResult:
         self.refresh_steps()
         newest = self.tracker.newest_step

@@ -107,7 +107,7 @@ def result_of(
     stop_step: int | None,
     progressed: bool,
     diagnostics: str | None,
-    lost: tuple[str, ...],
+    lost: Mapping[str, str],
 ) -> AttemptResult:
     """The result of an attempt that ended so, from its evidence and its process tree's record
     (``last_steps``: each rank's last finished step; ``rank_nodes``: the ranks' hosts)."""
@@ -124,7 +124,8 @@ def result_of(
         stderr_tail=tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
         oom_kills=oom_kills,
         oom_kills_host_wide=oom_kills_host_wide,
-        lost_nodes=lost,
+        lost_nodes=tuple(lost),
+        lost_how=dict(lost),
         hang_culprits=verdict.culprits,
         hang_evidence="; ".join(filter(None, [slow_note, verdict.detail])),
         rank_nodes=rank_nodes,

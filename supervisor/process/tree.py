@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -28,7 +28,7 @@ from supervisor.process.exits import ExitLedger
 from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.oom_count import OomCounter
 from supervisor.rules.observation import RankExit
-from supervisor.slurm import commands as slurm
+from supervisor.slurm import lost
 from worker_sdk.spawn.cgroup import Group
 
 __all__ = ["AttemptTree", "ProcessTree", "Spawn"]
@@ -57,12 +57,14 @@ class ProcessTree(Protocol):
     def hold_launcher(self) -> None: ...
     def hang_averted(self) -> None: ...
     async def collect_stacks(self, directory: Path, *, native_stacks: bool) -> str | None: ...
-    async def lost_nodes(self) -> tuple[str, ...]: ...
+    async def lost_nodes(self) -> dict[str, str]: ...
     def oom_kills(self) -> tuple[int, str]: ...
     def stderr_tail(self, rank: int | None = None) -> str: ...
     @property
     def mechanism(self) -> str: ...
-    async def teardown(self) -> proctree.TeardownReport | None: ...
+    async def teardown(
+        self, *, lost_nodes: Collection[str] = ()
+    ) -> proctree.TeardownReport | None: ...
 
 
 class AttemptTree:
@@ -183,12 +185,13 @@ class AttemptTree:
             self._ledger.known_ranks(), directory, py_spy, native_taken=taken
         )
 
-    async def lost_nodes(self) -> tuple[str, ...]:
-        """The allocation's nodes Slurm says are gone (a probe step: seconds); () off Slurm."""
+    async def lost_nodes(self) -> dict[str, str]:
+        """The allocation's nodes that are gone, each with how that was established (at most a
+        few seconds: :mod:`supervisor.slurm.lost`); none off Slurm."""
         alloc = self.plan.alloc
         if alloc is None:
-            return ()
-        return await asyncio.to_thread(slurm.unreachable_nodes, alloc)
+            return {}
+        return await asyncio.to_thread(lost.lost_nodes, alloc)
 
     def oom_kills(self) -> tuple[int, str]:
         """OOM kills of the job's processes during the attempt, and ``""``; where only the
@@ -211,10 +214,11 @@ class AttemptTree:
         """How the teardown finds the attempt's processes: its cgroup, or the process tree."""
         return f"cgroup v2 ({self.plan.cgroup})" if self.plan.cgroup else TREE_WALK
 
-    async def teardown(self) -> proctree.TeardownReport | None:
+    async def teardown(self, *, lost_nodes: Collection[str] = ()) -> proctree.TeardownReport | None:
         """Kill and reap the whole tree (with a cgroup: every member of the attempt's group, then
         remove the group); runs to its end even if the caller is cancelled. What it did (None:
-        nothing was started)."""
+        nothing was started). ``lost_nodes``: nodes known lost, whose ranks srun would wait for
+        until its own time-outs: srun is then SIGKILLed as soon as this node's ranks are gone."""
         self._ledger.close()
         self.hang_averted()  # early native stacks that no declared hang took
         popen = self._popen
@@ -226,7 +230,8 @@ class AttemptTree:
         # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save;
         # it stays stopped if hold_launcher stopped it);
         # srun is sent SIGTERM and awaited, so that Slurm gives the other nodes' ranks the same
-        # SIGTERM grace
+        # SIGTERM grace; with a node known lost, only until this node's ranks are gone (srun
+        # would wait for the lost node's ranks until its own time-outs)
         ranks = {pid for pid, rank in self._ledger.rank_of_pid.items() if rank is not None}
         one_node = self.plan.nnodes == 1
         report = await shielded(
@@ -235,7 +240,7 @@ class AttemptTree:
                 pids,
                 term_timeout_s=self._term_timeout_s,
                 popens=[popen],
-                workers=ranks - {popen.pid} if one_node else None,
+                workers=ranks - {popen.pid} if one_node or lost_nodes else None,
                 spared=(popen.pid,) if one_node else (),
                 members=None if group is None else group.pids,
                 kill_all=None if group is None else group.kill,

@@ -151,6 +151,9 @@ def _node_failure(obs: Observation, last_step: int | None) -> Failure:
     if ranks:
         detail += f" ({_ranks_text(ranks)})"
     detail += _at_step(last_step)
+    how = [f"{node}: {obs.lost_how[node]}" for node in nodes if obs.lost_how.get(node)]
+    if how:
+        detail += f" ({'; '.join(how)})"
     return Failure(FailureKind.NODE_FAILURE, _stable(ranks), codes, sigs, last_step, detail, nodes)
 
 

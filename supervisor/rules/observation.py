@@ -161,6 +161,9 @@ class Observation:
     when a rank died of SIGKILL)."""
     lost_nodes: tuple[str, ...] = ()
     """Nodes whose srun task or slurmd went away."""
+    lost_how: Mapping[str, str] = field(default_factory=dict)
+    """Lost node -> how that was established (``"slurmd at 10.0.0.2:6818 refused the
+    connection"``)."""
     hang_culprits: tuple[int, ...] = ()
     """In a hang, the ranks that were not in a collective while others were (their stacks)."""
     hang_evidence: str = ""

@@ -12,33 +12,22 @@
 - :mod:`.srun` builds the one ``srun`` step that runs torchrun once on every node; see its
   docstring for each flag and for how to tear the step down. :func:`step_ids`,
   :func:`signal_step` and :func:`cancel_step` act on that step by its name.
-- :func:`unreachable_nodes` says which nodes of the allocation are lost (Slurm cannot start a
-  task there now, or the controller marks them down or not responding): the evidence that tells
-  a node failure from a crash.
+- :mod:`.lost` says which nodes of the allocation are lost, and how that was established.
 - The parsers of Slurm's notations and messages are in :mod:`supervisor.slurm.text`.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import socket
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from supervisor.slurm.text import (
-    PROBE_FAILED_NODE,
-    expand_hostlist,
-    parse_job_record,
-    parse_lost_nodes,
-    parse_probe_failures,
-    parse_time_left,
-)
+from supervisor.slurm.text import expand_hostlist, parse_job_record, parse_time_left
 from worker_sdk.contract import protocol as p
 
 __all__ = [
@@ -49,10 +38,10 @@ __all__ = [
     "is_requeueable",
     "job_info",
     "requeue",
+    "run_once",
     "signal_step",
     "step_ids",
     "time_left_s",
-    "unreachable_nodes",
 ]
 
 #: Seconds one Slurm command may take before it counts as a (transient) failure.
@@ -62,11 +51,6 @@ COMMAND_ATTEMPTS: Final = 4
 #: Back-off between tries: RETRY_WAIT_S, doubling, at most RETRY_WAIT_MAX_S.
 RETRY_WAIT_S: Final = 0.5
 RETRY_WAIT_MAX_S: Final = 8.0
-#: How long :func:`unreachable_nodes` waits for its probe step (a dead slurmd answers at once, an
-#: unreachable node after the cluster's MessageTimeout, 10 s by default).
-PROBE_TIMEOUT_S: Final = 20.0
-#: How long the probe still listens after srun named the first failed node.
-PROBE_GRACE_S: Final = 1.0
 #: The step id Slurm uses for the batch script (``SLURM_BATCH_SCRIPT``, 0xfffffffe).
 # stderr fragments of failures that go away when the command is tried again a little later.
 _TRANSIENT_ERRORS: Final = (
@@ -104,7 +88,7 @@ class Allocation:
     restart_count: int  #: times the job was requeued (SLURM_RESTART_COUNT), 0 at first
 
 
-def _run(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
+def run_once(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
     """Run one Slurm command once and return its stdout; raise :class:`SlurmError` if it fails."""
     timeout_s = COMMAND_TIMEOUT_S if timeout_s is None else timeout_s
     try:
@@ -123,14 +107,14 @@ def _run(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
 
 
 def _run_retrying(argv: Sequence[str]) -> str:
-    """:func:`_run`, retried with exponential back-off while the failure is transient."""
+    """:func:`run_once`, retried with exponential back-off while the failure is transient."""
     retrying = Retrying(
         retry=retry_if_exception(lambda error: isinstance(error, SlurmError) and error.transient),
         stop=stop_after_attempt(COMMAND_ATTEMPTS),
         wait=wait_exponential(multiplier=RETRY_WAIT_S, max=RETRY_WAIT_MAX_S),
         reraise=True,
     )
-    return retrying(_run, argv)
+    return retrying(run_once, argv)
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -166,7 +150,7 @@ def detect(env: Mapping[str, str] | None = None) -> Allocation | None:
 
 def _hostnames(nodelist: str) -> tuple[str, ...]:
     try:
-        names = tuple(_run(["scontrol", "show", "hostnames", nodelist], timeout_s=10.0).split())
+        names = tuple(run_once(["scontrol", "show", "hostnames", nodelist], timeout_s=10.0).split())
     except SlurmError:
         names = ()
     return names or expand_hostlist(nodelist)
@@ -249,74 +233,3 @@ def signal_step(step_id: str, signal_name: str) -> None:
 def cancel_step(step_id: str) -> None:
     """End the step on every node (SIGTERM, then SIGKILL)."""
     _run_retrying(["scancel", step_id])
-
-
-def unreachable_nodes(alloc: Allocation, *, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
-    """Nodes of ``alloc`` that are lost, in allocation order; () when every node answers.
-
-    Two kinds of evidence, both from Slurm: the controller's node state (``sinfo``: down, failed,
-    or not responding -- which the controller notices only after SlurmdTimeout), and, at once, a
-    probe step: ``srun --overlap ... true`` with one task on every node of the job, whose
-    launch fails on a node whose slurmd is dead or unreachable ("Task launch ... failed on node
-    X"). A node is lost when either says so. A probe that fails without naming a node, or does
-    not end within ``timeout_s``, adds nothing: only named nodes count. Never raises for a
-    failed Slurm command (the answer is then what the other source said).
-    """
-    lost = set(_nodes_marked_lost(alloc.nodes)) | set(_probe_failures(alloc, timeout_s))
-    return tuple(node for node in alloc.nodes if node in lost)
-
-
-def _nodes_marked_lost(nodes: Sequence[str]) -> list[str]:
-    try:
-        out = _run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], timeout_s=10.0)
-    except SlurmError:
-        return []
-    return parse_lost_nodes(out)
-
-
-def _probe_failures(alloc: Allocation, timeout_s: float) -> list[str]:
-    """Nodes srun names as failed when it starts ``true`` on every node of the job.
-
-    srun reports every failed launch at once and then lingers (KillWait and message time-outs)
-    before it exits: it is killed PROBE_GRACE_S after it first named a node, or at ``timeout_s``.
-    """
-    count = len(alloc.nodes)
-    argv = [
-        "srun",
-        f"--jobid={alloc.job_id}",
-        f"--nodes={count}",
-        f"--ntasks={count}",
-        "--ntasks-per-node=1",
-        "--overlap",
-        "--kill-on-bad-exit=0",
-        "--mpi=none",
-        "--job-name=rvsup-probe",
-        "--",
-        "true",
-    ]
-    try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-    except OSError:
-        return []
-    assert proc.stderr is not None
-    text = ""
-    try:
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stderr, selectors.EVENT_READ)
-            end = time.monotonic() + timeout_s
-            while (left := end - time.monotonic()) > 0:
-                if not selector.select(left):
-                    continue
-                chunk = os.read(proc.stderr.fileno(), 65536)
-                if not chunk:
-                    break  # srun ended
-                text += chunk.decode(errors="replace")
-                if PROBE_FAILED_NODE.search(text):
-                    end = min(end, time.monotonic() + PROBE_GRACE_S)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stderr.close()
-    return parse_probe_failures(text, alloc.nodes)

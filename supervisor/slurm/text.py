@@ -2,8 +2,9 @@
 
 - :func:`expand_hostlist`: the compact node lists of Slurm's environment ("node[1-3,5]").
 - :func:`parse_time_left`: squeue's ``%L``; :func:`parse_job_record`: ``scontrol show job -o``.
-- :func:`parse_lost_nodes` (sinfo node states) and :func:`parse_probe_failures` (srun's launch
-  failures): the evidence :func:`supervisor.slurm.commands.unreachable_nodes` reads.
+- :func:`parse_lost_nodes` (sinfo node states), :func:`parse_node_addresses` and
+  :func:`parse_slurmd_port` (where each node's slurmd listens) and :func:`parse_probe_failures`
+  (srun's launch failures): the evidence :func:`supervisor.slurm.lost.lost_nodes` reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ __all__ = [
     "expand_hostlist",
     "parse_job_record",
     "parse_lost_nodes",
+    "parse_node_addresses",
     "parse_probe_failures",
+    "parse_slurmd_port",
     "parse_time_left",
 ]
 
@@ -125,16 +128,44 @@ PROBE_FAILED_NODE = re.compile(r"(?:failed on node|Node failure on) ([^\s:,]+)")
 _LOST_STATES: Final = frozenset({"down", "fail", "failing", "unknown", "future"})
 
 
-def parse_lost_nodes(text: str) -> list[str]:
-    """Nodes that cannot run tasks in ``sinfo -h -N -o "%N %T"`` output: down, failed, unknown,
-    or not responding (a state with a trailing ``*``, e.g. ``mixed*``), in the order listed."""
-    lost = []
+def parse_lost_nodes(text: str) -> dict[str, str]:
+    """Nodes that cannot run tasks in ``sinfo -h -N -o "%N %T"`` output, with the state sinfo
+    gives them: down, failed, unknown, or not responding (a state with a trailing ``*``, e.g.
+    ``mixed*``), in the order listed."""
+    lost: dict[str, str] = {}
     for line in text.splitlines():
         name, _, state = line.strip().partition(" ")
         state = state.strip().lower()
         if name and (state.endswith("*") or state.rstrip("~#!%$@^-") in _LOST_STATES):
-            lost.append(name)
-    return list(dict.fromkeys(lost))
+            lost.setdefault(name, state)
+    return lost
+
+
+def parse_slurmd_port(config: str) -> int | None:
+    """``SlurmdPort`` in ``scontrol show config`` output (None where it is not given)."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmdPort" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def parse_node_addresses(text: str, default_port: int) -> dict[str, tuple[str, int]]:
+    """Node -> (address, slurmd port) from ``scontrol show node -o`` output (one line per node:
+    ``NodeName=... NodeAddr=... [Port=...]``; the port is shown only where it is not the
+    cluster's ``default_port``)."""
+    out: dict[str, tuple[str, int]] = {}
+    for line in text.splitlines():
+        fields = dict(
+            token.split("=", 1)
+            for token in line.split()
+            if token.startswith(("NodeName=", "NodeAddr=", "Port="))
+        )
+        name, addr = fields.get("NodeName"), fields.get("NodeAddr")
+        port = fields.get("Port", "")
+        if name and addr:
+            out[name] = (addr, int(port) if port.isdigit() else default_port)
+    return out
 
 
 def parse_probe_failures(stderr: str, nodes: Sequence[str]) -> list[str]:

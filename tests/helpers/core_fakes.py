@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import signal
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,7 +128,7 @@ class FakeTree:
     plan: LaunchPlan
     host: str = "fakehost"
     launcher_rc: int | None = None
-    lost: tuple[str, ...] = ()
+    lost: dict[str, str] = field(default_factory=dict)
     teardown_gate: asyncio.Event | None = None
     started: bool = False
     torn_down: bool = False
@@ -202,7 +202,7 @@ class FakeTree:
                 slot.write_bytes(self.steps_while_dumping.to_bytes(8, "little", signed=True))
         return str(directory)
 
-    async def lost_nodes(self) -> tuple[str, ...]:
+    async def lost_nodes(self) -> dict[str, str]:
         return self.lost
 
     def oom_kills(self) -> tuple[int, str]:
@@ -213,7 +213,7 @@ class FakeTree:
 
     mechanism = "fake"
 
-    async def teardown(self) -> None:
+    async def teardown(self, *, lost_nodes: Collection[str] = ()) -> None:
         if self.teardown_gate is not None:
             await self.teardown_gate.wait()
         self.torn_down = True

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Final
 
 from supervisor.slurm import commands as slurm
+from supervisor.slurm import lost
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.jobs import TrainerJob, ranks_past, wait_until
 
@@ -88,30 +89,32 @@ def kill_node_during(
     probe: slurm.Allocation,
     past: int = 12,
     before_kill: Callable[[], None] | None = None,
-) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[float, dict[str, str], dict[str, str], float]:
     """SIGKILL every process of ``node`` (slurmd, the step, torchrun, the ranks: a crashed node)
     once the job's 4 ranks are past step ``past`` (``before_kill`` called just before), wait
     until rvsup has ended, and bring the node back (also on failure). Returns the seconds from
-    the kill to rvsup's end, and what slurm.unreachable_nodes(probe) said just before and just
-    after the kill."""
+    the kill to rvsup's end, what lost.lost_nodes(probe) said just before and just after the
+    kill, and how long it took to say it after."""
     killed = ended = False
     try:
         wait_until(lambda: ranks_past(job, past), timeout=START_S, what=f"4 ranks at {past}")
-        before = slurm.unreachable_nodes(probe)
+        before = lost.lost_nodes(probe)
         if before_kill is not None:
             before_kill()
         for pid in cluster.node_processes(node):
             os.kill(pid, signal.SIGKILL)
         killed = True
         killed_t = time.monotonic()
-        after = slurm.unreachable_nodes(probe)
+        probe_t = time.monotonic()
+        after = lost.lost_nodes(probe)
+        after_s = time.monotonic() - probe_t
         wait_until(
             lambda: job.named("job_gave_up") or job.named("job_succeeded"),
             timeout=END_S,
             what="rvsup to end",
         )
         ended = True
-        return time.monotonic() - killed_t, before, after
+        return time.monotonic() - killed_t, before, after, after_s
     finally:
         if not ended:
             cluster.scancel(job_id)

@@ -338,18 +338,19 @@ def test_parse_probe_failures(stderr: str, expected: list[str]) -> None:
 )
 def test_parse_lost_nodes(sinfo: str, expected: list[str]) -> None:
     """sinfo states that mean a node cannot run tasks now: down, failed, not responding."""
-    assert slurm_text.parse_lost_nodes(sinfo) == expected
+    assert list(slurm_text.parse_lost_nodes(sinfo)) == expected
 
 
 @dataclass(frozen=True)
 class LostNode:
-    """The job that lost node2; what unreachable_nodes() said before and after; how fast rvsup
+    """The job that lost node2; what lost_nodes() named before and after; how fast rvsup
     ended."""
 
     job: TrainerJob
     job_id: str
-    probe_before: tuple[str, ...]
-    probe_after: tuple[str, ...]
+    probe_before: dict[str, str]
+    probe_after: dict[str, str]
+    probe_after_s: float
     ended_after_s: float
 
 
@@ -366,10 +367,10 @@ def lost_node(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
     )
     job_id = submit(slurm_cluster, job)
     alloc = slurm.Allocation(job_id, ("node1", "node2"), "node1", None, 1, 0)
-    ended_after_s, before, after = kill_node_during(
+    ended_after_s, before, after, after_s = kill_node_during(
         slurm_cluster, job, job_id, "node2", probe=alloc
     )
-    return LostNode(job, job_id, before, after, ended_after_s)
+    return LostNode(job, job_id, before, after, after_s, ended_after_s)
 
 
 def test_node_loss_ends_the_job_and_is_recorded(lost_node: LostNode) -> None:
@@ -381,7 +382,19 @@ def test_node_loss_ends_the_job_and_is_recorded(lost_node: LostNode) -> None:
     failures = job.named("failure_detected")
     assert failures and failures[0]["attempt"] == 1 and failures[0]["last_step"] >= 12
     assert len(job.named("attempt_started")) <= 2  # max_restarts = 1
-    assert (lost_node.probe_before, lost_node.probe_after) == ((), ("node2",))
+    assert (lost_node.probe_before, list(lost_node.probe_after)) == ({}, ["node2"])
+
+
+def test_a_lost_node_is_established_in_seconds_and_says_how(lost_node: LostNode) -> None:
+    """The lost node is established from its slurmd's refused connection, in well under 5 s
+    (the probe step took Slurm's MessageTimeout, ~11 s here), and the failure says so; the
+    teardown does not wait term_timeout (3 s) for srun, which would wait for node2's ranks."""
+    assert "refused the connection" in lost_node.probe_after["node2"], lost_node.probe_after
+    assert lost_node.probe_after_s < 5.0, lost_node.probe_after_s
+    failure = lost_node.job.named("failure_detected")[0]
+    assert "node2: slurmd at " in failure["detail"], failure["detail"]
+    ended = [e for e in lost_node.job.named("processes_ended") if e["attempt"] == 1]
+    assert ended and ended[0]["seconds"] < 3.0, ended
 
 
 def test_node_loss_is_classified_as_node_failure(lost_node: LostNode) -> None:

@@ -97,6 +97,19 @@ ROWS = {
         last_step=57,
         nodes=("n2",),
     ),
+    "lost-node-says-how": Row(
+        Observation(
+            exits=(sig(1, 9, "n2"),),
+            lost_nodes=("n2",),
+            lost_how={"n2": "slurmd at 10.0.0.2:6818 refused the connection (no slurmd listens)"},
+        ),
+        K.NODE_FAILURE,
+        (1,),
+        "node n2 lost (rank 1) (n2: slurmd at 10.0.0.2:6818 refused the connection (no slurmd"
+        " listens))",
+        signals=("SIGKILL",),
+        nodes=("n2",),
+    ),
     "two-lost-nodes": Row(
         Observation(
             exits=(sig(3, 9, "n3"), code(0, 1, "n1"), sig(2, 15, "n3"), sig(1, 9, "n2")),
