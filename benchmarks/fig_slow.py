@@ -25,6 +25,7 @@ from pathlib import Path
 from tests.helpers import slow_storage
 
 from .fig_faults import slug
+from .fig_live import Compared, final_states
 from .profiles import CONFIGURED_HANG_S, PG_TIMEOUT_S, Context
 from .table import Cell, Table, Target
 from .tools import FtLauncher, Rvsup, Spec, Tool, Torchrun
@@ -142,7 +143,7 @@ def slow(ctx: Context) -> Table:
     n = {"smoke": 1, "quick": 1, "full": 3}[p.name]
     tool = Rvsup(hang_timeout="auto", hang_timeout_idle=f"{IDLE_S:g}s")
     others = peers(ctx)
-    columns = ["trials", "hangs declared", "in time", "slow_phase", "completed"]
+    columns = ["trials", "hangs declared", "in time", "slow_phase", "completed", "final state"]
     t = Table(
         "slow",
         f"10. Busy is not hung: slow work at step {FAULT_STEP} of {STEPS} without phase(), and "
@@ -151,10 +152,13 @@ def slow(ctx: Context) -> Table:
         [*columns, "detected after", *others],
     )
     false_hangs = healthy_trials = true_in_time = true_trials = 0
+    reference = None if p.smoke else _reference(ctx, tool)
+    exact = Compared()
     for case in cases(p.name):
         row: dict[str, Cell | str] = {}
+        compared = Compared()
         try:
-            found, completed = _rvsup_trials(ctx, tool, case, n)
+            found, completed = _rvsup_trials(ctx, tool, case, n, reference, compared)
         except slow_storage.UnavailableError as e:
             t.row(case.label, {"trials": "0", "hangs declared": f"n/a ({e})"})
             continue
@@ -171,6 +175,7 @@ def slow(ctx: Context) -> Table:
                 "in time": f"{in_time}/{hangs}" if case.hang else "-",
                 "slow_phase": str(sum(v.slow_phases for v in found)),
                 "completed": success_text(completed, n),
+                "final state": compared.render(),
                 "detected after": detect if detect.values else "-",
             }
         )
@@ -183,6 +188,8 @@ def slow(ctx: Context) -> Table:
         else:
             healthy_trials += n
             false_hangs += hangs
+            exact.identical += compared.identical
+            exact.compared += compared.compared
     t.targets.append(
         Target(
             "healthy jobs with long work: 0 hangs declared",
@@ -190,6 +197,14 @@ def slow(ctx: Context) -> Table:
             false_hangs == 0,
         )
     )
+    if reference is not None:
+        t.targets.append(
+            Target(
+                "healthy jobs end bit-identical to an uninterrupted run: 100%",
+                success_text(exact.identical, healthy_trials),
+                exact.identical == healthy_trials,
+            )
+        )
     t.targets.append(
         Target(
             "true hangs declared in time: 100%",
@@ -200,8 +215,24 @@ def slow(ctx: Context) -> Table:
     return t
 
 
-def _rvsup_trials(ctx: Context, tool: Rvsup, case: Case, n: int) -> tuple[list[Verdicts], int]:
-    """``n`` trials of rvsup: their verdicts, and how many completed."""
+def _reference(ctx: Context, tool: Rvsup) -> list[bytes] | None:
+    """The final parameters of the workload run without slow work (the uninterrupted run)."""
+    workdir = ctx.scratch / "slow" / "reference"
+    o = _trial(tool, Case("uninterrupted", ""), workdir, None)
+    ctx.log(f"slow reference: rc={o.rc}")
+    return final_states(workdir / "records")
+
+
+def _rvsup_trials(
+    ctx: Context,
+    tool: Rvsup,
+    case: Case,
+    n: int,
+    reference: list[bytes] | None,
+    compared: Compared,
+) -> tuple[list[Verdicts], int]:
+    """``n`` trials of rvsup: their verdicts, and how many completed; each one's final
+    parameters compared with ``reference`` into ``compared``."""
     found: list[Verdicts] = []
     completed = 0
     for i in range(n):
@@ -209,6 +240,7 @@ def _rvsup_trials(ctx: Context, tool: Rvsup, case: Case, n: int) -> tuple[list[V
         o = _trial(tool, case, workdir, None)
         v = verdicts(_lines(workdir / "run" / "events.jsonl"), IDLE_S if case.idle else None)
         found.append(v)
+        compared.add(final_states(workdir / "records"), reference)
         completed += int(o.rc == 0 and o.completed())
         ctx.log(f"slow {case.label} {i + 1}/{n}: rc={o.rc} {v}")
     return found, completed
@@ -236,7 +268,7 @@ def _peer_trial(ctx: Context, col: str, peer: Tool, case: Case) -> str:
 def _trial(tool: Tool, case: Case, workdir: Path, pg_timeout_s: float | None) -> Outcome:
     """One trial of ``case`` (on slow storage where it needs it)."""
     spec = Spec(STEPS, 25, case.fault, pg_timeout_s, max_restarts=2)
-    env = {"BENCH_SLOW_S": str(case.slow_s)}
+    env = {"BENCH_SLOW_S": str(case.slow_s), "BENCH_FINAL": "1"}
     if not case.storage:
         return run_trial(tool, spec, workdir, case.cap_s, env=env)
     mountpoint = workdir.with_name(workdir.name + "-storage")

@@ -37,6 +37,17 @@ BODIES = {
         "threading.Thread(target=lambda: (time.sleep(3600), q.put(1)), daemon=True).start()\n"
         f"{READY}q.get()"
     ),
+    # ... on a thread of its own reading a socket (an upload waiting for its answer), or working
+    "future-socket": (
+        "import socket\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        "a, b = socket.socketpair()\n"
+        f"{READY}ThreadPoolExecutor(1).submit(a.recv, 1).result()"
+    ),
+    "future-busy": (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "def spin():\n    while True:\n        pass\n"
+        f"{READY}ThreadPoolExecutor(1).submit(spin).result()"
+    ),
     # a checkpoint written to slow storage: write() returns, close() flushes in state D; or the
     # same write in a thread of its own that the main thread waits on
     "storage": (
@@ -127,14 +138,16 @@ def judged(
         (["spin", "spin"], (0, 1), "rank 1 is working"),
         (["future", "collective"], (0,), "rank 0 is waiting on a thread of its own"),
         (["queue", "collective"], (0,), "rank 0 is waiting on a thread of its own"),
+        (["future-socket", "collective"], (0,), "rank 0 is waiting on a thread of its own"),
+        (["future-busy", "collective"], (0,), "rank 0 is working"),  # its thread uses the CPU
     ],
 )
 def test_a_working_rank_opens_a_slow_phase(
     tmp_path: Path, kinds: list[str], busy: tuple[int, ...], says: str
 ) -> None:
     """Real processes: a rank that spins, sleeps, or waits on a thread of its own that sleeps
-    (its future, a queue it feeds) outside a collective is busy, not stuck: no hang, a slow
-    phase naming it and what it does, recorded once the silence ends."""
+    (its future, a queue it feeds), reads a socket or works, outside a collective, is busy, not
+    stuck: no hang, a slow phase naming it and what it does, recorded once the silence ends."""
     with ranks(tmp_path, kinds) as pids:
         watch, stuck = judged(tmp_path, pids)
     assert stuck is None
