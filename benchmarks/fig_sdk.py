@@ -107,8 +107,9 @@ def _router(directory: Path) -> Iterator[tuple[str, list[int]]]:
 
 
 def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
-    """step() with nothing due (without a loss, with a float, with a tensor), step() with a
-    heartbeat due (without a loss, with a tensor), one heartbeat send, an empty call."""
+    """step() with nothing due (without a loss, with a float, with a tensor, with a float at
+    steps the resume check keeps), step() with a heartbeat due (without a loss, with a
+    tensor), one heartbeat send, an empty call."""
     import torch
 
     import worker_sdk
@@ -128,6 +129,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
+            torch.manual_seed(0)  # as a script does (resume() warns otherwise)
             model = torch.nn.Linear(8, 8)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             worker_sdk.resume(model, optimizer)
@@ -156,6 +158,19 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
             result["tensor_loss_ns"] = per_call_ns(steps_tensor_loss, calls)
             rt = worker_sdk._current
             assert rt is not None
+            prints = rt.prints
+
+            def steps_armed_loss(start: int, n: int) -> None:
+                # every step armed (the resume check keeps its loss): a list as long as a
+                # batch, so that the store is the one worker_sdk.step makes, nothing added
+                prints.base, prints.until = start, start + n
+                for i in range(start, start + n):
+                    step(i, loss=0.5)
+
+            window = (prints.values, prints.base, prints.until)
+            prints.values = [None] * min(_BATCH, calls)
+            result["armed_loss_ns"] = per_call_ns(steps_armed_loss, calls)
+            prints.values, prints.base, prints.until = window
             assert rt.channel is not None
             sends, due = [], []
             # paced (as heartbeats are) so that the send queue never fills: a full queue drops
@@ -246,6 +261,12 @@ def _replica_rows(t: Table, cols: list[str], m: dict[str, list[float]]) -> None:
             f"({'2 processes' if used is gather2 else '1 process'})",
             {cols[0]: f"{per_check / every:.2f} µs", cols[1]: "-"},
         )
+    resume_sum = Cell(m["resume_sum_us"], " µs")
+    t.row(f"resume check: parameter checksum ({size})", {cols[0]: resume_sum, cols[1]: "-"})
+    t.row(
+        "resume check amortised per step (one checksum per 16 steps at most)",
+        {cols[0]: f"{(resume_sum.median or 0.0) / 16:.2f} µs", cols[1]: "-"},
+    )
 
 
 def sdk(ctx: Context) -> Table:
@@ -280,6 +301,8 @@ def sdk(ctx: Context) -> Table:
     tensor_ns = Cell(m["tensor_loss_ns"], " ns", digits=1)
     t.row("step(..., loss=float), nothing due (checked)", {cols[0]: float_ns, cols[1]: "-"})
     t.row("step(..., loss=tensor), nothing due (kept)", {cols[0]: tensor_ns, cols[1]: "-"})
+    armed_ns = Cell(m["armed_loss_ns"], " ns", digits=1)
+    t.row("the float loss, armed (the resume check keeps it)", {cols[0]: armed_ns, cols[1]: "-"})
     t.row("one heartbeat send (paced, 0.2 ms apart)", {cols[0]: send_us, cols[1]: nv_hb})
     t.row("step() with a heartbeat due (send + poll)", {cols[0]: due_us, cols[1]: "-"})
     due_tensor = Cell(m["due_tensor_us"], " µs")

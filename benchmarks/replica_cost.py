@@ -45,12 +45,13 @@ def _init(store: Path, rank: int, world: int) -> None:
 
 
 def measure_replica_cost(directory: Path, checks: int, *, smoke: bool) -> dict[str, list[float]]:
-    """µs per fingerprint, per all-gather (1 process, then 2) and per whole check (1 process);
-    the parameters' count, in millions."""
+    """µs per fingerprint, per all-gather (1 process, then 2) and per whole check (1 process),
+    per parameter checksum of the resume check; the parameters' count, in millions."""
     import torch
     import torch.distributed as dist
 
     from worker_sdk.runtime.replicas import ReplicaCheck, compare, fingerprint
+    from worker_sdk.runtime.step_prints import parameter_sum
 
     directory.mkdir(parents=True, exist_ok=True)
     store = directory / "store"
@@ -63,7 +64,12 @@ def measure_replica_cost(directory: Path, checks: int, *, smoke: bool) -> dict[s
         module = _module(shapes)
         millions = sum(p.numel() for p in module.parameters()) / 1e6
         check = ReplicaCheck(1, [module], -1)
-        result: dict[str, list[float]] = {"fingerprint_us": [], "gather_us": [], "check_us": []}
+        result: dict[str, list[float]] = {
+            "fingerprint_us": [],
+            "gather_us": [],
+            "check_us": [],
+            "resume_sum_us": [],
+        }
         for i in range(checks + 3):  # the first 3 warm up
             t0 = time.perf_counter_ns()
             mine = fingerprint([module], i)
@@ -72,7 +78,10 @@ def measure_replica_cost(directory: Path, checks: int, *, smoke: bool) -> dict[s
             t2 = time.perf_counter_ns()
             check.run(i)
             t3 = time.perf_counter_ns()
+            float(parameter_sum([module]))  # the resume check's, read at once here
+            t4 = time.perf_counter_ns()
             if i >= 3:
+                result["resume_sum_us"].append((t4 - t3) / 1000.0)
                 result["fingerprint_us"].append((t1 - t0) / 1000.0)
                 result["gather_us"].append((t2 - t1) / 1000.0)
                 result["check_us"].append((t3 - t2) / 1000.0)

@@ -32,6 +32,7 @@ from supervisor.ranks.checkpoints import CheckpointsSeen, CommitTracker, commit_
 from supervisor.ranks.coordinated import Saves
 from supervisor.ranks.exits import EXIT_GRACE_S, ExitBook
 from supervisor.ranks.hang_check import HangCheck
+from supervisor.ranks.resume_prints import ResumeBook, Verdict, stopping
 from supervisor.ranks.snapshots import SnapshotBook
 from supervisor.ranks.stragglers import StragglerReports
 from supervisor.ranks.training import TrainingChecks, anomaly_event
@@ -79,11 +80,13 @@ class Attempt:
         job: JobOwner,
         losses: LossWatch,
         snapshots: SnapshotBook,
+        resumes: ResumeBook,
         clock: Clock = SYSTEM_CLOCK,
         liveness: Liveness | None = None,
     ) -> None:
         self.cfg = cfg
         self.snapshots = snapshots  # the memory tier's summary (supervisor/ranks/snapshots.py)
+        self.resumes = resumes  # the resume check (supervisor/ranks/resume_prints.py)
         self.number = number
         self.plan = plan
         self.tree = tree
@@ -227,6 +230,8 @@ class Attempt:
                 self.events.log(off)
             case m.Loaded():
                 self._on_loaded(body)
+            case m.StepPrints():
+                self._on_resume_verdict(self.resumes.heard(msg.rank, body), now)
             case m.Failure():
                 self.evidence.reports.append(report_from_message(msg))
                 self._sign_of_failure(now)
@@ -239,6 +244,17 @@ class Attempt:
         if (event := self.checkpoints.loaded(body)) is not None:
             self.events.log(event)
             self.training.losses.resumed_at(body.step)
+            self.resumes.loaded(body)
+
+    def _on_resume_verdict(self, verdict: Verdict | None, now: float) -> None:
+        """The resume check's verdict: logged; one that stops the job ends the attempt."""
+        if verdict is not None:
+            self.events.log(verdict)
+        diverged = stopping(verdict)
+        if diverged is not None and not self.end.over and self.stop_reason is None:
+            self.evidence.diverged = diverged
+            self.evidence.noticed(now, self.clock.wall())
+            self.end.finish(Ending.FAILED)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""

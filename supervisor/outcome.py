@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from supervisor.record.schema import FailureDetected
 from supervisor.rules import culprits, hangs
-from supervisor.rules.observation import Anomaly, Failure, Observation, RankReport, StopReason
+from supervisor.rules.observation import (
+    Anomaly,
+    Divergence,
+    Failure,
+    Observation,
+    RankReport,
+    StopReason,
+)
 
 if TYPE_CHECKING:
     from supervisor.process.tree import ProcessTree
@@ -73,6 +80,7 @@ class Evidence:
 
     reports: list[RankReport] = field(default_factory=list)  # the ranks' own FAILURE messages
     anomaly: Anomaly | None = None  # the training went wrong (a rollback follows)
+    diverged: Divergence | None = None  # a resume not exact, under resume_check = "fail"
     first_sign_t: float | None = None  # monotonic: when the failure was first seen
     noticed_at: float | None = None  # wall clock of the same moment
     silent: tuple[int, ...] = ()  # the ranks a hang is blamed on
@@ -130,6 +138,7 @@ def result_of(
         hang_evidence="; ".join(filter(None, [slow_note, verdict.detail])),
         rank_nodes=rank_nodes,
         anomaly=ev.anomaly,
+        resume_diverged=ev.diverged,
     )
     return AttemptResult(
         outcome=ending.outcome,

@@ -28,6 +28,7 @@ from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc
 from supervisor.ranks.channel import Channel, RankTable
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.resume_prints import ResumeBook
 from supervisor.ranks.snapshots import MemoryTier, SnapshotBook
 from supervisor.record.events import EventLog
 from supervisor.record.schema import (
@@ -116,6 +117,7 @@ class Supervisor:
         self._requeue_away = requeue_away
         self.memory = MemoryTier(cfg, memory_dir)  # the memory tier's snapshots on this node
         self.snapshots = SnapshotBook()  # what the current attempt's ranks say of them
+        self.resumes = ResumeBook(cfg.checkpoint.resume_check)  # across attempts
 
     # ------------------------------------------------------------------ state
     def fold(self, event: Event) -> None:
@@ -284,6 +286,7 @@ class Supervisor:
         self.events.attempt = n
         self.snapshots = SnapshotBook()
         self.losses.begin_attempt(start.resume_step)
+        self.resumes.begin_attempt(rollback=self.budget.resume_before is not None)
         self.events.log(start.started)
         self.current = Attempt(
             cfg,
@@ -300,6 +303,7 @@ class Supervisor:
             liveness=self.liveness,
             losses=self.losses,
             snapshots=self.snapshots,
+            resumes=self.resumes,
         )
         dropped_before = dict(self.channel.dropped)
         try:
@@ -307,6 +311,8 @@ class Supervisor:
         finally:
             if (summary := self.snapshots.summary()) is not None:
                 self.events.log(summary)
+            if (verdict := self.resumes.ended()) is not None:
+                self.events.log(verdict)
             self.straggler_nodes.update(self.current.stragglers.to_exclude)
             self.current = None
             self._log_cold_starts()

@@ -125,11 +125,11 @@ def resume(
             exit_on_usage_error()
         raise
     if rank == 0:
-        from .runtime.determinism import reordered_sums_warning
+        from .runtime.determinism import reordered_sums_warning, unseeded_warning
 
-        warning = reordered_sums_warning(objects, world_size)
-        if warning is not None:
-            warnings.warn(warning, RuntimeWarning, stacklevel=2)
+        for warning in (reordered_sums_warning(objects, world_size), unseeded_warning()):
+            if warning is not None:
+                warnings.warn(warning, RuntimeWarning, stacklevel=2)
     checkpointer = None
     memory = None
     if settings.checkpoint_dir is not None:
@@ -202,7 +202,9 @@ def step(step: int, extra: Any = None, loss: Any = None) -> bool:
     watched for anomalies (a loss that is not finite, a spike): a float is checked at every
     step, a tensor only when a heartbeat is due (its value is read then, so that no step
     waits for the device otherwise). The value a heartbeat carries is the loss of the step it
-    is sent at.
+    is sent at. The losses of the steps after each resume and save are the resume check's
+    fingerprints (docs/resume-check.md): a restarted attempt's are compared with the failed
+    attempt's at the same steps.
     """
     rt = _current
     if rt is None:
@@ -216,6 +218,9 @@ def step(step: int, extra: Any = None, loss: Any = None) -> bool:
         rt.max_dt = dt
     if loss is not None:
         rt.loss = loss  # a reference: read at heartbeat time
+        prints = rt.prints  # the resume check keeps the losses of armed steps (references)
+        if prints.base <= step < prints.until:
+            prints.values[step - prints.base] = loss
         # NaN or infinite, caught here; a chained comparison allocates nothing
         if loss.__class__ is float and not _NEG_INF < loss < _INF:
             rt.loss_not_finite(step, loss, step)

@@ -38,6 +38,7 @@ __all__ = [
 Transport: TypeAlias = Literal["auto", "ipc", "tcp"]
 """How ranks reach the daemon: ``auto`` is IPC on one node, TCP across nodes."""
 RequeueMode: TypeAlias = Literal["auto", "always", "never"]
+ResumeCheckMode: TypeAlias = Literal["warn", "fail", "off"]
 """Whether a stopped allocation is requeued; ``auto``: if Slurm says it can be."""
 
 _KEYWORD_KEYS = {"async_save": "async"}
@@ -205,6 +206,11 @@ class CheckpointSection:
     - ``memory_dir`` (default ``"/dev/shm"``): the tmpfs the snapshots live in, which must
       exist; it may be shared with other users if sticky, as ``/dev/shm`` is (the job's own
       private directory is made inside it and removed at the job's end).
+    - ``resume_check`` (default ``"warn"``): every resume is checked against the attempt it
+      replaces (docs/resume-check.md): the losses ``step()`` is given and a sampled checksum
+      of the parameters, at the steps the resumed attempt redoes. ``"warn"``: a difference is
+      a ``resume_diverged`` event and the job goes on; ``"fail"``: the job stops there (exit
+      3); ``"off"``: nothing is compared.
     """
 
     every_steps: int
@@ -213,6 +219,7 @@ class CheckpointSection:
     async_save: bool = False
     memory_every_steps: int | None = None  # None: "auto"; 0: off
     memory_dir: str = "/dev/shm"
+    resume_check: ResumeCheckMode = "warn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from supervisor.config.model import (
     LaunchSection,
     RequeueMode,
     RestartSection,
+    ResumeCheckMode,
     SlurmSection,
     Transport,
 )
@@ -174,6 +175,9 @@ def read_checkpoint(t: Table) -> CheckpointSection:
         async_save=t.read("async", False, boolean),
         memory_every_steps=t.read("memory_every_steps", "auto", _steps_auto_or_off),
         memory_dir=t.read("memory_dir", "/dev/shm", path_text),
+        resume_check=cast(
+            ResumeCheckMode, t.read("resume_check", "warn", choice(*get_args(ResumeCheckMode)))
+        ),
     )
 
 

@@ -35,6 +35,9 @@ from supervisor.record.schema import (
     JobStopped,
     JobSucceeded,
     RestartScheduled,
+    ResumeDiverged,
+    ResumeUnverified,
+    ResumeVerified,
     RolledBack,
 )
 
@@ -95,6 +98,9 @@ class AttemptRow:
     scratch, or not recorded)."""
     redone_from: str | None = None
     """The ``source`` of the next attempt: where the steps lost were run again from."""
+    resume_check: str | None = None
+    """The resume check's verdict on the attempt's resume: ``verified``, ``diverged at step N``
+    or ``unverified`` (None: a fresh start, or nothing recorded)."""
 
 
 # ---------------------------------------------------------------- folding into rows
@@ -122,6 +128,7 @@ class _Attempt:
     steps: list[int] = field(default_factory=list)
     steps_skipped: int = 0
     backoff_s: float = 0.0
+    resume_check: str | None = None
     superseded: bool = False
     """A later ``job_started`` was logged, so this attempt is not running any more."""
 
@@ -197,6 +204,10 @@ def _fold(acc: _Attempt, event: Event, at: datetime) -> None:
         )
     elif isinstance(event, RestartScheduled):
         acc.backoff_s = event.backoff_s
+    elif isinstance(event, ResumeDiverged):
+        acc.resume_check = f"diverged at step {event.step}"
+    elif isinstance(event, ResumeVerified | ResumeUnverified):
+        acc.resume_check = "verified" if isinstance(event, ResumeVerified) else "unverified"
     elif isinstance(event, JobSucceeded):
         acc.ending, acc.ending_reason, acc.ended_at = event.NAME, None, at
         _add_step(acc, event.last_step)
@@ -236,6 +247,7 @@ def _row(acc: _Attempt, *, is_last: bool) -> AttemptRow:
         restart_count=acc.restart_count,
         steps_skipped=acc.steps_skipped,
         source=acc.source,
+        resume_check=acc.resume_check,
     )
 
 
@@ -281,6 +293,7 @@ _HEADERS: Final = (
     "ended",
     "outcome",
     "resume",
+    "check",
     "last step",
     "checkpoint",
     "steps lost",
@@ -307,6 +320,7 @@ def render_table(rows: Sequence[AttemptRow]) -> str:
             _local(row.ended) if row.ended is not None else "-",
             row.outcome,
             _opt_text(row.resume_step),
+            row.resume_check or "-",
             _opt_text(row.last_step),
             _opt_text(row.checkpoint_step),
             _steps_lost(row),

@@ -7,7 +7,9 @@
   not counted;
 - *steps skipped*: the steps rollbacks skipped (never trained on), shown when there are any;
 - *wall time*: from the first attempt's start to the last one's end (or ``now`` while it runs);
-- *goodput*: the share of the wall time that was not lost, ``(wall - lost) / wall``.
+- *goodput*: the share of the wall time that was not lost, ``(wall - lost) / wall``;
+- *resumes*: the resume check's verdicts (verified, diverged, unverified), shown when there are
+  any (docs/resume-check.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Summary:
     wall_s: float
     goodput: float | None  # None when no time has passed
     steps_skipped: int = 0
+    resumes: dict[str, int] | None = None  # verdict -> resumes; None: no resume was checked
 
 
 def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
@@ -48,6 +51,8 @@ def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
         wall = max(0.0, (end - rows[0].started).total_seconds())
     lost = sum(row.seconds_lost for row in rows)
     goodput = max(0.0, (wall - lost) / wall) if wall > 0 else None
+    checks = [row.resume_check.split(" ")[0] for row in rows if row.resume_check]
+    resumes = {k: checks.count(k) for k in ("verified", "diverged", "unverified")}
     return Summary(
         attempts=len(rows),
         failures=dict(sorted(failures.items())),
@@ -56,6 +61,7 @@ def summarize(rows: list[AttemptRow], now: datetime) -> Summary:
         wall_s=wall,
         goodput=goodput,
         steps_skipped=sum(row.steps_skipped for row in rows),
+        resumes=resumes if checks else None,
     )
 
 
@@ -66,9 +72,12 @@ def render_summary(s: Summary) -> str:
     failed = ", ".join(f"{n} {kind}" for kind, n in s.failures.items()) or "no failure"
     plural = "" if s.attempts == 1 else "s"
     skipped = f"{s.steps_skipped} steps skipped by rollbacks; " if s.steps_skipped else ""
+    resumes = ""
+    if s.resumes is not None:
+        resumes = "; resumes: " + ", ".join(f"{n} {k}" for k, n in s.resumes.items() if n)
     return (
         f"{s.attempts} attempt{plural} ({failed}); {s.steps_redone} steps redone; {skipped}"
-        f"{s.time_lost_s:.1f}s lost of {s.wall_s:.1f}s"
+        f"{s.time_lost_s:.1f}s lost of {s.wall_s:.1f}s{resumes}"
     )
 
 
@@ -81,4 +90,5 @@ def summary_to_json(s: Summary) -> dict[str, Any]:
         "time_lost_s": round(s.time_lost_s, 3),
         "wall_s": round(s.wall_s, 3),
         "goodput": None if s.goodput is None else round(s.goodput, 4),
+        "resumes": s.resumes,
     }

@@ -16,7 +16,8 @@ Precedence, highest first (the first rule that matches wins):
    or the ranks' stderr mentions ``OutOfMemoryError`` / ``CUDA out of memory``.
 4. ``anomaly`` set -> ``nonfinite_loss`` / ``loss_spike`` / ``replicas_diverged``: the
    supervisor ended the attempt for what a rank reported (:mod:`.anomalies`), so the kills
-   that follow are not a crash.
+   that follow are not a crash; ``resume_diverged`` set -> ``resume_diverged`` likewise (a
+   resume that was not exact, under ``checkpoint.resume_check = "fail"``).
 5. ``silent_ranks`` non-empty -> ``hang``: live ranks without progress past the hang
    timeout; the ranks that are furthest behind (lowest last step) come first.
 6. Otherwise -> ``crash``: the first rank exit that is non-zero or by a signal is the
@@ -101,6 +102,8 @@ def _classify(obs: Observation) -> Failure:
     if obs.anomaly is not None:  # the supervisor ended the attempt for it: its kills follow
         a = obs.anomaly
         return Failure(a.kind, (a.rank, *a.others), (), (), last_step, anomalies.describe(a))
+    if (d := obs.resume_diverged) is not None:
+        return Failure(FailureKind.RESUME_DIVERGED, (d.rank,), (), (), d.step, d.detail)
     if obs.silent_ranks:
         return _hang(obs, last_step)
     return _crash(obs, last_step)

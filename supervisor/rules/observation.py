@@ -53,6 +53,7 @@ class FailureKind(StrEnum):
     NONFINITE_LOSS = "nonfinite_loss"
     LOSS_SPIKE = "loss_spike"
     REPLICAS_DIVERGED = "replicas_diverged"
+    RESUME_DIVERGED = "resume_diverged"
 
 
 ANOMALY_KINDS: Final = frozenset(
@@ -136,6 +137,17 @@ class Anomaly:
 
 
 @dataclass(frozen=True, slots=True)
+class Divergence:
+    """A resume that was not exact, the attempt ended for it (``resume_check = "fail"``)."""
+
+    step: int
+    """The first step whose value differed."""
+    rank: int
+    detail: str
+    """What differed, as ``failure_detected`` says it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """Everything the supervisor saw that ended (or is ending) an attempt."""
 
@@ -172,6 +184,9 @@ class Observation:
     """Rank -> the node (host name) it ran on, as its hello said."""
     anomaly: Anomaly | None = None
     """The training went wrong (the loss a rank reported): the attempt was ended for it."""
+    resume_diverged: Divergence | None = None
+    """The resume was not exact and ``checkpoint.resume_check = "fail"``: the attempt was
+    ended for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
 - A ``crash`` in which a rank exited with :data:`worker_sdk.contract.protocol.EXIT_USAGE` (the script
   called the SDK in a way it refuses, e.g. ``resume()`` before ``init_process_group``) ->
   :class:`GiveUp` at once: the same script fails the same way on every restart.
+- ``resume_diverged`` (a resume that was not exact, under ``checkpoint.resume_check =
+  "fail"``; never classified otherwise) -> :class:`GiveUp`.
 - ``oom`` with ``on_oom = "fail"`` or ``node_failure`` with ``on_node_failure = "fail"``
   -> :class:`GiveUp`; so is ``node_failure`` when the allocation has fewer nodes left than the
   job's minimum (``nodes``: left, minimum; ``launch.min_nnodes``, by default ``nnodes``).
@@ -195,6 +197,10 @@ def decide(
     suffix = f" ({deterministic_text(failure)})" if deterministic else ""
     if failure.kind == FailureKind.CRASH and EXIT_USAGE in failure.exit_codes:
         return GiveUp(f"the training script must be changed, no restart can help: {failure.detail}")
+    if failure.kind == FailureKind.RESUME_DIVERGED:  # only under resume_check = "fail"
+        return GiveUp(
+            f'the resume was not exact and checkpoint.resume_check = "fail": {failure.detail}'
+        )
     if failure.kind == FailureKind.OOM and policy.on_oom == "fail":
         return GiveUp(f'out of memory and restart.on_oom = "fail"{suffix}')
     if failure.kind == FailureKind.NODE_FAILURE and policy.on_node_failure == "fail":

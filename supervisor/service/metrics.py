@@ -43,6 +43,9 @@ from supervisor.record.schema import (
     Event,
     FailureDetected,
     RestartScheduled,
+    ResumeDiverged,
+    ResumeUnverified,
+    ResumeVerified,
 )
 from supervisor.rules.states import JobState
 from supervisor.service.metrics_catalog import METRICS
@@ -63,6 +66,8 @@ class JobMetrics:
             cls = Counter if kind == "counter" else Gauge
             # prometheus-client appends _total to a counter's name itself
             self._m[name] = cls(name.removesuffix("_total"), text, labels, registry=self.registry)
+        for verdict in ("verified", "diverged", "unverified"):  # 0 until one is seen
+            self._m["rvsup_resumes_total"].labels(verdict=verdict)
         self._entries: list[Entry] = []
         self._ranks: set[str] = set()
         self._server: MetricsServer | None = None
@@ -120,6 +125,9 @@ class JobMetrics:
             m["rvsup_restarts_total"].inc()
         elif isinstance(event, FailureDetected):
             m["rvsup_failures_total"].labels(kind=event.kind or "unknown").inc()
+        elif isinstance(event, ResumeVerified | ResumeDiverged | ResumeUnverified):
+            verdict = event.NAME.removeprefix("resume_")
+            m["rvsup_resumes_total"].labels(verdict=verdict).inc()
         elif isinstance(event, CheckpointCommitted):
             tier = str(getattr(event, "tier", None) or "storage")
             m["rvsup_checkpoints_total"].labels(tier=tier).inc()

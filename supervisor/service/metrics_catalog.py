@@ -19,6 +19,11 @@ METRICS: Final[Mapping[str, tuple[str, str, tuple[str, ...]]]] = {
     "rvsup_restarts_left": ("gauge", "Charged restarts left before the job gives up", ()),
     "rvsup_restarts_total": ("counter", "Restarts scheduled (restart_scheduled)", ()),
     "rvsup_failures_total": ("counter", "Failures detected, by kind (failure_detected)", ("kind",)),
+    "rvsup_resumes_total": (
+        "counter",
+        "Resumes checked, by verdict: verified, diverged, unverified (resume_*)",
+        ("verdict",),
+    ),
     "rvsup_rank_last_step": ("gauge", "The last step each rank finished", ("rank",)),
     "rvsup_rank_heartbeat_age_seconds": (
         "gauge",

@@ -18,6 +18,7 @@ what was observed, returning every violation in words.
   spends none of it;
 - a full disk shows as ``checkpoint_failed`` ("No space left") in its window, and nothing else;
   a full ``memory_dir`` as ``memory_tier_off`` ("No space left") if anything, never a failure;
+- no ``resume_diverged``: every resume is exact, and the resume check agrees;
 - the job ends with ``job_succeeded`` or ``job_gave_up``; ``rvsup history`` has no attempt
   left ``unknown`` or ``running``.
 """
@@ -73,6 +74,11 @@ def check(
         out += _full_memory(s, attempt, events, memory_every)
     out += _budget(s, events)
     out += check_rollbacks(s, events)
+    # every resume is exact (the final state is compared elsewhere): the resume check agrees
+    out += [
+        f"attempt {d['attempt']}: resume_diverged at step {d['step']} ({d['what']})"
+        for d in _named(events, "resume_diverged")
+    ]
     final = "job_gave_up" if s.gives_up else "job_succeeded"
     if not _named(events, final):
         out.append(f"no {final} event")

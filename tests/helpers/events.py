@@ -30,6 +30,9 @@ from supervisor.record.schema import (
     ProcessesLeft,
     RequeueFailed,
     RestartScheduled,
+    ResumeDiverged,
+    ResumeUnverified,
+    ResumeVerified,
     RolledBack,
     SlowPhase,
     SnapshotsSwept,
@@ -105,6 +108,22 @@ SAMPLES: list[Event] = [
     CheckpointFailed(step=20, rank=1, reason="OSError: [Errno 28] No space left on device"),
     CheckpointSkipped(path="/c/step-20", reason="torn", rank=None),
     CheckpointLoaded(resume_step=11, checkpoint="/c/step-10", world_size=2),
+    ResumeVerified(
+        resume_step=11, first_step=11, last_step=15, values=10, ranks=2, exact=True, complete=True
+    ),
+    ResumeDiverged(
+        resume_step=11,
+        step=11,
+        rank=1,
+        what="loss",
+        before=0.5,
+        after=0.75,
+        exact=True,
+        likely="the state loaded or the first batch",
+        hint="pass every stateful object to worker_sdk.resume()",
+        policy="warn",
+    ),
+    ResumeUnverified(resume_step=11, reason="resharded from 4 ranks"),
     ColdStart(ranks=(1,), reason="import-time environment differs: PYTHONHASHSEED"),
     FailureDetected(
         kind="oom",

@@ -23,7 +23,8 @@ whatever the data; SPIKE="from:to:factor" scales the loss of the steps in [from,
 bitflip flips a bit of the rank's first weight before that step (its replica diverges).
 BAD_NODE="host:step": the ranks on that host raise at that step in every attempt (a bad node).
 OMIT_STEPS="from:to,..." never runs the steps in [from, to) (the uninterrupted run a rollback that
-skipped them must end like).
+skipped them must end like). RESHUFFLE=1 draws a permutation from the global RNG right after
+resume() (a script reshuffling its data there: a resume is then not exact).
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ def main() -> None:
     if ballast_mb:
         extra["ballast"] = torch.zeros(ballast_mb * 2**18)
     start, extra = worker_sdk.resume(ddp, opt, sched, extra=extra)
+    if os.environ.get("RESHUFFLE") == "1":
+        torch.randperm(64)  # after the RNG states were restored: the batches shift
     last = os.environ.get("RVSUP_LAST_FAILURE", "-")
     ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
     print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)

@@ -21,15 +21,15 @@ AUTO = 'interval = "0.2s"\nstartup_timeout = "60s"\nhang_timeout = "auto"'
     ("kind", "eval_s", "zygote", "doing"),
     [
         ("eval", 8, "true", "rank 0 is working (trainer.py:"),
-        ("eval", 30, "false", "rank 0 is working (trainer.py:"),
+        ("eval", 15, "false", "rank 0 is working (trainer.py:"),
         ("threadwait", 12, "true", "rank 0 is waiting on a thread of its own (trainer.py:"),
     ],
-    ids=["8s-forked-ranks", "30s-cold-ranks", "12s-on-a-thread"],
+    ids=["8s-forked-ranks", "15s-cold-ranks", "12s-on-a-thread"],
 )
 def test_rank_zero_evaluating_alone_is_not_a_hang(
     tmp_path: Path, reference_final: Path, kind: str, eval_s: int, zygote: str, doing: str
 ) -> None:
-    """Rank 0 alone evaluates for 8 s (ranks forked from the zygote) or 30 s (cold ranks), or
+    """Rank 0 alone evaluates for 8 s (ranks forked from the zygote) or 15 s (cold ranks), or
     waits 12 s on the future of a thread of its own that sleeps (an upload, a logger's flush),
     at step 20, without worker_sdk.phase(), under the automatic 5 s timeout; rank 1 waits for it
     in the next all-reduce. No failure, one attempt, one slow_phase event naming rank 0, what it

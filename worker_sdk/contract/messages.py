@@ -13,6 +13,7 @@ leniently as the supervisor always read payloads (a field of the wrong type read
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeAlias
 
 from . import protocol
@@ -32,7 +33,7 @@ from .checkpoint_messages import (
 )
 from .lifecycle_messages import Exiting, Failure, Heartbeat, Hello, Phase, RankExit
 from .protocol import FLAG_STOP, Kind, Message
-from .training_messages import LossNonFinite, ReplicasDiverged
+from .training_messages import LossNonFinite, ReplicasDiverged, StepPrints
 
 __all__ = [
     "Body",
@@ -53,6 +54,7 @@ __all__ = [
     "ReplicasDiverged",
     "SaveAt",
     "Snapshots",
+    "StepPrints",
     "Sync",
     "SyncCancel",
     "SyncRequest",
@@ -76,6 +78,23 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _losses(value: object) -> tuple[float | None, ...]:
+    """``STEP_PRINTS``' losses: repr()s joined by commas, empty where there is none; a value
+    that is not a finite number reads as none."""
+    if not isinstance(value, str) or not value:
+        return ()
+    out: list[float | None] = []
+    for text in value.split(",")[:_MAX_PRINTS]:
+        try:
+            number = float(text) if text else None
+        except ValueError:
+            number = None
+        out.append(number if number is not None and math.isfinite(number) else None)
+    return tuple(out)
+
+
+_MAX_PRINTS = 1024  # values read from one message at most (a frame holds fewer)
+
 Body: TypeAlias = (
     Hello
     | Heartbeat
@@ -93,6 +112,7 @@ Body: TypeAlias = (
     | LossNonFinite
     | ReplicasDiverged
     | Snapshots
+    | StepPrints
     | SyncRequest
     | Continue
     | SaveAt
@@ -187,6 +207,15 @@ def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
             _int(d.get("interval")),
             _str(d.get("failed")),
         )
+    if kind is Kind.STEP_PRINTS:
+        params_step, params = _int(d.get("params_step")), _int(d.get("params"))
+        return StepPrints(
+            step,
+            _losses(d.get("losses")),
+            params_step if params is not None else None,
+            params if params_step is not None else None,
+            d.get("exact") is not False,
+        )
     stop = bool(msg.flags & FLAG_STOP)
     if kind is Kind.SYNC_REQUEST:
         return SyncRequest(stop)
@@ -266,6 +295,14 @@ def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  
                 "failed": body.failed,
             }
             return Kind.SNAPSHOTS, body.newest, body.blocked_s, 0, payload
+        case StepPrints(first, losses, params_step, params, exact):
+            payload = {
+                "losses": ",".join("" if v is None else repr(v) for v in losses),
+                "params_step": params_step,
+                "params": params,
+                "exact": exact,
+            }
+            return Kind.STEP_PRINTS, first, 0.0, 0, payload
         case SyncRequest(stop):
             return Kind.SYNC_REQUEST, -1, 0.0, FLAG_STOP if stop else 0, None
         case SaveAt(step, stop):

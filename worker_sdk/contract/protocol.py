@@ -146,6 +146,8 @@ EXIT_SYNC_TIMEOUT: Final = 88  # a coordinated save never got the supervisor's a
 
 # ---------------------------------------------------------------- limits
 MAX_MESSAGE_BYTES: Final = 16 * 1024
+PRINT_RANKS: Final = 64  # the ranks below this send STEP_PRINTS (the resume check's sample)
+PRINT_WINDOW: Final = 16  # STEP_PRINTS: steps fingerprinted after each resume and save
 MAC_BYTES: Final = 32
 SECRET_BYTES: Final = 32
 MAGIC: Final = b"RV2"  # RV1 was HMAC-SHA256
@@ -195,6 +197,13 @@ class Kind(enum.IntEnum):
     # step: the newest complete one (-1: none); value: step() blocked by them (s); payload:
     # count, bytes (of the newest), interval (steps), failed (why the tier is off, or null)
     SNAPSHOTS = 16
+    # the fingerprints of steps after a resume or a save, for the resume check (sent at
+    # heartbeats, saves and the end; only by ranks below PRINT_RANKS); step: the first step of
+    # losses; payload: losses (the steps' losses from step on, as repr()s joined by commas, ""
+    # where step() was given none), params_step and params (a sampled checksum of the
+    # registered modules' parameters at that step: the int64 bits of a float64, or null),
+    # exact (bool: the values repeat bit for bit in a run that repeats the computation)
+    STEP_PRINTS = 17
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)

@@ -1,5 +1,5 @@
-"""The messages of the training checks: a loss that is not finite, replicas that diverged. Read
-and written by :mod:`.messages`."""
+"""The messages of the training checks: a loss that is not finite, replicas that diverged, the
+fingerprints of steps for the resume check. Read and written by :mod:`.messages`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from .protocol import Kind
 
-__all__ = ["LossNonFinite", "ReplicasDiverged"]
+__all__ = ["LossNonFinite", "ReplicasDiverged", "StepPrints"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +29,18 @@ class ReplicasDiverged:
     step: int
     ranks: tuple[int, ...]  # those that differ from the majority (all when there is none)
     since: int | None  # the step after the last check that agreed
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrints:
+    """Fingerprints of steps after a resume or a save (the resume check): the losses of steps
+    ``first``, ``first + 1``, ... (None where ``step()`` was given none) and a sampled checksum
+    of the parameters at ``params_step``; ``exact``: the values repeat bit for bit when the
+    computation is repeated (no CUDA, or deterministic algorithms)."""
+
+    KIND: ClassVar = Kind.STEP_PRINTS
+    first: int
+    losses: tuple[float | None, ...] = ()
+    params_step: int | None = None
+    params: int | None = None  # the int64 bits of the float64 checksum
+    exact: bool = True

@@ -1,11 +1,10 @@
 """One rank's runtime: the state behind ``resume()`` and ``step()``.
 
-The per-step path (:meth:`Runtime.step` inlined in ``worker_sdk.step``) reads the monotonic clock
-(vDSO, no syscall), updates three slots and compares two numbers; everything else happens in
-:meth:`Runtime.slow_path` when a heartbeat, a save or a coordinated stop is due.
-
-Coordinated saves (a stop, or a time-based save the supervisor schedules) happen at one step on
-every rank: the handshake is in :mod:`.coordinated`.
+The per-step path (inlined in ``worker_sdk.step``) reads the monotonic clock (vDSO, no syscall),
+updates a few slots and compares two numbers (and, with a loss, keeps it: the resume check's
+:mod:`.step_prints`); everything else happens in :meth:`Runtime.slow_path` when a heartbeat, a
+save or a coordinated stop is due. Coordinated saves (a stop, or a time-based save the
+supervisor schedules) happen at one step on every rank: the handshake is in :mod:`.coordinated`.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from .coordinated import await_answer
 from .rank_files import arm_stack_dumps, disarm_stack_dumps, map_step_slot
 from .settings import Settings
 from .startup import announce, first_step, training_checks
+from .step_prints import StepPrints
 
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import AsyncSaver
@@ -66,6 +66,7 @@ class Runtime:
         "next_save_step",
         "objects",
         "periodic_next",
+        "prints",
         "rank",
         "replicas",
         "requested",
@@ -99,9 +100,7 @@ class Runtime:
         self.channel = channel
         self.rank = rank
         self.world_size = world_size
-        # bring your own checkpoint (resume(external=True)): a due save is asked of the script
-        # (step() returns True), which saves and calls worker_sdk.checkpointed()
-        self.external = False
+        self.external = False  # resume(external=True): step() asks the script to save
         self.requested = -1  # the step step() last asked the script to checkpoint
         self.total_steps: int | None = None  # resume(total_steps=): for ``rvsup status``
         self.window: LoaderWindow | None = None  # until the first step() after a resume
@@ -126,9 +125,10 @@ class Runtime:
         self.replicas: ReplicaCheck | None = None  # plain DDP compared (.replicas)
         self.verify_next = _NEVER
         self.comm_wait: WaitReader | None = None  # the wait for the others, for stragglers
+        self.prints = StepPrints((), None)  # the resume check's fingerprints (from start())
         self.excepthook: Patch | None = None  # ours, from resume() to the shutdown (exit_hooks)
-        # the first finished step is reported at once: until the supervisor has seen it, only
-        # the (long) startup timeout can catch a hang
+        # the first finished step is reported at once: until then only the startup timeout
+        # can catch a hang
         self.hb_due = now if channel else math.inf
         every_s = settings.every_s if world_size == 1 and checkpointer else None
         self.save_due_t = now + every_s if every_s else math.inf
@@ -148,8 +148,8 @@ class Runtime:
             self._slot_map, self.step_slot = map_step_slot(self.settings.diagnostics_dir, self.rank)
         self.step_slot[0] = start - 1
         if self.channel is not None:
-            checks = training_checks(self.objects, self.world_size, start - 1)
-            self.replicas, self.comm_wait = checks
+            checks = training_checks(self.objects, self.world_size, start, self.channel, self.rank)
+            self.replicas, self.comm_wait, self.prints = checks
             if self.replicas is not None:
                 self.verify_next = self.replicas.next_step
         self._set_periodic(start - 1)
@@ -178,15 +178,19 @@ class Runtime:
     def _next_slow_step(self) -> int:
         """The next step whose step() takes the slow path: a save, a check or a snapshot."""
         snapshot = _NEVER if self.memory is None else self.memory.next_step
-        return min(self.periodic_next, self.sync_save_at, self.verify_next, snapshot)
+        checks = min(self.verify_next, self.prints.params_at)
+        return min(self.periodic_next, self.sync_save_at, checks, snapshot)
 
     # ------------------------------------------------------------------ the slow path
     def slow_path(self, step: int, extra: Any, now: float) -> bool:
         """Heartbeat, coordinated-save handshake and saves; called only when one is due.
 
         True when the script is asked to checkpoint ``step`` itself (external mode)."""
-        if self.window is not None:
-            self._close_window()
+        if self.window is not None:  # the first step() after a resume
+            advice = self.window.close()
+            self.window = None
+            if advice is not None:
+                warnings.warn(advice, RuntimeWarning, stacklevel=3)
         saver = self.saver
         if saver is not None and saver.in_flight is not None:
             outcome = saver.poll()
@@ -200,10 +204,14 @@ class Runtime:
             self._sync_round(step)
         if step >= self.verify_next:
             self._verify(step)
+        if step >= self.prints.params_at:
+            self.prints.take_params(step)
+            self.next_save_step = self._next_slow_step()
         if step >= min(self.periodic_next, self.sync_save_at) or now >= self.save_due_t:
             self._save(step, extra)
         if self.memory is not None and step >= self.memory.next_step:
             self.memory.snapshot(step, self.objects, extra)
+            self.prints.arm(step + 1)
             self.next_save_step = self._next_slow_step()
             self.t_last = time.monotonic()  # the snapshot is not a training step
         in_flight = saver is not None and saver.in_flight is not None
@@ -220,13 +228,6 @@ class Runtime:
             self.window.close()
             self.window = None
 
-    def _close_window(self) -> None:
-        assert self.window is not None
-        advice = self.window.close()
-        self.window = None
-        if advice is not None:
-            warnings.warn(advice, RuntimeWarning, stacklevel=4)
-
     def _heartbeat(self, step: int, now: float) -> None:
         ch = self.channel
         assert ch is not None
@@ -241,6 +242,7 @@ class Runtime:
                 self.loss_not_finite(step, value, self.hb_step + 1)
         wait = None if self.comm_wait is None else self.comm_wait.read(step - self.hb_step)
         ch.send(m.Heartbeat(step, self.max_dt, finite, wait))
+        self.prints.flush()
         self.hb_step = step
         self.max_dt = 0.0
         self.hb_due = now + self.settings.heartbeat_interval_s
@@ -249,8 +251,7 @@ class Runtime:
                 self.sync_mode = True
 
     def _verify(self, step: int) -> None:
-        """Compare the replicas (a collective at a step every rank reaches); rank 0 reports
-        the ranks that differ from the majority."""
+        """Compare the replicas (a collective); rank 0 reports those that differ, if any."""
         assert self.replicas is not None
         report = self.replicas.run(step)
         if report is not None and self.rank == 0 and self.channel is not None:
@@ -299,14 +300,11 @@ class Runtime:
                 save_reports.save_sync(
                     ck, self.channel, self.rank, step, self.objects, extra, stopping=stopping
                 )
-        now = time.monotonic()
-        if self.save_due_t != math.inf and self.settings.every_s:
-            self.save_due_t = now + self.settings.every_s
         coordinated = step >= self.sync_save_at
         if coordinated:
             self.sync_save_at = _NEVER
-        self._set_periodic(step)
-        self.t_last = now  # the save is not a training step
+        self._next_saves(step)
+        self.t_last = time.monotonic()  # the save is not a training step
         if coordinated:
             self._leave_if_stopping(step)
 
@@ -319,9 +317,14 @@ class Runtime:
         if self.channel is not None:
             self.channel.send(m.CheckpointBegin(step))  # its save is not taken for a hang
         self.requested = step
+        self._next_saves(step)  # a coordinated step not checkpointed is caught at the next
+
+    def _next_saves(self, step: int) -> None:
+        """After a save of ``step`` (made or asked for): the next ones; the steps after it armed."""
         if self.save_due_t != math.inf and self.settings.every_s:
             self.save_due_t = time.monotonic() + self.settings.every_s
-        self._set_periodic(step)  # a coordinated step not checkpointed is caught at the next
+        self.prints.arm(step + 1)
+        self._set_periodic(step)
 
     def checkpointed(self, step: int, path: str) -> None:
         """Every rank calls it once its own part of the framework's checkpoint of ``step`` is
@@ -371,11 +374,11 @@ class Runtime:
         silence to come is the end."""
         if self.channel is None or not self.channel.closed:
             if self.saver is not None and self.saver.in_flight is not None:
-                # no step() comes to heartbeat while the last save is waited for: a long one
-                # would look like a hang of a rank whose script has ended
+                # no step() heartbeats while the last save is waited for: not to look hung
                 self.phase_changed(FINAL_SAVE_PHASE, True)
             self._finish_async(close=True)
         if self.channel is not None and not self.channel.closed:
+            self.prints.flush()
             self.channel.send(m.Exiting(self.last_step, p.ExitingReason.END.value))
         self.shutdown()
 

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from worker_sdk.checkpoint.restore import LoadResult
 
     from .replicas import ReplicaCheck
+    from .step_prints import StepPrints
     from .stragglers import WaitReader
 
-__all__ = ["announce", "first_step", "training_checks"]
+__all__ = ["announce", "first_step", "step_prints", "training_checks"]
 
 
 def first_step(loaded: LoadResult, *, supervised: bool) -> int:
@@ -37,11 +38,13 @@ def first_step(loaded: LoadResult, *, supervised: bool) -> int:
 
 
 def training_checks(
-    objects: Sequence[Stateful], world_size: int, last_finished: int
-) -> tuple[ReplicaCheck | None, WaitReader | None]:
-    """Under rvsup, with several ranks: the replicas' comparison (every ``RVSUP_VERIFY_EVERY``
+    objects: Sequence[Stateful], world_size: int, start: int, channel: Channel, rank: int
+) -> tuple[ReplicaCheck | None, WaitReader | None, StepPrints]:
+    """Under rvsup: with several ranks, the replicas' comparison (every ``RVSUP_VERIFY_EVERY``
     steps, when asked and there are DDP replicas) and the reader of the wait for the others
-    (stragglers), when the parallelism has one. Both import torch: only loaded here."""
+    (stragglers), when the parallelism has one; the resume check's fingerprints, armed from
+    ``start``. They import torch: only loaded here."""
+    last_finished = start - 1
     replicas: ReplicaCheck | None = None
     every = int(os.environ.get(p.ENV_VERIFY_EVERY) or 0)
     if every > 0 and world_size > 1:
@@ -55,7 +58,9 @@ def training_checks(
         from .stragglers import wait_of
 
         wait = wait_of(objects)
-    return replicas, wait
+    prints = step_prints(objects, channel, rank)
+    prints.arm(start)
+    return replicas, wait, prints
 
 
 def announce(
@@ -82,3 +87,14 @@ def announce(
             loaded.source if loaded.path else None,
         )
     )
+
+
+def step_prints(objects: Sequence[Stateful], channel: Channel, rank: int) -> StepPrints:
+    """The resume check's fingerprints of this rank (sent by the ranks below ``PRINT_RANKS``),
+    of the losses ``step()`` is given and the parameters of the modules among ``objects``."""
+    from torch import nn
+
+    from .step_prints import StepPrints
+
+    modules = [obj for obj in objects if isinstance(obj, nn.Module)]
+    return StepPrints(modules, channel.send if rank < p.PRINT_RANKS else None)

@@ -16,7 +16,8 @@ skipped and counted as invalid (the rules: :mod:`supervisor.record.typed_json`);
 version does not know is skipped and counted as unknown.
 
 The classes live by topic in this package's modules (:mod:`.base`, :mod:`.lifecycle`,
-:mod:`.checkpoints`, :mod:`.failures`, :mod:`.nodes`, :mod:`.processes`, :mod:`.memory`);
+:mod:`.checkpoints`, :mod:`.failures`, :mod:`.nodes`, :mod:`.processes`, :mod:`.memory`,
+:mod:`.resumes`);
 import them from here.
 
 Pure: no I/O and no clock (the rules import it).
@@ -74,6 +75,11 @@ from supervisor.record.schema.processes import (
     SupervisorError,
     TimeLeftUnknown,
 )
+from supervisor.record.schema.resumes import (
+    ResumeDiverged,
+    ResumeUnverified,
+    ResumeVerified,
+)
 
 __all__ = [
     "EVENTS",
@@ -104,6 +110,9 @@ __all__ = [
     "ProcessesLeft",
     "RequeueFailed",
     "RestartScheduled",
+    "ResumeDiverged",
+    "ResumeUnverified",
+    "ResumeVerified",
     "RolledBack",
     "SlowPhase",
     "SnapshotsSwept",
@@ -123,6 +132,9 @@ _CLASSES: Final = (
     CheckpointFailed,
     CheckpointSkipped,
     CheckpointLoaded,
+    ResumeVerified,
+    ResumeDiverged,
+    ResumeUnverified,
     ColdStart,
     FailureDetected,
     HealthChecked,

@@ -26,7 +26,9 @@ class FailureDetected(Event):
     LEVEL = "error"
     DIGITS: ClassVar[Mapping[str, int]] = {"detect_s": 4}
     kind: str
-    """``crash``, ``oom``, ``hang``, ``preempted``, ``timelimit``, ``node_failure``, ``stopped``."""
+    """``crash``, ``oom``, ``hang``, ``preempted``, ``timelimit``, ``node_failure``, ``stopped``,
+    the anomalies (``nonfinite_loss``, ``loss_spike``, ``replicas_diverged``), or
+    ``resume_diverged`` (a resume that was not exact, under ``resume_check = "fail"``)."""
     ranks: tuple[int, ...]
     """The ranks implicated, the first failing (or furthest behind) first; may be empty."""
     exit_codes: tuple[int, ...]

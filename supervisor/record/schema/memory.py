@@ -25,7 +25,8 @@ class MemorySnapshots(Event):
     bytes: int | None
     """The newest snapshot's size; None when unknown."""
     interval: int | None
-    """Steps between snapshots: the configured number, or the one ``"auto"`` chose last."""
+    """Steps between snapshots: the configured number, or the one ``"auto"`` chose last; None
+    with one snapshot or none (no interval to report)."""
     newest_step: int | None
     """The newest complete snapshot's step; None when there is none."""
 

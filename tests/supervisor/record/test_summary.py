@@ -83,6 +83,7 @@ def test_summary_renders_one_line_and_json() -> None:
         "time_lost_s": 10.0,
         "wall_s": 100.0,
         "goodput": 0.9,
+        "resumes": None,
     }
 
 
@@ -96,3 +97,19 @@ def test_steps_skipped_by_rollbacks_are_summed_and_shown() -> None:
     assert s.steps_skipped == 6 and s.failures == {"nonfinite_loss": 1}
     assert "0 steps redone; 6 steps skipped by rollbacks; " in render_summary(s)
     assert summary_to_json(s)["steps_skipped"] == 6
+
+
+def test_resumes_are_counted_by_verdict_and_shown_only_when_checked() -> None:
+    """The resume check's verdicts add up over the attempts (a divergence by its kind, whatever
+    its step) and close the line; without any, nothing is said of resumes."""
+    rows = [
+        row(1, 0, 25, "crash", 5, 1.0),
+        replace(row(2, 26, 40, "crash", 3, 1.0), resume_check="verified"),
+        replace(row(3, 41, 60, "crash", 2, 1.0), resume_check="diverged at step 41"),
+        replace(row(4, 61, 80, "succeeded", 0, 0.0), resume_check="unverified"),
+    ]
+    s = summarize(rows, T0)
+    assert s.resumes == {"verified": 1, "diverged": 1, "unverified": 1}
+    assert render_summary(s).endswith("; resumes: 1 verified, 1 diverged, 1 unverified")
+    assert summary_to_json(s)["resumes"] == s.resumes
+    assert "resumes" not in render_summary(summarize(rows[:1], T0))

@@ -440,6 +440,7 @@ def test_failure_kind_values_are_the_event_strings() -> None:
         "nonfinite_loss",
         "loss_spike",
         "replicas_diverged",
+        "resume_diverged",
     ]
     assert FailureKind("oom") is FailureKind.OOM
 

@@ -18,7 +18,12 @@ from supervisor.config.load import parse_config
 from supervisor.config.metrics import MetricsStartError
 from supervisor.record import history
 from supervisor.record.goodput import BADPUT_SOURCES, goodput_of
-from supervisor.record.schema import FailureDetected, RestartScheduled
+from supervisor.record.schema import (
+    FailureDetected,
+    RestartScheduled,
+    ResumeUnverified,
+    ResumeVerified,
+)
 from supervisor.service.metrics_catalog import METRICS
 from tests.helpers.harness import rvsup
 from tests.helpers.jobs import write_job_file
@@ -87,6 +92,7 @@ def test_history_and_view_become_the_documented_metrics(tmp_path: Path) -> None:
     kinds = [e.event.kind for e in entries if isinstance(e.event, FailureDetected)]
     assert got[("rvsup_failures_total", (("kind", "crash"),))] == kinds.count("crash") == 2
     assert got[("rvsup_failures_total", (("kind", "hang"),))] == 1
+    assert got[("rvsup_resumes_total", (("verdict", "diverged"),))] == 0  # none in this history
     assert got[("rvsup_checkpoints_total", (("tier", "storage"),))] == 15
     assert got[("rvsup_checkpoint_last_step", (("tier", "storage"),))] == 149
     assert got[("rvsup_checkpoint_bytes_total", (("tier", "storage"),))] > 0
@@ -209,3 +215,22 @@ def test_rvsup_start_refuses_a_port_in_use_before_launching(tmp_path: Path) -> N
     assert res.returncode == 2, res.stderr
     assert f"metrics.listen: cannot serve the metrics on 127.0.0.1:{port}" in res.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+def test_resume_verdicts_are_counted(tmp_path: Path) -> None:
+    """Each resume_* event counts once under its verdict."""
+    m = JobMetrics(config(tmp_path, textfile="m.prom"), clock=Clock())
+    m.observe(
+        ResumeVerified(
+            resume_step=5, first_step=5, last_step=9, values=10, ranks=2, exact=True, complete=True
+        ),
+        2,
+    )
+    m.observe(ResumeUnverified(resume_step=9, reason="nothing redone"), 3)
+    m.observe(ResumeUnverified(resume_step=12, reason="nothing redone"), 4)
+    got = samples(generate_latest(m.registry).decode())
+    counts = {
+        v: got[("rvsup_resumes_total", (("verdict", v),))]
+        for v in ("verified", "diverged", "unverified")
+    }
+    assert counts == {"verified": 1, "diverged": 0, "unverified": 2}

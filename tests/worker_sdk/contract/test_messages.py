@@ -36,6 +36,8 @@ EXAMPLES: list[m.Body] = [
     m.RankExit(4321, 1, None, "node2", None),
     m.LossNonFinite(7, float("inf"), 6),
     m.ReplicasDiverged(30, (1, 3), 21),
+    m.StepPrints(20, (0.6931471805599453, None, 1e-300), 31, -4616189618054758400, exact=True),
+    m.StepPrints(5, (), None, None, exact=False),
     m.SyncRequest(stop=True),
     m.SyncRequest(stop=False),
     m.Continue(),
@@ -85,6 +87,17 @@ def _read(kind: p.Kind, payload: dict[str, Any], step: int = 3, value: float = 0
         (p.Kind.EXITING, {"reason": 1}, m.Exiting(3, None)),
         (p.Kind.REPLICAS_DIVERGED, {"ranks": "1,x,-2,3"}, m.ReplicasDiverged(3, (1, 3), None)),
         (p.Kind.LOSS_NONFINITE, {"since": "2"}, m.LossNonFinite(3, 0.0, None)),
+        (p.Kind.STEP_PRINTS, {"losses": 5, "exact": 0}, m.StepPrints(3, (), exact=True)),
+        (
+            p.Kind.STEP_PRINTS,
+            {"losses": "1.5,,x,nan,inf,-2", "params_step": 7, "params": "12"},
+            m.StepPrints(3, (1.5, None, None, None, None, -2.0), None, None, exact=True),
+        ),
+        (
+            p.Kind.STEP_PRINTS,
+            {"params_step": 7, "params": 12, "exact": False},
+            m.StepPrints(3, (), 7, 12, exact=False),
+        ),
     ],
 )
 def test_a_field_of_the_wrong_type_reads_as_absent(

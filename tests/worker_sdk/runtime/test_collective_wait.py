@@ -4,7 +4,9 @@ which timer (host or device) an FSDP module gets."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -137,3 +139,23 @@ def test_on_cuda_reads_where_the_module_computes() -> None:
     assert not on_cuda(module(SimpleNamespace(device=cpu), compute_device=cpu))
     assert not on_cuda(nn.Linear(2, 2)) and not on_cuda(nn.Linear(2, 2, device="meta"))
     assert not torch.cuda.is_initialized()
+
+
+_FSDP_SOURCES = (
+    "torch/distributed/fsdp/_flat_param.py",  # FSDP1: the all-gathers
+    "torch/distributed/fsdp/_runtime_utils.py",  # FSDP1: the reduce-scatters, all-reduces
+    "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py",  # FSDP2
+)
+_NOT_COLLECTIVES = frozenset({"barrier", "get_debug_level", "get_rank", "get_world_size"})
+
+
+@pytest.mark.parametrize("source", _FSDP_SOURCES, ids=["fsdp1-params", "fsdp1-grads", "fsdp2"])
+def test_every_collective_fsdp_calls_is_one_the_timer_wraps(source: str) -> None:
+    """FSDP1 and FSDP2 call their collectives as attributes of torch.distributed at call time
+    (so the timer, which replaces those attributes, sees them), and each is in TIMED: what the
+    end-to-end straggler test shows for FSDP2 holds for FSDP1 too, and a torch that changes
+    either is caught here."""
+    text = (Path(torch.__file__).parents[1] / source).read_text()
+    called = set(re.findall(r"\bdist\.([a-z_]+)\(", text)) - _NOT_COLLECTIVES
+    assert called, source
+    assert called <= set(TIMED), sorted(called - set(TIMED))

@@ -18,6 +18,7 @@ from worker_sdk.contract import layout
 @pytest.fixture(autouse=True)
 def _fresh_sdk() -> Iterator[None]:
     worker_sdk._reset_for_tests()
+    torch.manual_seed(0)  # each test is a script, which seeds (resume() warns otherwise)
     yield
     worker_sdk._reset_for_tests()
 

@@ -21,7 +21,7 @@ import pytest
 
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
-from tests.helpers.harness import reaped
+from tests.helpers.harness import reaped, wait_for
 from worker_sdk.spawn import zygote_wire as wire
 from worker_sdk.spawn.zygote_client import request_of
 
@@ -430,7 +430,9 @@ def test_the_watch_of_a_nodes_zygote_says_how_it_ended(tmp_path: Path) -> None:
         start_new_session=True,
     )
     with reaped(proc):
-        time.sleep(0.3)
+        # the watch shields itself before it forks the zygote: once the child exists, a SIGTERM
+        # is the one the test means (not one that finds the interpreter still starting)
+        wait_for(lambda: psutil.Process(proc.pid).children(), timeout=30, what="the zygote")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0

@@ -341,7 +341,7 @@ class MemoryTier:
                 self.blocked_s,
                 self.count,
                 self.nbytes,
-                self.interval,
+                self.interval if self.count > 1 else None,  # one snapshot has no interval
                 failed,  # None: it goes on (or off for another rank's failure)
             )
         )

@@ -46,7 +46,8 @@ def test_a_snapshot_that_ended_is_reported_at_the_next_heartbeat(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing while the writer is at it; once it has committed, one summary with the count,
-    the step and the bytes; nothing more until another snapshot ends."""
+    the step and the bytes, and no interval (one snapshot has none); nothing more until another
+    snapshot ends."""
     tier = _tier(tmp_path, monkeypatch, rank=0)
     saver, channel = tier.saver, tier.channel
     assert isinstance(saver, _Saver) and isinstance(channel, Sent)
@@ -60,6 +61,7 @@ def test_a_snapshot_that_ended_is_reported_at_the_next_heartbeat(
     ((kind, newest, _, payload),) = channel.messages
     assert kind == p.Kind.SNAPSHOTS
     assert (payload["count"], newest, payload["bytes"], payload["failed"]) == (1, 7, 123, None)
+    assert payload["interval"] is None
     tier.heartbeat(13.0)
     assert len(channel.messages) == 1 and saver.polls == 2
 
