@@ -106,6 +106,27 @@ def _router(directory: Path) -> Iterator[tuple[str, list[int]]]:
             child.communicate()
 
 
+def _armed_loss_ns(rt: Any, calls: int) -> list[float]:
+    """step() with a float loss at steps the resume check keeps (``rt``: the Runtime)."""
+    import worker_sdk
+
+    prints, step = rt.prints, worker_sdk.step
+
+    def steps_armed_loss(start: int, n: int) -> None:
+        # every step armed: a list as long as a batch, so that the store is the one
+        # worker_sdk.step makes, nothing added
+        prints.base, prints.until = start, start + n
+        for i in range(start, start + n):
+            step(i, loss=0.5)
+
+    window = (prints.values, prints.base, prints.until)
+    prints.values = [None] * min(_BATCH, calls)
+    try:
+        return per_call_ns(steps_armed_loss, calls)
+    finally:
+        prints.values, prints.base, prints.until = window
+
+
 def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
     """step() with nothing due (without a loss, with a float, with a tensor, with a float at
     steps the resume check keeps), step() with a heartbeat due (without a loss, with a
@@ -158,19 +179,7 @@ def measure_sdk(directory: Path, calls: int) -> dict[str, list[float]]:
             result["tensor_loss_ns"] = per_call_ns(steps_tensor_loss, calls)
             rt = worker_sdk._current
             assert rt is not None
-            prints = rt.prints
-
-            def steps_armed_loss(start: int, n: int) -> None:
-                # every step armed (the resume check keeps its loss): a list as long as a
-                # batch, so that the store is the one worker_sdk.step makes, nothing added
-                prints.base, prints.until = start, start + n
-                for i in range(start, start + n):
-                    step(i, loss=0.5)
-
-            window = (prints.values, prints.base, prints.until)
-            prints.values = [None] * min(_BATCH, calls)
-            result["armed_loss_ns"] = per_call_ns(steps_armed_loss, calls)
-            prints.values, prints.base, prints.until = window
+            result["armed_loss_ns"] = _armed_loss_ns(rt, calls)
             assert rt.channel is not None
             sends, due = [], []
             # paced (as heartbeats are) so that the send queue never fills: a full queue drops

@@ -125,11 +125,10 @@ def resume(
             exit_on_usage_error()
         raise
     if rank == 0:
-        from .runtime.determinism import reordered_sums_warning, unseeded_warning
+        from .runtime.determinism import resume_warnings
 
-        for warning in (reordered_sums_warning(objects, world_size), unseeded_warning()):
-            if warning is not None:
-                warnings.warn(warning, RuntimeWarning, stacklevel=2)
+        for warning in resume_warnings(objects, world_size):
+            warnings.warn(warning, RuntimeWarning, stacklevel=2)
     checkpointer = None
     memory = None
     if settings.checkpoint_dir is not None:

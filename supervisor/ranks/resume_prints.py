@@ -87,7 +87,10 @@ class ResumeBook:
         if not self.before:
             return "no fingerprints of earlier attempts under this rvsup start"
         if not any(s >= body.step for p in self.before.values() for s in (*p.losses, *p.params)):
-            return "no step after the resume step had been run: nothing redone to compare"
+            return (
+                "nothing redone to compare: no fingerprint of a step from the resume step on "
+                "reached rvsup (none was run, or the attempt died within a heartbeat of them)"
+            )
         return None
 
     def heard(self, rank: int, body: m.StepPrints) -> Verdict | None:

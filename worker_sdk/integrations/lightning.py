@@ -96,14 +96,15 @@ class RvsupCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """After every batch: heartbeat at the optimizer step; a checkpoint when rvsup wants one."""
+        """After every batch: heartbeat at the optimizer step, with the batch's loss (the resume
+        check's fingerprint, read at the heartbeat); a checkpoint when rvsup wants one."""
         if not self.enabled:
             return
         step = trainer.global_step - 1
         if step < 0 or step == self._last_step:
             return
         self._last_step = step
-        if not worker_sdk.step(step):
+        if not worker_sdk.step(step, loss=_loss_of(outputs)):
             return
         path = self.folder(trainer) / f"step-{step:010d}.ckpt"
         trainer.save_checkpoint(path)
@@ -152,3 +153,11 @@ def disable_auto_requeue(trainer: Trainer) -> bool:
         warnings.warn(REQUEUE_WARNING, RuntimeWarning, stacklevel=2)
         return True
     return False
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss ``training_step`` returned (a tensor, or a mapping's ``"loss"``), detached from
+    its graph, or None."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    detach = getattr(loss, "detach", None)
+    return detach() if callable(detach) and getattr(loss, "ndim", None) == 0 else None

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["reordered_sums_warning", "unseeded_warning"]
+__all__ = ["reordered_sums_warning", "resume_warnings", "unseeded_warning"]
 
 _OLD_DEFAULT_SEED = 67280421310721  # torch's fixed start seed before it started random ones
 
@@ -44,6 +44,12 @@ def reordered_sums_warning(objects: Sequence[Any], world_size: int) -> str | Non
                 "bit-identical resumes build it with find_unused_parameters=True."
             )
     return None
+
+
+def resume_warnings(objects: Sequence[Any], world_size: int) -> list[str]:
+    """What ``resume()`` warns about (on rank 0): each reason its resumes will not be exact."""
+    found = (reordered_sums_warning(objects, world_size), unseeded_warning())
+    return [warning for warning in found if warning is not None]
 
 
 def unseeded_warning() -> str | None:

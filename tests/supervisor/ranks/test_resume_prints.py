@@ -97,7 +97,7 @@ def test_an_attempt_that_ends_partway_is_verified_as_far_as_it_got() -> None:
         ("resharded", "resharded from 4 ranks"),
         ("rollback", "a rollback skips the steps after the anomaly"),
         ("no-earlier", "no fingerprints of earlier attempts under this rvsup start"),
-        ("nothing-redone", "nothing redone to compare"),
+        ("nothing-redone", "nothing redone to compare"),  # or not sent before the failure
         ("silent", "no fingerprint was sent"),
         ("ended-early", "the attempt ended before it sent a fingerprint"),
     ],
