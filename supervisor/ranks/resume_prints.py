@@ -35,6 +35,9 @@ from worker_sdk.contract import messages as m
 __all__ = ["ResumeBook", "Verdict", "stopping"]
 
 Verdict = ResumeVerified | ResumeDiverged | ResumeUnverified
+_SILENT = (
+    "no fingerprint was sent: pass the loss to worker_sdk.step(loss=...) or a module to resume()"
+)
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class ResumeBook:
         self.rollback = False  # the current attempt skips steps after a rollback
         self.resume: _Resume | None = None
         self.decided = False
+        self.attempts = 0  # begun under this rvsup start
 
     def begin_attempt(self, *, rollback: bool) -> None:
         """A new attempt: the last one's values join the earlier ones' (after a rollback, the
@@ -66,6 +70,7 @@ class ResumeBook:
         if rollback:
             self.before = {}
         self.now = {}
+        self.attempts += 1
         self.rollback = rollback
         self.resume = None
         self.decided = False
@@ -84,6 +89,8 @@ class ResumeBook:
             return "a rollback skips the steps after the anomaly: the data differs on purpose"
         if body.resharded_from is not None:
             return f"resharded from {body.resharded_from} ranks: each rank's data and shard differ"
+        if not self.before and self.attempts > 1:
+            return _SILENT
         if not self.before:
             return "no fingerprints of earlier attempts under this rvsup start"
         if not any(s >= body.step for p in self.before.values() for s in (*p.losses, *p.params)):
@@ -156,10 +163,7 @@ class ResumeBook:
                 return verified
             why = "the attempt ended before it sent a fingerprint of a step to compare"
             if not any(p.losses or p.params for p in self.now.values()):
-                why = (
-                    "no fingerprint was sent: pass the loss to worker_sdk.step(loss=...) or a "
-                    "module to resume()"
-                )
+                why = _SILENT
         else:
             why = r.why_not
         return ResumeUnverified(resume_step=r.step, reason=why)

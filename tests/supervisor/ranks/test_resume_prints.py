@@ -99,15 +99,20 @@ def test_an_attempt_that_ends_partway_is_verified_as_far_as_it_got() -> None:
         ("no-earlier", "no fingerprints of earlier attempts under this rvsup start"),
         ("nothing-redone", "nothing redone to compare"),  # or not sent before the failure
         ("silent", "no fingerprint was sent"),
+        ("silent-before", "no fingerprint was sent"),
         ("ended-early", "the attempt ended before it sent a fingerprint"),
     ],
 )
 def test_a_resume_that_cannot_be_compared_says_why(setup: str, reason: str) -> None:
     """One resume_unverified at the attempt's end, with the reason: another world size, a
     rollback, no earlier attempt under this start (a requeue), nothing redone (resumed past
-    everything run), no fingerprint sent, or none of the steps to compare."""
+    everything run), no fingerprint sent (by this attempt, or by any before it), or none of
+    the steps to compare."""
     book = ResumeBook("warn")
-    if setup != "no-earlier":
+    if setup == "silent-before":  # a framework's own checkpoints, no loss: nothing ever sent
+        book.begin_attempt(rollback=False)
+        book.loaded(m.Loaded(0, None, None, None))
+    elif setup != "no-earlier":
         _failed_attempt(book)
     if setup == "rollback":
         book.begin_attempt(rollback=True)

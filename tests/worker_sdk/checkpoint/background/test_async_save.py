@@ -88,8 +88,11 @@ def test_kill9_in_each_phase_of_an_async_save_never_loads_it(
 ) -> None:
     """SIGKILL of a rank while step 11's save is staged, while its writer has written its part
     (before telling rank 0), or once rank 0's writer wrote the manifest (before the rename):
-    step 11 is never committed, the resumed run loads the newest committed checkpoint and ends
-    bit-identical."""
+    step 11 is never committed and the newest committed checkpoint is the one before it. The
+    run resumed from it ends bit-identical; it runs after the kill that leaves the most behind
+    (the manifest written: FSDP2's rename) and after DDP's (its other layout). A torn save
+    without a manifest is passed over by the same scan (its temporary name), which
+    tests/worker_sdk/checkpoint/test_sharded_resume.py resumes past too."""
     ckpt = tmp_path / "ckpt"
     killed = torchrun(
         tmp_path, "killed", kind=kind, ckpt=ckpt, fails=True, FAULT=fault, RVSUP_CKPT_ASYNC="1"
@@ -104,6 +107,8 @@ def test_kill9_in_each_phase_of_an_async_save_never_loads_it(
     latest = layout.latest(ckpt)
     assert latest is not None
     assert latest.step in (3, 7)
+    if kind == "fsdp2" and not fault.startswith("killrename"):
+        return
     run = torchrun(tmp_path, "resumed", kind=kind, ckpt=ckpt, RVSUP_CKPT_ASYNC="1")
     assert f"rank 0 of 2 resumes at {latest.step + 1}" in run.output
     assert_same_state(references[kind].state(), run.state())
