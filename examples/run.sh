@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (once) and run an example job under rvsup, then print its history.
-#   bash examples/run.sh ddp_toy | epoch_ddp
+#   bash examples/run.sh ddp_toy | epoch_ddp | grad_accumulation
 #   VENV=dir  where the virtualenv lives (default .venv at the repository root)
 set -euo pipefail
 example=${1:?usage: examples/run.sh EXAMPLE (a folder of examples/)}

@@ -142,8 +142,8 @@ def _same(old: float, new: float, exact: bool) -> bool:
 
 _AT_THE_RESUME: Final = (
     "the state loaded or the first batch: an object the step uses that resume() was not given "
-    "(a scheduler, a sampler or data loader with a generator of its own, gradients carried "
-    "over between steps), or data or weights built from an unseeded random generator"
+    "(a scheduler, a sampler or data loader with a generator of its own), or data or weights "
+    "built from an unseeded random generator"
 )
 _AT_THE_RESUME_FIX: Final = (
     "pass every stateful object to worker_sdk.resume(); seed torch, random and numpy before "
@@ -151,13 +151,14 @@ _AT_THE_RESUME_FIX: Final = (
 )
 _LATER: Final = (
     "state that changes between steps outside the checkpoint: random numbers drawn outside "
-    "the steps (an evaluation, logging), gradients accumulated across a save, a counter or "
-    "buffer kept by the script"
+    "the steps (an evaluation, logging), gradients held across a save in buffers of a "
+    "framework's own (FSDP1), an accumulation counter, a counter or buffer kept by the script"
 )
 _LATER_FIX: Final = (
-    "call worker_sdk.step() only after the optimizer steps (not between accumulated "
-    "micro-batches), keep evaluations from drawing on the training's random generators, or "
-    "pass the object holding that state to resume(); see docs/resume-check.md"
+    "keep evaluations from drawing on the training's random generators, call "
+    "worker_sdk.step() once per optimizer step where a framework accumulates gradients or "
+    "counts micro-batches itself, or pass the object holding that state to resume(); see "
+    "docs/resume-check.md"
 )
 
 

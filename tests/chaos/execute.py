@@ -228,6 +228,20 @@ def _strike(
     deadline: float,
 ) -> bool:
     """Wait for ``fault``'s attempt and step, then strike; True when rvsup itself was stopped."""
+    if fault.kind in ("savekill", "snapkill"):
+        saving = _save_seen(fault, proc, dirs, deadline)
+        st = None if saving is None else status(job)
+        if saving is None or st is None or st["attempt"] != fault.attempt:
+            seen.errors.append(f"{fault.text()}: no save to aim at{_tier_said(job, fault)}")
+            return False
+        victim = next((r["pid"] for r in st["ranks"] if r["rank"] == fault.rank), None)
+        if victim is None:
+            seen.errors.append(f"{fault.text()}: rank {fault.rank} is not running")
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+        seen.save_killed[fault.attempt] = saving
+        return False
     st = _wait_step(job, proc, fault, deadline)
     if st is None:
         seen.errors.append(f"{fault.text()}: rvsup ended before the fault's step")
@@ -245,20 +259,6 @@ def _strike(
                 zygote.kill()
         seen.save_killed[fault.attempt] = min(r["last_step"] for r in st["ranks"])
         return False
-    if fault.kind in ("savekill", "snapkill"):
-        ckpt, shm = dirs
-        if fault.kind == "savekill":
-            saving = _wait_save(ckpt, proc, deadline, fault.step)
-        else:  # the job's own directory inside memory_dir
-            saving = None if shm is None else _wait_save(shm, proc, deadline, fault.step, "*/")
-        if saving is None:
-            seen.errors.append(f"{fault.text()}: no save to aim at")
-            return False
-        victim = next(r["pid"] for r in st["ranks"] if r["rank"] == fault.rank)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-        seen.save_killed[fault.attempt] = saving
-        return False
     sig = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1, "daemonkill": signal.SIGKILL}
     tree = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, sig[fault.kind])
@@ -268,6 +268,32 @@ def _strike(
         if alive:
             seen.errors.append(f"survived the killed daemon: {[p.pid for p in alive]}")
     return True
+
+
+def _save_seen(
+    fault: Fault, proc: subprocess.Popen[str], dirs: tuple[Path, Path | None], deadline: float
+) -> int | None:
+    """The step of the save of ``fault``'s attempt, at its step or later, seen being written:
+    a checkpoint (savekill) or a snapshot (snapkill); None when rvsup ended first. The saves
+    are watched from the attempt's start, not from when `rvsup status` says the step was
+    reached: under load its answer can come late, after the last save of the run."""
+    ckpt, shm = dirs
+    if fault.kind == "savekill":
+        return _wait_save(ckpt, proc, deadline, fault)
+    if shm is None:
+        return None
+    return _wait_save(shm, proc, deadline, fault, "*/")  # the job's own folder in memory_dir
+
+
+def _tier_said(job: Path, fault: Fault) -> str:
+    """What the memory tier said in ``fault``'s attempt (why it went off or paused, its
+    summary): why no snapshot was seen, in the error."""
+    said = [
+        {k: v for k, v in e.items() if k not in ("job", "level", "timestamp")}
+        for e in events(job.parent / "run")
+        if e.get("attempt") == fault.attempt and e["event"].startswith(("memory", "snapshot"))
+    ]
+    return f" (the tier said: {said[-6:]})" if said else " (the tier said nothing)"
 
 
 def _wait_step(
@@ -290,20 +316,26 @@ def _wait_step(
 
 
 def _wait_save(
-    ckpt: Path, proc: subprocess.Popen[str], deadline: float, from_step: int, below: str = ""
+    ckpt: Path, proc: subprocess.Popen[str], deadline: float, fault: Fault, below: str = ""
 ) -> int | None:
-    """The step of the first checkpoint seen being written at ``from_step`` or later (not an
-    old checkpoint that a prune renamed aside to remove it); ``below``: a glob of the folder
-    in ``ckpt`` it is written in ("*/": the snapshots' directory in ``memory_dir``).
+    """The step of the first checkpoint of ``fault``'s attempt seen being written at its step
+    or later (not an old checkpoint that a prune renamed aside to remove it); ``below``: a glob
+    of the folder in ``ckpt`` it is written in ("*/": the snapshots' directory in
+    ``memory_dir``); the folders are waited for (rvsup makes them when it starts).
 
     Its temporary directory is seen when it is made (inotify, through watchdog), not by
     polling: a snapshot of the chaos job is written in milliseconds, so a poll could miss every
     one of a run ("no save to aim at"). A kill aimed at one may still land just after it was
     committed, a kill of a rank like any other."""
+    folders: list[Path] = []
+    while not folders and proc.poll() is None and time.monotonic() < deadline:
+        folders = [p for p in (ckpt.glob(below) if below else [ckpt]) if p.is_dir()]
+        if not folders:
+            time.sleep(0.02)
     found: queue.SimpleQueue[int] = queue.SimpleQueue()
-    handler = _TempMade(found, from_step)
+    handler = _TempMade(found, fault.step, f"a{fault.attempt}")
     observer = Observer()
-    for folder in [p for p in ckpt.glob(below) if p.is_dir()] if below else [ckpt]:
+    for folder in folders:
         observer.schedule(handler, str(folder), recursive=False)
     observer.start()
     try:
@@ -319,10 +351,11 @@ def _wait_save(
 
 
 class _TempMade(FileSystemEventHandler):
-    """Puts the step of each checkpoint's temporary directory made at ``from_step`` or later."""
+    """Puts the step of each checkpoint's temporary directory made at ``from_step`` or later
+    by the attempt tagged ``tag``."""
 
-    def __init__(self, found: queue.SimpleQueue[int], from_step: int) -> None:
-        self.found, self.from_step = found, from_step
+    def __init__(self, found: queue.SimpleQueue[int], from_step: int, tag: str) -> None:
+        self.found, self.from_step, self.tag = found, from_step, tag
 
     def on_created(self, event: FileSystemEvent) -> None:
         self.seen(os.path.basename(os.fsdecode(event.src_path)))
@@ -332,7 +365,7 @@ class _TempMade(FileSystemEventHandler):
 
     def seen(self, name: str) -> None:
         m = layout.TEMP_RE.match(name)
-        if m and not m.group(2).startswith("rm-") and int(m.group(1)) >= self.from_step:
+        if m and m.group(2) == self.tag and int(m.group(1)) >= self.from_step:
             self.found.put(int(m.group(1)))
 
 

@@ -5,10 +5,12 @@ allocation.
 Two jobs, each awaited once by a module fixture and asserted by several tests:
 
 - ``crashing_node``: a 3-node allocation of a 2-node job whose ranks on node2 raise at step 2
-  of every attempt. Attempts 1 and 2 run on node1 and node2 and fail there; node2 is then
-  excluded (``exclude_after`` = 2) and attempt 3 runs on node1 and the spare node3. Slurm then
-  requeues the job (``scontrol requeue``): the new allocation holds node2 again, and the new
-  daemon, which knows the exclusion from the history only, goes on without it.
+  of every attempt. The ranks run in a UTS namespace whose host name is an FQDN
+  (``node2.rvsup.test``), not Slurm's node name. Attempts 1 and 2 run on node1 and node2 and
+  fail there; node2 is then excluded by its Slurm name (``exclude_after`` = 2) and attempt 3
+  runs on node1 and the spare node3. Slurm then requeues the job (``scontrol requeue``): the new
+  allocation holds node2 again, and the new daemon, which knows the exclusion from the history
+  only, goes on without it.
 - ``unhealthy_node``: a 2-node job whose health command fails on node2. Before any attempt
   node2 is excluded; one node is too few, so the job is requeued away from node2
   (ExcNodeList) and finishes on node1 and node3.
@@ -20,7 +22,7 @@ import json
 import re
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,96 +62,14 @@ def _exc_node_list(cluster: SlurmCluster, job_id: str) -> str:
 @pytest.fixture(scope="module")
 def crashing_node(
     slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[TrainerJob, float]:
-    """The ``crashing_node`` job of the module docstring, run to its end; and its seconds."""
+) -> tuple[TrainerJob, float, dict[str, Any]]:
+    """The ``crashing_node`` job of the module docstring, run to its end; its seconds, and
+    the daemon's status in attempt 3."""
     begin = time.monotonic()
     job = write_trainer_job(
         tmp_path_factory.mktemp("crashing-node"),
         name="crashing-node",
         total=TOTAL,
-        env={"BAD_NODE": "node2:2", "STEP_SLEEP": "0.05"},
-        nnodes="2",
-        restart='max_restarts = 4\nbackoff = "0.1s"\nbackoff_max = "0.5s"\nmax_no_progress = 4',
-    )
-    job_id = sbatch_job(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
-    try:
-        wait_until(
-            lambda: len(job.named("attempt_started")) >= 3 and ranks_past(job, 10),
-            timeout=START_S * 2,
-            what="attempt 3 past step 10 (its checkpoint of step 9 committed)",
-        )
-        slurm_cluster.run("scontrol", "requeue", job_id)
-    except BaseException:
-        slurm_cluster.scancel(job_id)
-        slurm_cluster.wait_gone(job_id, timeout=60)
-        raise
-    run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
-    return job, time.monotonic() - begin
-
-
-def test_a_node_whose_ranks_crash_twice_is_excluded(
-    crashing_node: tuple[TrainerJob, float],
-) -> None:
-    """Two crashes are attributed to node2 with the ranks on it; node_excluded follows the
-    second; attempt 3 runs on node1 and the spare node3; nothing is excluded twice."""
-    job, _ = crashing_node
-    failures = [(f["kind"], f["nodes"], f["node_ranks"]) for f in job.named("failure_detected")]
-    assert failures[:2] == [("crash", ["node2"], {"node2": [2, 3]})] * 2, job.output_text()[-3000:]
-    (excluded,) = job.named("node_excluded")
-    assert (excluded["node"], excluded["failures"]) == ("node2", 2)
-    assert excluded["reason"] == "2 failures attributed to it"
-    nodes = attempt_nodes(job)
-    assert nodes[:3] == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
-    assert all(later == ["node1", "node3"] for later in nodes[2:]), nodes
-
-
-def test_the_restarted_daemon_of_a_requeue_keeps_the_exclusion(
-    crashing_node: tuple[TrainerJob, float],
-) -> None:
-    """The requeued allocation holds node2 again; the new daemon (a second job_started) runs
-    its attempt on node1 and node3 and the job succeeds: no attempt after the exclusion ran on
-    node2, and every round after it checked only node1 and node3."""
-    job, seconds = crashing_node
-    starts = job.named("job_started")
-    assert [s["restart_count"] for s in starts] == [0, 1], job.output_text()[-3000:]
-    events = job.events()
-    requeued = events.index(next(e for e in events if e.get("restart_count") == 1))
-    after = [e for e in events[requeued:] if e["event"] == "attempt_started"]
-    assert after and all("--nodelist=node1,node3" in a["launcher"] for a in after)
-    assert job.named("job_succeeded")
-    cut = next(i for i, e in enumerate(events) if e["event"] == "node_excluded")
-    later = [e for e in events[cut:] if e["event"] == "health_checked"]
-    assert later and {e["node"] for e in later} == {"node1", "node3"}
-    print(f"\ncrashing-node scenario: {seconds:.1f}s")
-
-
-def test_rvsup_history_lists_the_excluded_node_and_why(
-    crashing_node: tuple[TrainerJob, float],
-) -> None:
-    """`rvsup history` prints the excluded node and why; --json has it too."""
-    from tests.helpers.harness import rvsup
-
-    job, _ = crashing_node
-    text = rvsup("history", str(job.job_toml), timeout=30).stdout
-    assert "excluded node node2: 2 failures attributed to it" in text
-    data = json.loads(rvsup("history", str(job.job_toml), "--json", timeout=30).stdout)
-    assert data["excluded_nodes"] == {"node2": "2 failures attributed to it"}
-
-
-# ---------------------------------------------------------------------- a host named otherwise
-
-
-def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    """The ranks run in a UTS namespace whose host name is an FQDN (``node2.rvsup.test``), not
-    Slurm's node name: the two crashes on node2 are attributed to ``node2``, node2 is excluded by
-    that name, attempt 3 runs on node1 and node3 (its ranks' hosts, as their hellos name them,
-    are node1 and node3) and succeeds."""
-    job = write_trainer_job(
-        tmp_path,
-        name="fqdn-node",
-        total=100,
         # gloo binds to the address the host name resolves to: this one resolves to none
         env={"BAD_NODE": "node2.rvsup.test:2", "STEP_SLEEP": "0.05", "GLOO_SOCKET_IFNAME": "eth0"},
         nnodes="2",
@@ -164,22 +84,70 @@ def test_a_node_is_excluded_by_its_slurm_name_whatever_its_host_name(
     job_id = sbatch_job(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3")
     try:
         running = wait_until(
-            lambda: ranks_past(job, 5) if len(job.named("attempt_started")) >= 3 else None,
+            lambda: ranks_past(job, 10) if len(job.named("attempt_started")) >= 3 else None,
             timeout=START_S * 2,
-            what="attempt 3 past step 5",
+            what="attempt 3 past step 10 (its checkpoint of step 9 committed)",
         )
+        slurm_cluster.run("scontrol", "requeue", job_id)
     except BaseException:
         slurm_cluster.scancel(job_id)
         slurm_cluster.wait_gone(job_id, timeout=60)
         raise
     run_to_end(slurm_cluster, job, job_id, timeout=START_S + END_S)
+    return job, time.monotonic() - begin, running
+
+
+def test_a_node_whose_ranks_crash_twice_is_excluded(
+    crashing_node: tuple[TrainerJob, float, dict[str, Any]],
+) -> None:
+    """Two crashes are attributed to node2 with the ranks on it; node_excluded follows the
+    second; attempt 3 runs on node1 and the spare node3; nothing is excluded twice. All by
+    Slurm's node names, whatever the hosts are called: the ranks' own host names are FQDNs
+    (``node2.rvsup.test``), and attempt 3's ranks, as their hellos name their hosts, are on
+    node1 and node3."""
+    job, _, running = crashing_node
     assert {r["host"] for r in running["ranks"]} == {"node1", "node3"}, running["ranks"]
-    failures = [(f["kind"], f["nodes"]) for f in job.named("failure_detected")]
-    assert failures == [("crash", ["node2"])] * 2, job.output_text()[-3000:]
+    failures = [(f["kind"], f["nodes"], f["node_ranks"]) for f in job.named("failure_detected")]
+    assert failures[:2] == [("crash", ["node2"], {"node2": [2, 3]})] * 2, job.output_text()[-3000:]
     (excluded,) = job.named("node_excluded")
-    assert excluded["node"] == "node2"
-    assert attempt_nodes(job) == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
+    assert (excluded["node"], excluded["failures"]) == ("node2", 2)
+    assert excluded["reason"] == "2 failures attributed to it"
+    nodes = attempt_nodes(job)
+    assert nodes[:3] == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
+    assert all(later == ["node1", "node3"] for later in nodes[2:]), nodes
+
+
+def test_the_restarted_daemon_of_a_requeue_keeps_the_exclusion(
+    crashing_node: tuple[TrainerJob, float, dict[str, Any]],
+) -> None:
+    """The requeued allocation holds node2 again; the new daemon (a second job_started) runs
+    its attempt on node1 and node3 and the job succeeds: no attempt after the exclusion ran on
+    node2, and every round after it checked only node1 and node3."""
+    job, seconds, _ = crashing_node
+    starts = job.named("job_started")
+    assert [s["restart_count"] for s in starts] == [0, 1], job.output_text()[-3000:]
+    events = job.events()
+    requeued = events.index(next(e for e in events if e.get("restart_count") == 1))
+    after = [e for e in events[requeued:] if e["event"] == "attempt_started"]
+    assert after and all("--nodelist=node1,node3" in a["launcher"] for a in after)
     assert job.named("job_succeeded")
+    cut = next(i for i, e in enumerate(events) if e["event"] == "node_excluded")
+    later = [e for e in events[cut:] if e["event"] == "health_checked"]
+    assert later and {e["node"] for e in later} == {"node1", "node3"}
+    print(f"\ncrashing-node scenario: {seconds:.1f}s")
+
+
+def test_rvsup_history_lists_the_excluded_node_and_why(
+    crashing_node: tuple[TrainerJob, float, dict[str, Any]],
+) -> None:
+    """`rvsup history` prints the excluded node and why; --json has it too."""
+    from tests.helpers.harness import rvsup
+
+    job, _, _ = crashing_node
+    text = rvsup("history", str(job.job_toml), timeout=30).stdout
+    assert "excluded node node2: 2 failures attributed to it" in text
+    data = json.loads(rvsup("history", str(job.job_toml), "--json", timeout=30).stdout)
+    assert data["excluded_nodes"] == {"node2": "2 failures attributed to it"}
 
 
 # ---------------------------------------------------------------------- an unhealthy node

@@ -12,6 +12,7 @@ import torch
 from worker_sdk.contract.layout import STATE_DCP, STATE_RANK, STATE_SHARED
 
 from . import dcp as _dcp
+from . import grads as _grads
 from . import per_rank as _per_rank
 from . import rng as _rng
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
@@ -31,6 +32,7 @@ class Capture:
     part: dict[str, Any]  # this rank's rank file
     sharded: dict[str, Any] | None  # the DCP state dict; None when nothing is sharded
     began: float  # monotonic time the save began
+    grads_not_kept: tuple[int, ...] = ()  # FSDP1 modules holding gradients (.grads)
 
 
 def capture(
@@ -42,9 +44,12 @@ def capture(
     rank: int,
     world_size: int,
     gather: Callable[[list[int]], list[list[int]]] | None,
+    grads: bool = True,
 ) -> Capture:
     """Step 1: references to everything a checkpoint holds, nothing written yet; ``gather``:
-    the all-gather the ranks compare their objects' digests through (None: no process group)."""
+    the all-gather the ranks compare their objects' digests through (None: no process group);
+    ``grads``: the parameters' gradients are kept (:mod:`.grads`), else the restore leaves
+    none."""
     per_rank, states = _per_rank.split(plan.kinds, objects, world_size=world_size, gather=gather)
     where = []
     for i, obj in enumerate(objects):
@@ -67,9 +72,10 @@ def capture(
         }
         shared = {"format": _PAYLOAD_FORMAT, "objects": table}
     part = {"format": _PAYLOAD_FORMAT, "rank": rank, "rng": _rng.capture(), "extra": extra}
+    part["grads"], fsdp1 = _grads.capture(objects, plan.kinds) if grads else ({}, [])
     if per_rank:
         part["objects"] = {str(i): states[i] for i in sorted(per_rank)}
     sharded_state = None
     if plan.sharded:
         sharded_state = _dcp.capture(dcp_groups(plan, tuple(where)))
-    return Capture(plan, tuple(where), shared, part, sharded_state, began)
+    return Capture(plan, tuple(where), shared, part, sharded_state, began, tuple(fsdp1))

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ from .background.writer import SaveJob, failed_marker, pending_marker, written_m
 from .capture import Capture, capture
 from .collectives import all_gather_ints, broadcast_ints, group_active
 from .commit import commit, write_durable
+from .grads import GradWatch, fsdp1_note
 from .parallel import Stateful, StatePlan, unwrap
 from .restore import LoadResult, Restorer
 
@@ -127,6 +129,8 @@ class Checkpointer:
         self.keep_last = keep_last
         self.identity = identity
         self._plans: tuple[tuple[int, ...], StatePlan] | None = None
+        self.gradients: GradWatch | None = None  # None: every gradient found is kept
+        self._said_fsdp1 = False
         self._restorer = Restorer(
             self.directory, rank=rank, world_size=world_size, plan=self.plan, identity=identity
         )
@@ -289,9 +293,21 @@ class Checkpointer:
     ) -> Capture:
         """Step 1 (:func:`.capture.capture`); the digests compared through the process group."""
         gather = all_gather_ints if self._group_active() else None
-        return capture(
-            plan, objects, extra, began, rank=self.rank, world_size=self.world_size, gather=gather
+        grads = self.gradients is None or self.gradients.wanted()
+        snap = capture(
+            plan,
+            objects,
+            extra,
+            began,
+            rank=self.rank,
+            world_size=self.world_size,
+            gather=gather,
+            grads=grads,
         )
+        if snap.grads_not_kept and not self._said_fsdp1 and self.rank == 0:
+            self._said_fsdp1 = True
+            print(fsdp1_note(snap.grads_not_kept), file=sys.stderr)
+        return snap
 
     def _write_local(self, snap: Capture, tmp: Path) -> None:
         """Step 3, the files that are not DCP's: shared.pt (rank 0), this rank's part."""

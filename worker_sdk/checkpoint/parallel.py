@@ -10,6 +10,7 @@
   replicated.
 
 Refused, with an error naming the object: objects without ``state_dict``/``load_state_dict``,
+a data loader Accelerate prepared without ``use_stateful_dataloader`` (its ``state_dict`` fails),
 ZeroRedundancyOptimizer (each rank holds another partition; its ``state_dict`` needs a
 consolidation rvsup does not do), DeepSpeed engines and optimizers (they partition their state
 themselves and save it with ``save_checkpoint``), and an optimizer over sharded parameters whose
@@ -207,12 +208,30 @@ def _refuse_unsupported(i: int, obj: Any) -> None:
             "on every rank first; rvsup does not save it (it would save one rank's partition). "
             "Use FSDP (fully_shard) to shard optimizer state, or a plain optimizer"
         )
+    if _is_prepared_loader(obj) and not getattr(obj, "use_stateful_dataloader", False):
+        raise TypeError(
+            f"object {i} ({_describe(obj)}) is a data loader prepared by Accelerate without "
+            "use_stateful_dataloader: it holds no state to save (its state_dict() fails). Do "
+            "not pass it to resume(); for an order that resumes exactly, build the Accelerator "
+            "with dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), call "
+            "loader.set_epoch(epoch) before every epoch and skip the batches before the step "
+            "resume() returns (docs/integrations.md, Accelerate)"
+        )
     for method in ("state_dict", "load_state_dict"):
         if not callable(getattr(obj, method, None)):
             raise TypeError(
                 f"object {i} ({_describe(obj)}) has no {method}(): resume() takes modules, "
                 "optimizers, LR schedulers and other objects with state_dict()/load_state_dict()"
             )
+
+
+def _is_prepared_loader(obj: Any) -> bool:
+    """Whether ``obj`` is a data loader ``Accelerator.prepare()`` made (recognised without
+    importing accelerate)."""
+    return any(
+        c.__module__.startswith("accelerate.") and c.__name__ == "DataLoaderAdapter"
+        for c in type(obj).__mro__
+    )
 
 
 def module_kind(obj: nn.Module) -> str:

@@ -33,6 +33,7 @@ from worker_sdk.contract.private_paths import directory_problem
 from worker_sdk.contract.protocol import ENV_RESUME_BEFORE
 
 from . import dcp as _dcp
+from . import grads as _grads
 from . import rng as _rng
 from .collectives import all_gather_ints, group_active
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
@@ -250,9 +251,20 @@ class Restorer:
         part: Mapping[str, Any] | None,
     ) -> tuple[str, ...]:
         """What happens to per-rank object state when the world size changed."""
-        mine = [f"object {i} ({classes[i]})" for i, w in enumerate(where) if w == STATE_RANK]
-        if not mine or info.world_size == self.world_size:
+        if info.world_size == self.world_size:
             return ()
+        grads: tuple[str, ...] = ()
+        if part is not None and _grads.held(part.get("grads")):
+            grads = (
+                (
+                    f"rvsup: rank {self.rank} held gradients summed at the save (accumulated, "
+                    f"or never zeroed) over the data split among {info.world_size} ranks; this "
+                    f"job has {self.world_size}, so they are not restored: the resume is not exact"
+                ),
+            )
+        mine = [f"object {i} ({classes[i]})" for i, w in enumerate(where) if w == STATE_RANK]
+        if not mine:
+            return grads
         saved = f"{', '.join(mine)} had per-rank state on {info.world_size} ranks"
         if part is None:
             note = (
@@ -267,8 +279,8 @@ class Restorer:
                 "position in those ranks' shards is lost)"
             )
         else:
-            return ()
-        return (note,)
+            return grads
+        return (*grads, note)
 
     def _format1_objects(
         self,
@@ -319,6 +331,9 @@ class Restorer:
             unwrap(objects[i]).load_state_dict(state)
         if read.part is not None:
             _rng.restore(read.part["rng"])
+            saved = read.part.get("grads")
+            if isinstance(saved, dict) and info.world_size == self.world_size:
+                _grads.restore(objects, saved)
         else:
             _rng.seed_all(_rng.derived_seed(info.step, self.rank))
 

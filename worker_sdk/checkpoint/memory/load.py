@@ -25,6 +25,7 @@ from typing import Any
 
 from worker_sdk.checkpoint.checkpointer import Checkpointer
 from worker_sdk.checkpoint.collectives import all_gather_ints, group_active
+from worker_sdk.checkpoint.grads import GradWatch
 from worker_sdk.checkpoint.parallel import Stateful
 from worker_sdk.checkpoint.restore import LoadResult, Restorer
 from worker_sdk.contract import layout
@@ -43,7 +44,23 @@ def load(
     memory: MemoryTier | None = None,
 ) -> LoadResult:
     """Restore from the memory tier when the supervisor chose a snapshot, else from storage.
-    On several nodes, every node's snapshots newer than the step resumed are discarded after."""
+    On several nodes, every node's snapshots newer than the step resumed are discarded after.
+    From then on both tiers' saves keep the gradients the script holds across steps
+    (:class:`~worker_sdk.checkpoint.grads.GradWatch`)."""
+    result = _restore(checkpointer, objects, extra, memory)
+    watch = GradWatch(objects)
+    checkpointer.gradients = watch
+    if memory is not None:
+        memory.checkpointer.gradients = watch
+    return result
+
+
+def _restore(
+    checkpointer: Checkpointer,
+    objects: Sequence[Stateful],
+    extra: Any,
+    memory: MemoryTier | None,
+) -> LoadResult:
     nodes = None if memory is None else memory.nodes
     if memory is None or nodes is None:
         return _load(checkpointer, objects, extra, None)
