@@ -22,11 +22,14 @@ _.handshake_ivl
 _.on_train_start  # Lightning's Callback hooks (integrations/lightning.py, tests' workers)
 _.on_validation_start
 _.on_validation_end
+_.on_sanity_check_start
 pl_module  # Lightning's hook arguments
 batch_idx
 _.training_step  # LightningModule hooks (tests/helpers/lightning_worker.py)
 _.configure_optimizers
 _.train_dataloader
+_.validation_step
+_.val_dataloader
 _.should_save  # transformers' TrainerControl flag (integrations/transformers.py)
 _.forward  # torch.nn.Module (tests/helpers/straggler_worker.py)
 _.waited_s  # an event's field: written to the history by its dataclass fields

@@ -19,7 +19,7 @@ import atexit
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ def resume(
     async_save: bool | None = None,
     total_steps: int | None = None,
     external: bool = False,
+    fingerprint: Sequence[Any] = (),
 ) -> tuple[int, Any]:
     """Register what to checkpoint, restore the newest complete checkpoint; return (start_step, extra).
 
@@ -86,7 +87,9 @@ def resume(
     when a checkpoint is due (its schedule, a stop at a common step); the script saves its
     own and calls :func:`checkpointed`. Returns ``(start_step, path)``: ``path`` is what this
     rank gave ``checkpointed()`` for the newest checkpoint every rank reported durable (load
-    it; ``start_step`` is its step + 1), or None on a fresh start.
+    it; ``start_step`` is its step + 1), or None on a fresh start. ``fingerprint``: the
+    framework's model (modules), whose sampled parameters the resume check compares (rvsup
+    saves none of them); without it only the losses given to ``step()`` are compared.
     """
     global _current
     if _current is not None:
@@ -97,11 +100,7 @@ def resume(
         raise ValueError(
             f"total_steps must be a whole number of steps above 0, not {total_steps!r}"
         )
-    if external and objects:
-        raise UsageError(
-            "worker_sdk.resume(external=True) registers nothing: the framework saves its own "
-            "checkpoints; pass no objects (or drop external=True for rvsup to save them)"
-        )
+    watched = _watched(objects, external=external, fingerprint=fingerprint)
     from worker_sdk.checkpoint.restore import LoadResult
 
     from .checkpoint.checkpointer import Checkpointer
@@ -171,7 +170,7 @@ def resume(
         )
     for note in loaded.notes:
         warnings.warn(note, RuntimeWarning, stacklevel=2)
-    rt = Runtime(settings, objects, checkpointer, channel, rank=rank, world_size=world_size)
+    rt = Runtime(settings, watched, checkpointer, channel, rank=rank, world_size=world_size)
     rt.total_steps = total_steps
     rt.external = external
     if memory is not None:
@@ -189,6 +188,28 @@ def resume(
     atexit.register(rt.leaving)
     _current = rt
     return start, loaded.extra
+
+
+def _watched(
+    objects: Sequence[Any], *, external: bool, fingerprint: Sequence[Any]
+) -> Sequence[Any]:
+    """What the runtime is given: the objects to save, or under ``external`` the modules whose
+    parameters the resume check fingerprints (saved by the framework, never by rvsup)."""
+    if external and objects:
+        raise UsageError(
+            "worker_sdk.resume(external=True) registers nothing: the framework saves its own "
+            "checkpoints; pass no objects (or drop external=True for rvsup to save them)"
+        )
+    if fingerprint and not external:
+        raise UsageError(
+            "worker_sdk.resume(fingerprint=...) is for external=True: the modules given to "
+            "resume() to be saved are fingerprinted already"
+        )
+    from torch import nn
+
+    if not all(isinstance(m, nn.Module) for m in fingerprint):
+        raise TypeError("worker_sdk.resume(fingerprint=...) takes torch modules (the model)")
+    return objects or tuple(fingerprint)
 
 
 def step(step: int, extra: Any = None, loss: Any = None) -> bool:

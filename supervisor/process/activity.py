@@ -31,13 +31,8 @@ class ProcSample:
 def read(pid: int, *, threads: bool = False) -> ProcSample | None:
     """The process's state, CPU time and main thread's wait channel (and, with ``threads``, its
     other threads' names, states and wait channels); None if it is gone."""
-    stat = _text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    # "pid (comm) S ppid ...": comm may hold spaces and parentheses; the rest starts after the
-    # last ")": state is its first field, utime and stime its 12th and 13th
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if len(fields) < 13:
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if len(fields) < 13:  # gone, or not a stat line: the state, then utime and stime 12th, 13th
         return None
     try:
         cpu = (int(fields[11]) + int(fields[12])) / _TICKS
@@ -55,13 +50,19 @@ def _threads(pid: int) -> tuple[ThreadState, ...]:
         return ()
     out = []
     for tid in sorted(tids):
-        stat, name = _text(f"/proc/{pid}/task/{tid}/stat"), _text(f"/proc/{pid}/task/{tid}/comm")
-        if stat is None or name is None:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields:
+        fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        name = _text(f"/proc/{pid}/task/{tid}/comm")
+        if fields and name is not None:
             out.append(ThreadState(name.rstrip("\n"), fields[0], _wchan(pid, tid)))
     return tuple(out)
+
+
+def _stat_fields(path: str) -> list[str]:
+    """The fields of a ``stat`` file after the command name, the state first ([] if gone).
+    "pid (comm) S ppid ...": comm may hold spaces and parentheses, so they start after the
+    last ")"."""
+    stat = _text(path)
+    return [] if stat is None else stat[stat.rfind(")") + 2 :].split()
 
 
 def _wchan(pid: int, tid: int) -> str:

@@ -19,7 +19,6 @@ a killed daemon) is unverified, and says so.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 from supervisor.record.schema import ResumeDiverged, ResumeUnverified, ResumeVerified
@@ -31,12 +30,14 @@ from supervisor.rules.resume_check import (
     suspects,
 )
 from worker_sdk.contract import messages as m
+from worker_sdk.contract.training_messages import bits_float
 
 __all__ = ["ResumeBook", "Verdict", "stopping"]
 
 Verdict = ResumeVerified | ResumeDiverged | ResumeUnverified
 _SILENT = (
-    "no fingerprint was sent: pass the loss to worker_sdk.step(loss=...) or a module to resume()"
+    "no fingerprint was sent: pass the loss to worker_sdk.step(loss=...) or a module to resume() "
+    "(a framework's model: resume(external=True, fingerprint=[model]))"
 )
 
 
@@ -106,7 +107,7 @@ class ResumeBook:
             return None
         params = None
         if body.params_step is not None and body.params is not None:
-            params = (body.params_step, struct.unpack("<d", struct.pack("<q", body.params))[0])
+            params = (body.params_step, bits_float(body.params))
         self.now.setdefault(rank, RankPrints()).add(body.first, body.losses, params, body.exact)
         return self._check(rank)
 

@@ -148,13 +148,13 @@ def _node_failure(obs: Observation, last_step: int | None) -> Failure:
     on_lost = [e for e in obs.exits if e.node in lost]
     ranks = list(_stable(_unique(e.rank for e in on_lost if e.rank is not None)))
     codes, sigs = codes_and_signals(on_lost)
-    nodes = tuple(_unique(obs.lost_nodes))
+    nodes = tuple(obs.lost_nodes)
     label = "node" if len(nodes) == 1 else "nodes"
     detail = f"{label} {', '.join(nodes)} lost"
     if ranks:
         detail += f" ({_ranks_text(ranks)})"
     detail += _at_step(last_step)
-    how = [f"{node}: {obs.lost_how[node]}" for node in nodes if obs.lost_how.get(node)]
+    how = [f"{node}: {said}" for node, said in obs.lost_nodes.items() if said]
     if how:
         detail += f" ({'; '.join(how)})"
     return Failure(FailureKind.NODE_FAILURE, _stable(ranks), codes, sigs, last_step, detail, nodes)

@@ -171,11 +171,9 @@ class Observation:
     oom_kills_host_wide: str = ""
     """Empty, or why ``oom_kills`` is the host's count instead (every job's kills; taken only
     when a rank died of SIGKILL)."""
-    lost_nodes: tuple[str, ...] = ()
-    """Nodes whose srun task or slurmd went away."""
-    lost_how: Mapping[str, str] = field(default_factory=dict)
-    """Lost node -> how that was established (``"slurmd at 10.0.0.2:6818 refused the
-    connection"``)."""
+    lost_nodes: Mapping[str, str] = field(default_factory=dict)
+    """Nodes whose srun task or slurmd went away -> how that was established (``"slurmd at
+    10.0.0.2:6818 refused the connection"``; "" when not said), in the order they were found."""
     hang_culprits: tuple[int, ...] = ()
     """In a hang, the ranks that were not in a collective while others were (their stacks)."""
     hang_evidence: str = ""

@@ -3,7 +3,10 @@ synthetic data, ``RvsupCallback`` added and ``trainer.fit(model)`` called, nothi
 Environment: TOTAL_STEPS, OUT (default_root_dir), FINAL (rank 0 saves the final weights and
 optimizer there), KILL_AT (rank 1 SIGKILLs itself after that optimizer step of the first
 attempt), STEP_SLEEP (seconds added to every step), LOADER ("plain": a DataLoader, the
-default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves)."""
+default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves),
+VALIDATE (a validation loop, as the usual Lightning script has: its DataLoader's ``iter()``
+draws from the global RNG; VALIDATE=0.5 validates in the middle of every epoch too,
+``val_check_interval``; 3 batches of 8 a validation, ``limit_val_batches``)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,15 @@ class Regression(LightningModule):
         x, y = batch
         loss: torch.Tensor = nn.functional.mse_loss(self.net(x), y)
         return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def val_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(48, 8, generator=g)
+        return DataLoader(TensorDataset(x, x[:, :2].sum(dim=1, keepdim=True)), batch_size=8)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
@@ -63,6 +75,11 @@ class Faults(Callback):
 def main() -> None:
     seed_everything(0, verbose=False)
     model = Regression()
+    validate = os.environ.get("VALIDATE")
+    if validate:
+        checks: dict[str, Any] = {"val_check_interval": float(validate), "limit_val_batches": 3}
+    else:
+        checks = {"limit_val_batches": 0}
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -74,6 +91,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RvsupCallback(), Faults()],
+        **checks,
     )
     trainer.fit(model)
     if trainer.global_rank == 0 and os.environ.get("FINAL"):

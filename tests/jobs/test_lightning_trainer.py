@@ -64,6 +64,22 @@ def test_a_kill_resumes_from_lightnings_checkpoint_at_an_epoch_end_bit_exactly(
     assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))
 
 
+def test_validation_leaves_the_training_and_its_resume_exact(
+    tmp_path: Path, reference: Path
+) -> None:
+    """A validation loop at every half epoch (``val_check_interval`` 0.5, ``limit_val_batches``
+    3) and the sanity check before the first step: the callback gives the training back the RNG
+    states each validation began with (its loader's ``iter()`` draws from the global RNG, and
+    the resumed run skips the sanity check and the validation its checkpoint was saved
+    before). Killed after step 17 and resumed from the epoch's end (step 11, saved before that
+    epoch's last validation), the final state equals the run without validation, bit for
+    bit."""
+    job = framework_job(tmp_path, WORKER, TOTAL, {"KILL_AT": "17", "VALIDATE": "0.5"}, every=12)
+    _, evs = run_to_end(job)
+    assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 12]
+    assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))
+
+
 def test_sigterm_saves_lightnings_checkpoint_at_a_common_step_and_nothing_is_redone(
     tmp_path: Path, reference: Path
 ) -> None:

@@ -3,12 +3,13 @@ fingerprints of steps for the resume check. Read and written by :mod:`.messages`
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .protocol import Kind
 
-__all__ = ["LossNonFinite", "ReplicasDiverged", "StepPrints"]
+__all__ = ["LossNonFinite", "ReplicasDiverged", "StepPrints", "bits_float", "float_bits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +45,15 @@ class StepPrints:
     params_step: int | None = None
     params: int | None = None  # the int64 bits of the float64 checksum
     exact: bool = True
+
+
+def float_bits(value: float) -> int:
+    """A float64's bit pattern as an int64: how a checksum travels (its bits compared)."""
+    bits: int = struct.unpack("<q", struct.pack("<d", value))[0]
+    return bits
+
+
+def bits_float(bits: int) -> float:
+    """The float64 whose bit pattern is ``bits`` (:func:`float_bits` undone)."""
+    value: float = struct.unpack("<d", struct.pack("<q", bits))[0]
+    return value

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+import torch
 
 import worker_sdk
 from worker_sdk.contract import protocol as p
@@ -17,10 +20,12 @@ def active() -> bool:
     return bool(os.environ.get(p.ENV_ENDPOINT) or os.environ.get(p.ENV_CHECKPOINT_DIR))
 
 
-def resume_external(total_steps: int | None) -> str | None:
+def resume_external(total_steps: int | None, model: Any) -> str | None:
     """``worker_sdk.resume(external=True)`` for a framework that restores its own RNG states and
-    data position from its checkpoint: the path of the newest marked one (None: a fresh start)."""
-    _, path = worker_sdk.resume(external=True, total_steps=total_steps)
+    data position from its checkpoint: the path of the newest marked one (None: a fresh start).
+    ``model``'s parameters are the resume check's fingerprint (a module; else only losses)."""
+    watched = [model] if isinstance(model, torch.nn.Module) else []
+    _, path = worker_sdk.resume(external=True, total_steps=total_steps, fingerprint=watched)
     runtime = worker_sdk._current
     if runtime is not None:
         runtime.end_loader_window()

@@ -33,11 +33,16 @@ from typing import Any
 
 try:
     from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+    from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
     from lightning.pytorch import LightningModule, Trainer
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # only the older package name is installed
     from lightning_fabric.plugins.environments.slurm import (  # type: ignore[assignment]
         SLURMEnvironment,
+    )
+    from lightning_fabric.utilities.seed import (
+        _collect_rng_states,
+        _set_rng_states,
     )
     from pytorch_lightning import LightningModule, Trainer  # type: ignore[assignment]
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
@@ -67,6 +72,7 @@ class RvsupCallback(Callback):
         self._keep = max(1, int(os.environ.get(p.ENV_KEEP_LAST) or 3))
         self._last_step = -1  # the optimizer step last reported (gradient accumulation: once)
         self._validation: AbstractContextManager[None] | None = None
+        self._rng: dict[str, Any] | None = None  # the training's before a validation
 
     def folder(self, trainer: Trainer) -> Path:
         """Where the callback has Lightning save the checkpoints rvsup asks for."""
@@ -79,7 +85,7 @@ class RvsupCallback(Callback):
             return
         disable_auto_requeue(trainer)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        _, path = worker_sdk.resume(external=True, total_steps=total)
+        _, path = worker_sdk.resume(external=True, total_steps=total, fingerprint=[pl_module])
         self.resume_from = path
         if trainer.is_global_zero:
             self._remove_unmarked(trainer, path)
@@ -100,6 +106,8 @@ class RvsupCallback(Callback):
         check's fingerprint, read at the heartbeat); a checkpoint when rvsup wants one."""
         if not self.enabled:
             return
+        if trainer.enable_validation:  # a validation may follow: the states it is to give back
+            self._rng = _collect_rng_states()
         step = trainer.global_step - 1
         if step < 0 or step == self._last_step:
             return
@@ -114,16 +122,31 @@ class RvsupCallback(Callback):
         if trainer.is_global_zero:
             self._prune(trainer)
 
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The RNG states the sanity check's validation is to give back (a resumed run skips
+        it)."""
+        if self.enabled:
+            self._rng = _collect_rng_states()
+
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """A validation between steps is a phase, not a hang."""
+        """A validation between steps is a phase, not a hang; and it draws no random number
+        the training sees (:meth:`on_validation_end`)."""
         if self.enabled and self._validation is None and trainer.state.fn == "fit":
             self._validation = worker_sdk.phase("validation")
             self._validation.__enter__()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Put back the RNG states of the training before the validation (taken at the batch
+        or sanity check it follows: Lightning makes the loaders' iterators, which draw from
+        the global generators, before ``on_validation_start``). A resumed run does not
+        validate where the run it replaces did (no sanity check; the validation its checkpoint
+        was saved before), so the training after it would otherwise see another stream."""
         if self._validation is not None:
             self._validation.__exit__(None, None, None)
             self._validation = None
+        if self._rng is not None:
+            _set_rng_states(self._rng)
+            self._rng = None
 
     def _remove_unmarked(self, trainer: Trainer, resume_from: str | None) -> None:
         newest = -1

@@ -57,7 +57,9 @@ class RvsupCallback(TrainerCallback):
         if trainer is None:
             raise RuntimeError("RvsupCallback: on_init_end was not called by a Trainer")
         total = args.max_steps if args.max_steps > 0 else None
-        path = resume_external(total)  # the Trainer restores its RNG states and data position
+        # the Trainer restores its RNG states and data position; its model's parameters are
+        # the resume check's fingerprint (the callback is given no loss)
+        path = resume_external(total, trainer.model)
         self.resume_from = path
         original = trainer.train
 

@@ -16,7 +16,6 @@ that are not wrapped in DDP may differ on purpose. Neither is fingerprinted.
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
@@ -26,9 +25,17 @@ from torch import nn
 
 from worker_sdk.checkpoint import parallel as _parallel
 from worker_sdk.checkpoint.collectives import all_gather_ints
-from worker_sdk.contract.training_messages import ReplicasDiverged
+from worker_sdk.contract.training_messages import ReplicasDiverged, float_bits
 
-__all__ = ["SAMPLE", "ReplicaCheck", "compare", "ddp_modules", "divergent", "fingerprint"]
+__all__ = [
+    "SAMPLE",
+    "ReplicaCheck",
+    "compare",
+    "ddp_modules",
+    "divergent",
+    "fingerprint",
+    "sampled_sum",
+]
 
 SAMPLE: Final = 4096
 """Elements per parameter at most in one check."""
@@ -67,18 +74,27 @@ def ddp_modules(objects: Sequence[Any]) -> list[nn.Module]:
 
 
 @torch.no_grad()
-def fingerprint(modules: Sequence[nn.Module], check: int) -> int:
-    """The bit pattern (int64) of the float64 sum of a strided sample of every parameter;
-    ``check`` (the same on every rank) moves the sample's offset."""
-    total = torch.zeros((), dtype=torch.float64)
+def sampled_sum(modules: Sequence[nn.Module], *, sample: int, offset: int = 0) -> torch.Tensor:
+    """The float64 sum of a strided sample of every parameter this rank holds (a DTensor's
+    local shard): at most ``sample`` elements of each, from ``offset`` (modulo the stride).
+    Left where it was computed: reading it is the only device sync."""
+    total: torch.Tensor | None = None
     for module in modules:
-        for p in module.parameters():
-            flat = p.detach().reshape(-1)
-            stride = max(1, flat.numel() // SAMPLE)
-            part = flat[check % stride :: stride].to(torch.float64).sum()
-            total += part.cpu()
-    bits: int = struct.unpack("<q", struct.pack("<d", float(total)))[0]
-    return bits
+        for p in _parallel.unwrap(module).parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            flat = local.detach().reshape(-1)
+            if flat.numel() == 0:
+                continue
+            stride = max(1, flat.numel() // sample)
+            part = flat[offset % stride :: stride].to(torch.float64).sum()
+            total = part if total is None else total + part.to(total.device)
+    return torch.zeros((), dtype=torch.float64) if total is None else total
+
+
+def fingerprint(modules: Sequence[nn.Module], check: int) -> int:
+    """The bit pattern (int64) of :func:`sampled_sum`; ``check`` (the same on every rank) moves
+    the sample's offset."""
+    return float_bits(float(sampled_sum(modules, sample=SAMPLE, offset=check)))
 
 
 def compare(mine: int) -> tuple[int, ...]:

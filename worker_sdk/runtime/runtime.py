@@ -29,7 +29,7 @@ from .coordinated import await_answer
 from .rank_files import arm_stack_dumps, disarm_stack_dumps, map_step_slot
 from .settings import Settings
 from .startup import announce, first_step, training_checks
-from .step_prints import StepPrints
+from .step_prints import StepPrints, loss_value
 
 if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import AsyncSaver
@@ -235,10 +235,10 @@ class Runtime:
         loss = self.loss
         if loss is not None:
             self.loss = None
-            value = loss if loss.__class__ is float else float(loss)  # a tensor is read here
-            if math.isfinite(value):
+            value = loss_value(loss)  # a tensor is read here
+            if value is not None and math.isfinite(value):
                 finite = value
-            elif loss.__class__ is not float:  # a float was reported by step() already
+            elif value is not None and loss.__class__ is not float:  # a float: step() said
                 self.loss_not_finite(step, value, self.hb_step + 1)
         wait = None if self.comm_wait is None else self.comm_wait.read(step - self.hb_step)
         ch.send(m.Heartbeat(step, self.max_dt, finite, wait))

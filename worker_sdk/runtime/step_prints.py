@@ -22,18 +22,19 @@ list made once.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import torch
 from torch import nn
 
-from worker_sdk.checkpoint import parallel as _parallel
 from worker_sdk.contract import messages as m
 from worker_sdk.contract.protocol import PRINT_WINDOW as WINDOW
+from worker_sdk.contract.training_messages import float_bits
 
-__all__ = ["WINDOW", "StepPrints", "parameter_sum"]
+from .replicas import sampled_sum
+
+__all__ = ["WINDOW", "StepPrints", "loss_value", "parameter_sum"]
 
 _SAMPLE: Final = 1024  # elements per parameter at most in a checksum
 _NEVER: Final = 1 << 62
@@ -82,14 +83,14 @@ class StepPrints:
         top = WINDOW
         while top > self.sent and self.values[top - 1] is None:
             top -= 1
-        losses = tuple(_value(v) for v in self.values[self.sent : top])
+        losses = tuple(loss_value(v) for v in self.values[self.sent : top])
         params = self.params
         self.params = None
         if not losses and params is None:
             return
         first = self.base + self.sent
         self.sent = max(self.sent, top)
-        bits = None if params is None else _bits(float(params[1]))
+        bits = None if params is None else float_bits(float(params[1]))
         self.send(
             m.StepPrints(
                 first,
@@ -108,31 +109,17 @@ def exact() -> bool:
     return torch.are_deterministic_algorithms_enabled() or not used_cuda
 
 
-@torch.no_grad()
 def parameter_sum(modules: Sequence[nn.Module]) -> torch.Tensor:
-    """The float64 sum of a strided sample of every parameter this rank holds (its shard of a
-    sharded one), left where it was computed (no device sync)."""
-    total: torch.Tensor | None = None
-    for module in modules:
-        for p in _parallel.unwrap(module).parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this rank's shard
-            flat = local.detach().reshape(-1)
-            if flat.numel() == 0:
-                continue
-            part = flat[:: max(1, flat.numel() // _SAMPLE)].to(torch.float64).sum()
-            total = part if total is None else total + part.to(total.device)
-    return torch.zeros((), dtype=torch.float64) if total is None else total
+    """The checksum: the float64 sum of a strided sample of every parameter this rank holds
+    (:func:`~worker_sdk.runtime.replicas.sampled_sum`), left where it was computed."""
+    return sampled_sum(modules, sample=_SAMPLE)
 
 
-def _value(loss: Any) -> float | None:
+def loss_value(loss: Any) -> float | None:
+    """A loss ``step()`` was given as a float (a tensor read now), None when it is none."""
     if loss is None:
         return None
     try:
         return loss if loss.__class__ is float else float(loss)
     except (TypeError, ValueError, RuntimeError):
         return None
-
-
-def _bits(value: float) -> int:
-    bits: int = struct.unpack("<q", struct.pack("<d", value))[0]
-    return bits

@@ -63,7 +63,7 @@ ROWS = {
     ),
     "node-failure-keeps-the-lost-nodes": (
         failure(K.NODE_FAILURE, (2, 3), ("n2",)),
-        Observation(lost_nodes=("n2",), rank_nodes=HOSTS),
+        Observation(lost_nodes={"n2": ""}, rank_nodes=HOSTS),
         ("n2",),
     ),
     "diverged-replicas-name-their-nodes": (
@@ -124,5 +124,5 @@ def test_classify_names_the_ranks_on_the_attributed_nodes() -> None:
     """A crash of rank 2 on n2 names n2 and both of n2's ranks; a lost n2 too."""
     crash = Observation(exits=(killed(2, "n2"), killed(0, "n1")), rank_nodes=HOSTS)
     assert classify(crash).node_ranks == {"n2": (2, 3)}
-    lost = Observation(lost_nodes=("n2",), rank_nodes=HOSTS)
+    lost = Observation(lost_nodes={"n2": ""}, rank_nodes=HOSTS)
     assert classify(lost).node_ranks == {"n2": (2, 3)}

@@ -51,7 +51,7 @@ EVERYTHING_WRONG = Observation(
     silent_ranks=(0,),
     hang_timeout_s=300,
     last_steps={0: 57, 1: 30, 2: 56},
-    lost_nodes=("n2",),
+    lost_nodes={"n2": ""},
     oom_kills=1,
     stderr_tail="torch.OutOfMemoryError: CUDA out of memory",
 )
@@ -64,7 +64,7 @@ ROWS = {
             reports=EVERYTHING_WRONG.reports,
             silent_ranks=(0,),
             last_steps={0: 57, 1: 30, 2: 56},
-            lost_nodes=("n2",),
+            lost_nodes={"n2": ""},
             oom_kills=1,
             stop_reason=StopReason.PREEMPTED,
         ),
@@ -100,8 +100,7 @@ ROWS = {
     "lost-node-says-how": Row(
         Observation(
             exits=(sig(1, 9, "n2"),),
-            lost_nodes=("n2",),
-            lost_how={"n2": "slurmd at 10.0.0.2:6818 refused the connection (no slurmd listens)"},
+            lost_nodes={"n2": "slurmd at 10.0.0.2:6818 refused the connection (no slurmd listens)"},
         ),
         K.NODE_FAILURE,
         (1,),
@@ -113,7 +112,7 @@ ROWS = {
     "two-lost-nodes": Row(
         Observation(
             exits=(sig(3, 9, "n3"), code(0, 1, "n1"), sig(2, 15, "n3"), sig(1, 9, "n2")),
-            lost_nodes=("n3", "n2", "n3"),
+            lost_nodes={"n3": "", "n2": ""},
         ),
         K.NODE_FAILURE,
         (3, 1, 2),

@@ -81,6 +81,23 @@ def test_external_mode_registers_nothing_and_checkpointed_needs_it(tmp_path: Pat
     worker_sdk.checkpointed(4, tmp_path / "x")  # nothing to mark: a no-op
 
 
+def test_a_frameworks_model_is_fingerprinted_never_saved(tmp_path: Path) -> None:
+    """resume(external=True, fingerprint=[model]): the runtime watches the model (the resume
+    check samples its parameters) while the checkpoints stay the framework's (step() asks,
+    rvsup writes nothing of the model); fingerprint= without external, or with what is not a
+    module, is refused."""
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(worker_sdk.UsageError, match="is for external=True"):
+        worker_sdk.resume(model, fingerprint=[model])
+    with pytest.raises(TypeError, match="takes torch modules"):
+        worker_sdk.resume(external=True, fingerprint=["model"])
+    ckpt = tmp_path / "ckpt"
+    worker_sdk.resume(external=True, fingerprint=[model], checkpoint_dir=ckpt, every_steps=2)
+    assert worker_sdk._current is not None and list(worker_sdk._current.objects) == [model]
+    assert [s for s in range(4) if worker_sdk.step(s)] == [1, 3]
+    assert not [p for p in ckpt.rglob("*") if p.is_file() and p.suffix == ".pt"]
+
+
 def test_the_memory_tier_takes_no_snapshot_of_a_framework_that_saves_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
