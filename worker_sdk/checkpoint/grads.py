@@ -24,6 +24,7 @@ says they are not kept.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -59,7 +60,9 @@ class GradWatch:
         self.backwards = 0  # backwards since the last optimizer step (or since resume())
         self._stepped = False  # an optimizer stepped, and no backward has been seen since
         self._carries: bool | None = None  # None: not seen yet
-        self._seen_at_step: Any = None  # the watched parameter's gradient at the last step
+        # the watched parameter's gradient at the last optimizer step, weakly: a gradient the
+        # script sets to None is freed at once (one parameter's may be an embedding's, GBs)
+        self._seen_at_step: weakref.ref[torch.Tensor] | None = None
         self._version = -1
         self._param: torch.Tensor | None = None
         for obj in objects:
@@ -82,7 +85,7 @@ class GradWatch:
         self.backwards = 0
         self._stepped = True
         grad = None if self._param is None else self._param.grad
-        self._seen_at_step = grad
+        self._seen_at_step = None if grad is None else weakref.ref(grad)
         # the version counter every in-place change (zero_(), an accumulation) advances
         self._version = -1 if grad is None else grad._version  # noqa: SLF001
 
@@ -92,9 +95,12 @@ class GradWatch:
             self._stepped = False
             grad = None if self._param is None else self._param.grad
             self._carries = (
-                grad is not None and grad is self._seen_at_step and grad._version == self._version  # noqa: SLF001
+                grad is not None
+                and self._seen_at_step is not None
+                and grad is self._seen_at_step()
+                and grad._version == self._version  # noqa: SLF001
             )
-        self._seen_at_step = None  # no reference kept to a tensor the script let go of
+        self._seen_at_step = None
 
 
 def capture(objects: Sequence[Any], kinds: Sequence[str]) -> tuple[dict[str, Any], list[int]]:

@@ -3,6 +3,7 @@ restored, in one process; a script that zeroes them before its next backward kee
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,6 +70,23 @@ def test_the_watch_learns_whether_gradients_outlive_a_step(
         loop.micro(step)
         seen.append(watch.wanted())
     assert tuple(seen) == wanted
+
+
+def test_the_watch_keeps_no_gradient_the_script_let_go_of() -> None:
+    """After ``optimizer.step()`` and ``zero_grad()`` (set to None), the gradient the watch
+    looked at is freed: it holds it weakly (it may be an embedding's, gigabytes on a device)."""
+    loop = Loop("zero-at-end")
+    loop.opt.zero_grad(set_to_none=True)
+    watch = GradWatch([loop.model, loop.opt])
+    loop.model(torch.randn(5, 4)).pow(2).mean().backward()
+    first = next(loop.model.parameters())
+    assert first.grad is not None
+    seen = weakref.ref(first.grad)
+    loop.opt.step()
+    loop.opt.zero_grad(set_to_none=True)
+    assert seen() is None
+    loop.model(torch.randn(5, 4)).pow(2).mean().backward()
+    assert (watch.backwards, watch._carries) == (1, False)  # seen zeroed, even so
 
 
 def _resumed(
