@@ -6,6 +6,8 @@
     python -m tests.chaos --smoke    # the regression schedules (the memory tier's with a snapshot
                                      # every 3 steps) and one drawn (the tier as shipped, "auto")
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
+    python -m tests.chaos --runs 50 --seed 1 --memory 3 --accumulate 4  # gradients accumulated
+                                     # over 4 steps: saves and snapshots mid-accumulation
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
 Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
@@ -33,7 +35,7 @@ from tests.helpers.process_guard import guard
 from tests.helpers.states import assert_same_state, load_final
 
 from . import bad_node
-from .execute import Observed, execute, reference
+from .execute import WORKLOAD, Observed, execute, reference
 from .invariants import check
 from .rollbacks import omitted
 from .schedule import KINDS, MEMORY, Schedule, draw, parse
@@ -75,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bad_node:
         return _bad_node_campaign(args)
     guard()  # the subreaper of every run's processes: what a run leaves is found (execute.py)
+    if args.accumulate > 1:
+        WORKLOAD["ACCUMULATE"] = str(args.accumulate)
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [
@@ -115,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     summary = _summary(schedules, results)
     summary["memory_every_steps"] = ", ".join(used)
+    summary["accumulate_steps"] = args.accumulate
     if used != ["off"]:
         summary |= {k: tally[k] for k in _MEMORY_TALLY}
     summary["resumed_from"] = {
@@ -150,7 +155,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="EVERY",
         help='the memory tier on: the jobs\' memory_every_steps ("auto" or a number of steps)',
     )
+    p.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the job accumulates gradients over K steps (no_sync(), an optimizer step every K)",
+    )
     args = p.parse_args(argv)
+    if args.accumulate < 1:
+        p.error(f"--accumulate takes a number of steps >= 1, not {args.accumulate}")
     if args.memory is not None and args.memory != "auto" and not args.memory.isdigit():
         p.error(f'--memory takes "auto" or a number of steps, not {args.memory!r}')
     if args.replay:

@@ -33,7 +33,7 @@ from worker_sdk.contract import layout
 
 from .schedule import EXTERNAL, LAST_STEP, SKIP_STEPS, TOTAL_STEPS, Fault, Schedule
 
-__all__ = ["Observed", "execute", "guarded_run", "reference"]
+__all__ = ["WORKLOAD", "Observed", "execute", "guarded_run", "reference"]
 
 STEP_SLEEP = "0.04"
 # the last steps a fault may aim at, slower: a signal sent to rvsup after the runner saw that
@@ -45,6 +45,9 @@ SHM_TMPFS_SIZE = "8m"  # memory_dir for a shmfull fault: the job's snapshots and
 BALLAST_MB = "48"  # makes a save last long enough to be aimed at
 RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
+WORKLOAD: dict[str, str] = {}
+"""More environment for every run of the chaos job, the reference runs included (``--accumulate
+K``: ``ACCUMULATE``, gradients accumulated over K steps: tests/helpers/trainer.py)."""
 _FROM_OUTSIDE = (*EXTERNAL, "writerkill")  # the runner strikes these, the trainer the rest
 _ZYGOTE = "-m worker_sdk.spawn.zygote "  # in a zygote's command line
 _FORKED_WRITER = "(forked beside its rank)"  # in the command line of a forked snapshot writer
@@ -135,6 +138,7 @@ def _job(
         "FAULT": schedule.trainer_faults(),
         "LOSS": "float",  # every step's loss is watched: a NaN is caught at its step
         "OMIT_STEPS": omit,
+        **WORKLOAD,
     }
     if schedule.aims_at_saves:  # a kill aimed at a snapshot needs none: see _wait_save
         env["BALLAST_MB"] = BALLAST_MB

@@ -24,11 +24,15 @@ bitflip flips a bit of the rank's first weight before that step (its replica div
 BAD_NODE="host:step": the ranks on that host raise at that step in every attempt (a bad node).
 OMIT_STEPS="from:to,..." never runs the steps in [from, to) (the uninterrupted run a rollback that
 skipped them must end like). RESHUFFLE=1 draws a permutation from the global RNG right after
-resume() (a script reshuffling its data there: a resume is then not exact).
+resume() (a script reshuffling its data there: a resume is then not exact). ACCUMULATE=k
+accumulates gradients over k steps (``no_sync()`` but on the k-th, whose optimizer step ends
+with ``zero_grad()``): the saves between are taken mid-accumulation; FINAL then holds the
+gradients too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -178,6 +182,7 @@ def main() -> None:
     loss_mode = os.environ.get("LOSS", "")
     nan_from = int(os.environ.get("NAN_FROM", str(total)))
     spike = [float(v) for v in os.environ.get("SPIKE", "0:0:1").split(":")]
+    accumulate = int(os.environ.get("ACCUMULATE", "1"))
     omitted: set[int] = set()
     for span in filter(None, os.environ.get("OMIT_STEPS", "").split(",")):
         first, end = span.split(":")
@@ -215,10 +220,19 @@ def main() -> None:
         loss = nn.functional.mse_loss(ddp(x), x[:, :1]) * (
             spike[2] if spike[0] <= step < spike[1] else 1
         )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+        if accumulate == 1:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        else:
+            synced = (step + 1) % accumulate == 0
+            with contextlib.nullcontext() if synced else ddp.no_sync():
+                (loss / accumulate).backward()
+            if synced:
+                opt.step()
+                sched.step()
+                opt.zero_grad()
         extra["seen"] += 1
         pause = tail_sleep if step >= tail_from else step_sleep
         if slow_while and not os.path.exists(slow_while):
@@ -239,6 +253,8 @@ def main() -> None:
     final = os.environ.get("FINAL")
     if rank == 0 and final:
         state = {"model": model.state_dict(), "opt": opt.state_dict(), "seen": extra["seen"]}
+        if accumulate > 1:
+            state["grads"] = {n: p.grad for n, p in model.named_parameters()}
         torch.save(state, final)
     dist.destroy_process_group()
 
