@@ -31,7 +31,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from .parallel import KIND_FSDP1, unwrap
+from .parallel import KIND_FSDP1, local_of, unwrap
 
 __all__ = ["GradWatch", "capture", "fsdp1_note", "held", "restore"]
 
@@ -44,8 +44,9 @@ class GradWatch:
 
     After ``optimizer.step()`` the gradients it used are kept only if the script adds the next
     backward's to them: at the first backward after an optimizer step, a hook on one parameter
-    of each module sees whether its gradient is still the one the step used, untouched (carried
-    over), or was set to None or zeroed. A backward since the last optimizer step means
+    (the first trainable one of the first module that has one; what a script does to one
+    gradient it does to all) sees whether its gradient is still the one the step used,
+    untouched (carried over), or was set to None or zeroed. A backward since the last optimizer step means
     gradients being accumulated: they are kept whatever the script does after its optimizer
     step. Until the script was seen at both (no optimizer given to ``resume()``, FSDP2's
     sharded parameters, which get no backward hook), every gradient found is kept.
@@ -72,7 +73,7 @@ class GradWatch:
             if not isinstance(obj, nn.Module):
                 continue
             p = next((p for p in unwrap(obj).parameters() if p.requires_grad), None)
-            if p is not None and not hasattr(p, "to_local"):
+            if p is not None and local_of(p) is p:  # not a DTensor's shard
                 p.register_hook(self._before_accumulation)
                 self._param = p
                 break
@@ -117,7 +118,7 @@ def capture(objects: Sequence[Any], kinds: Sequence[str]) -> tuple[dict[str, Any
             g = p.grad
             if g is None:
                 continue
-            local = g.to_local() if hasattr(g, "to_local") else g
+            local = local_of(g)
             if bool(local.any()):
                 tensors[name] = local.detach()
             else:
@@ -165,7 +166,7 @@ def restore(objects: Sequence[Any], saved: Mapping[str, Any]) -> None:
 
 def _like(p: Any, value: torch.Tensor | None) -> torch.Tensor:
     """A gradient for ``p`` laid out as autograd makes it, holding ``value`` (None: zeros)."""
-    local = p.to_local() if hasattr(p, "to_local") else p
+    local = local_of(p)
     grad: torch.Tensor = torch.zeros_like(local.detach(), memory_format=torch.preserve_format)
     if value is not None:
         if value.shape != grad.shape:

@@ -41,6 +41,7 @@ __all__ = [
     "Stateful",
     "class_name",
     "dcp_groups",
+    "local_of",
     "module_kind",
     "plan",
     "unwrap",
@@ -73,6 +74,11 @@ def unwrap(obj: Any) -> Any:
             obj = inner
             continue
         return obj
+
+
+def local_of(t: Any) -> Any:
+    """This rank's tensor of ``t``: a DTensor's local shard, any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,7 @@ def sampled_sum(modules: Sequence[nn.Module], *, sample: int, offset: int = 0) -
     total: torch.Tensor | None = None
     for module in modules:
         for p in _parallel.unwrap(module).parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            flat = local.detach().reshape(-1)
+            flat = _parallel.local_of(p).detach().reshape(-1)
             if flat.numel() == 0:
                 continue
             stride = max(1, flat.numel() // sample)
