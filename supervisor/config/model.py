@@ -149,7 +149,8 @@ class LaunchSection:
       waiting while an attempt runs, so that a single-node restart does not pay for the import
       again (seconds). It runs on the job's interpreter, forked from the zygote when there is
       one (else started cold, costing that idle process's memory); there is none when
-      ``torchrun`` names a wrapper whose interpreter rvsup cannot tell.
+      ``torchrun`` names a wrapper whose interpreter rvsup cannot tell. With a zygote, the
+      first attempt's torchrun is such a standby too, forked once the zygote has imported.
     - ``torchrun`` (default ``"auto"``): the torchrun of the job's environment, when
       rvsup cannot derive it: a path (``"/venv/bin/torchrun"``; relative to job.toml's folder,
       ``~`` expanded; a bare name is looked up on PATH) or a command line, an array of strings

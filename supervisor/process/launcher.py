@@ -181,6 +181,10 @@ class Standby:
             os.makedirs(self._cgroup, exist_ok=True)
         self._proc = _bootstrapped(argv, plan, stdin=subprocess.PIPE, env=env, cgroup=self._cgroup)
 
+    def waiting(self) -> bool:
+        """A standby was started and has not been used or dismissed (alive or not)."""
+        return self._proc is not None
+
     def spawn(self, plan: LaunchPlan) -> subprocess.Popen[bytes]:
         """The attempt's launcher: the standby given ``plan``'s command line, or a fresh one."""
         proc, self._proc = self._proc, None

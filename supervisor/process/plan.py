@@ -158,9 +158,39 @@ class Launches:
         return out
 
     def tree(self, plan: LaunchPlan) -> AttemptTree:
-        """The process tree that will run ``plan`` (through the warm standby when there is one)."""
-        spawn = launcher.spawn if self.standby is None else self.standby.spawn
-        return AttemptTree(plan, spawn, term_timeout_s=self.cfg.launch.term_timeout_s, oom=self.oom)
+        """The process tree that will run ``plan``: through the warm standby when there is one,
+        else, on one node, through a launcher forked from the zygote now (see :meth:`_forked`)."""
+        spawn = launcher.spawn
+        if self.standby is not None:
+            self._forked(plan)
+            spawn = self.standby.spawn
+        return AttemptTree(
+            plan,
+            spawn,
+            term_timeout_s=self.cfg.launch.term_timeout_s,
+            oom=self.oom,
+            forked_launcher=None if self.zygote is None else self.zygote.launcher_of,
+        )
+
+    def _forked(self, plan: LaunchPlan) -> None:
+        """Where no standby waits (the job's first attempt, or an attempt that failed before
+        every rank ran), make ``plan``'s launcher a standby forked from the zygote, in the
+        attempt's own group, when the zygote may fork on this node: the launcher waits for the
+        zygote's imports, which the ranks wait for anyway, instead of importing torch itself
+        (seconds of a core per start, and that much memory). A zygote that refuses leaves the
+        launcher cold, as without it."""
+        zygote, python = self.zygote, self.torchrun.python
+        assert self.standby is not None
+        if (
+            self.standby.waiting()
+            or zygote is None
+            or python is None
+            or not same_interpreter(python, zygote.python)
+            or not zygote.may_fork()
+        ):
+            return
+        env = zygote.environment(plan.env, plan.nproc_per_node)
+        self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=plan.cgroup)
 
     def warm_up(self, plan: LaunchPlan) -> None:
         """Every rank of ``plan`` runs: prepare the next attempt's launcher meanwhile (forked

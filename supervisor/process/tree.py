@@ -77,9 +77,13 @@ class AttemptTree:
         *,
         term_timeout_s: float,
         oom: OomCounter,
+        forked_launcher: Callable[[int], int | None] | None = None,
     ) -> None:
         self.plan = plan
         self._spawn = spawn
+        # the launcher's client's pid -> the torchrun forked for it (a warm standby forked from
+        # the zygote), which teardown and hold_launcher act on beside the client
+        self._forked_launcher = forked_launcher
         self._term_timeout_s = term_timeout_s
         self._popen: subprocess.Popen[bytes] | None = None
         self._on_launcher_exit: Callable[[int], None] = _ignore
@@ -153,8 +157,15 @@ class AttemptTree:
         popen = self._popen
         if popen is None or self.plan.nnodes > 1 or popen.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(popen.pid, signal.SIGSTOP)
+        for pid in self._launcher_pids(popen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def _launcher_pids(self, popen: subprocess.Popen[bytes]) -> set[int]:
+        """The launcher we started and, where it is the client of a torchrun forked from the
+        zygote, that torchrun."""
+        forked = None if self._forked_launcher is None else self._forked_launcher(popen.pid)
+        return {popen.pid} if forked is None else {popen.pid, forked}
 
     def foresee_hang(self, directory: Path) -> None:
         """The ranks are close to their hang timeout: where py-spy is installed, take their
@@ -225,7 +236,8 @@ class AttemptTree:
         if popen is None:
             return None
         group = Group(Path(self.plan.cgroup)) if self.plan.cgroup else None
-        pids = set(self._ledger.rank_of_pid) | {popen.pid}
+        launchers = self._launcher_pids(popen)
+        pids = set(self._ledger.rank_of_pid) | launchers
         # single node: the ranks get SIGTERM, and once they are gone torchrun is SIGKILLed (it
         # takes seconds to shut down after SIGTERM, logging warnings, and has nothing to save;
         # it stays stopped if hold_launcher stopped it);
@@ -240,8 +252,8 @@ class AttemptTree:
                 pids,
                 term_timeout_s=self._term_timeout_s,
                 popens=[popen],
-                workers=ranks - {popen.pid} if one_node or lost_nodes else None,
-                spared=(popen.pid,) if one_node else (),
+                workers=ranks - launchers if one_node or lost_nodes else None,
+                spared=tuple(launchers) if one_node else (),
                 members=None if group is None else group.pids,
                 kill_all=None if group is None else group.kill,
             )

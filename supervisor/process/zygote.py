@@ -2,11 +2,13 @@
 
 The zygote (``worker_sdk/spawn/zygote.py``) runs on the job's interpreter with the job's environment,
 imports torch once, and forks every rank of every attempt on request (see that module). The
-supervisor starts it at the job's first attempt, so that its imports overlap torchrun's own
-start, and keeps it for the whole job: a restart then costs little more than the process
-group's set-up and the checkpoint's load. The ranks' command line names it
-(``worker_sdk.spawn.bootstrap --zygote NAME``); every rank is reported by its client when it ends
-(``RVSUP_REPORT_EXIT``), since the zygote, not torchrun, is the rank's parent.
+supervisor starts it at the job's first attempt, forks that attempt's torchrun from it too
+(a standby, :mod:`supervisor.process.launcher`, on one node), and keeps it for the whole job:
+a restart then costs little more than the process group's set-up and the checkpoint's load.
+The ranks' command line names it (``worker_sdk.spawn.bootstrap --zygote NAME``); every rank is
+reported by its client when it ends (``RVSUP_REPORT_EXIT``), since the zygote, not torchrun, is
+the rank's parent. It says which launcher it forked for which client (``forked``), so that the
+teardown spares and stops that torchrun, not only its client.
 
 A multi-node job gets one on every node, as a Slurm step of its own (:class:`Zygote`): the
 ranks' clients in each attempt's step find their node's zygote under the same name.
@@ -113,6 +115,8 @@ class Zygote:
         self._lost_nodes: set[str] = set()
         self._said: list[ColdStart] = []
         self._gone_reported = False
+        self._unsafe = False  # it said its imports were unsafe: every fork is refused
+        self._launchers: dict[int, int] = {}  # a launcher's client's pid -> the launcher's
         self.ready_s: float | None = None
         """Its imports' duration once it said it is ready to fork ranks (the slowest node's)."""
 
@@ -150,6 +154,8 @@ class Zygote:
         self._listening.clear()
         self._lost_nodes.clear()
         self._gone_reported = False
+        self._unsafe = False
+        self._launchers.clear()
         self.ready_s = None
         self._wait_listening(max(1, len(nodes)), _LISTEN_WAIT_S if alloc is None else _STEP_WAIT_S)
 
@@ -181,6 +187,18 @@ class Zygote:
         """It runs on this node alone, imported everything safely and forks on request."""
         self._pump()
         return self.alive() and not self._nodes and self.ready_s is not None
+
+    def may_fork(self) -> bool:
+        """It runs on this node alone and has not said it cannot fork: it may still be
+        importing, and a request made now waits until it is ready (or, refused, starts cold)."""
+        self._pump()
+        return self.alive() and not self._nodes and not self._unsafe
+
+    def launcher_of(self, client: int) -> int | None:
+        """The pid of the launcher (a warm standby) forked for the client ``client``, once
+        the zygote said so; None: it forked none for it."""
+        self._pump()
+        return self._launchers.get(client)
 
     @property
     def pid(self) -> int | None:
@@ -219,6 +237,7 @@ class Zygote:
                 ranks = (rank,) if isinstance(rank, int) else ()
                 self._said.append(ColdStart(ranks=ranks, reason=str(fact["refused"])))
             elif "unsafe" in fact:
+                self._unsafe = True
                 where = f" on {node}" if self._nodes and node else ""
                 reason = f"zygote unsafe{where}: {fact['unsafe']}"
                 self._said.append(ColdStart(ranks=(), reason=reason))
@@ -227,6 +246,10 @@ class Zygote:
                 self._said.append(
                     ColdStart(ranks=(), reason=f"the zygote on {node} {fact['gone']}")
                 )
+            elif isinstance(forked := fact.get("forked"), int) and isinstance(
+                client := fact.get("client"), int
+            ):
+                self._launchers[client] = forked
             elif isinstance(fact.get("ready"), (int, float)):
                 ready = float(fact["ready"])  # type: ignore[arg-type]
                 self.ready_s = ready if self.ready_s is None else max(self.ready_s, ready)

@@ -191,9 +191,9 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
     tmp_path: Path, reference_final: Path, rvsup_python: str
 ) -> None:
     """The daemon from a venv without torch runs the job's torchrun (beside the job's Python),
-    forks the ranks from a zygote on the job's interpreter, restarts after a kill -9 of rank 1
-    on a warm standby forked from that zygote, and ends bit-identical to an
-    uninterrupted run, with one crash and one restart in the history."""
+    forks the ranks, and the first attempt's torchrun, from a zygote on the job's interpreter,
+    restarts after a kill -9 of rank 1 on a warm standby forked from that zygote, and ends
+    bit-identical to an uninterrupted run, with one crash and one restart in the history."""
     final = tmp_path / "final.pt"
     job = write_job(tmp_path, env={"FINAL": str(final), "STEP_SLEEP": "0.1"})
     with _running(rvsup_python, job) as proc:
@@ -205,11 +205,15 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
             "step 15",
         )
         first = _launcher_of_rank0(daemon, st)
-        assert JOB_TORCHRUN in first.cmdline(), first.cmdline()
         rank0 = psutil.Process(next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
         zygote = rank0.parent()  # the ranks are forked from a process on the job's interpreter
         assert zygote is not None and zygote.cmdline()[0] == JOB_PYTHON, zygote
-        standby = wait_for(lambda: _standbys(daemon), timeout=30, what="the warm standby")
+        assert _is_standby(first.cmdline()) and first.parent() == zygote, first.cmdline()
+        standby = wait_for(
+            lambda: [p for p in _standbys(daemon) if p.pid != first.pid],
+            timeout=30,
+            what="the warm standby of the next attempt",
+        )
         assert [p.cmdline()[0] for p in standby] == [JOB_PYTHON]  # the job's, not rvsup's
         assert [p.parent() for p in standby] == [zygote]  # forked, torchrun imported already
         victim = next(r for r in st["ranks"] if r["rank"] == 1)
@@ -231,6 +235,7 @@ def test_torchless_daemon_survives_a_crash_bit_identically(
     assert len(named(evs, "restart_scheduled")) == 1
     attempts = named(evs, "attempt_started")
     assert len(attempts) == 2 and attempts[1]["resume_step"] > 0
+    assert all(a["launcher"][0] == JOB_TORCHRUN for a in attempts), attempts
     assert named(evs, "job_succeeded")
     assert_same_state(load_final(reference_final), load_final(final))
 

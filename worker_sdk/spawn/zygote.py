@@ -251,7 +251,8 @@ def _answer(conn: socket.socket, served: Served) -> Any:
     None when refused or unreadable."""
     try:
         conn.settimeout(_REQUEST_TIMEOUT_S)
-        if _peer_uid(conn) != os.getuid():
+        client, uid = _peer(conn)
+        if uid != os.getuid():
             return None
         request, fds = wire.recv(conn)
     except (OSError, wire.WireError):
@@ -285,6 +286,8 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             _say({"refused": unplaced, "rank": _rank_of(request)})
             wire.send(conn, {"refused": unplaced})
             return None
+        if _rank_of(request) is None:  # a launcher (the warm standby): the supervisor acts on it
+            _say({"forked": pid, "client": client})
         _answer_then_go(conn, pid, go_w)
     except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -338,9 +341,11 @@ def _rank_of(request: dict[str, Any]) -> int | None:
         return None
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The client's pid and uid."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return int(pid), int(uid)
 
 
 def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:

@@ -42,7 +42,9 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
     imported torchrun) when there is one; the job completes, and the standby prepared during
     attempt 2 is gone when rvsup ends (the suite checks no process is left). With ``zygote =
     false`` no launcher is given ``--zygote`` and each rank is its launcher's child (the
-    bootstrap exec'd the script)."""
+    bootstrap exec'd the script). The first attempt's torchrun, with a zygote, is forked from
+    it as well (a standby made at the start, in place of a torchrun importing torch itself);
+    without one it is started cold."""
     launch = f'term_timeout = "3s"\nstop_timeout = "30s"\nzygote = {str(zygote).lower()}'
     # slower from step 33: the status that shows step 32 comes before the job's end on a
     # loaded machine; at full speed once the checks are done
@@ -51,8 +53,18 @@ def test_restart_runs_on_the_warm_launcher(tmp_path: Path, zygote: bool) -> None
     env = {"STEP_SLEEP": "0.05", "TAIL_FROM": "33", "TAIL_SLEEP": "0.2", "SLOW_WHILE": str(slow)}
     job = write_job(tmp_path, env=env, launch=launch)
     with running(job) as proc:
+        st = wait_progress(job, min_step=3)
+        first = launcher_of_ranks(proc.pid, next(r for r in st["ranks"] if r["rank"] == 0)["pid"])
+        first_parent = first.parent()
+        assert first_parent is not None
+        if zygote:
+            assert first.cmdline()[-1].endswith("worker_sdk/spawn/standby.py"), first.cmdline()
+            assert "worker_sdk.spawn.zygote" in " ".join(first_parent.cmdline())
+        else:
+            assert "worker_sdk.spawn.standby" not in " ".join(first.cmdline()), first.cmdline()
+            assert first_parent.pid == proc.pid
         launcher, before, rank0 = _restart_launcher(job, proc.pid)
-        assert launcher.pid in before
+        assert launcher.pid in before and launcher.pid != first.pid
         parent = launcher.parent()
         assert parent is not None
         if zygote:
