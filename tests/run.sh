@@ -3,7 +3,8 @@
 # selection (no process, no Slurm) on Python 3.10 without torch (where the daemon may run: its own
 # environment; test modules that need torch are skipped there), then the whole suite. Each pytest
 # run has two phases (docs/development.md): the tests that can share the machine (on $RVTEST_WORKERS
-# processes, pytest-xdist, where it is set above 0), then the serial ones, one at a time.
+# processes, pytest-xdist, where it is set above 0), and the serial ones, one at a time: beside
+# the first at a higher CPU weight where a cgroup can give it one (as root), else after it.
 #   RVTEST_WORKERS=n  processes of the first phase (default 3, the fastest on 2 vCPUs: the phase is
 #                CPU-bound and a third worker keeps both cores busy; 0: in one process)
 #   VENV=dir     where the virtualenv lives (default .venv; CI passes a fresh one)
@@ -68,19 +69,53 @@ setup_py310() {
 PATH="$(cd "$VENV/bin" && pwd):$PATH"
 export PATH
 
+# A cgroup v1 "cpu" group of low weight for the first phase (as root, where the v1 cpu
+# controller is mounted; the path, or nothing): the serial phase then runs beside the first at
+# the full weight, and the first takes what the serial one leaves (most of the serial phase's
+# time is waiting on a timeout).
+low_weight_group() {
+  local root=/sys/fs/cgroup/cpu group
+  [ -f "$root/cpu.shares" ] && [ -w "$root" ] || return 1
+  group="$root/rvtest-shared-$$"
+  mkdir "$group" 2>/dev/null || return 1
+  if ! echo 128 >"$group/cpu.shares" 2>/dev/null; then
+    rmdir "$group"
+    return 1
+  fi
+  echo "$group"
+}
+
 # pytest in two phases: PYTHON, then pytest's arguments (both phases get them). A phase that
 # selects nothing (exit 5: e.g. a folder with no serial test) is no failure when the other ran
 # tests. Both phases run; the first failure's status is returned. RVTEST_SHARED_DIR: where the
 # reference runs both phases read are built once (tests/helpers/fixtures.py, built_once).
+# Where low_weight_group makes a group, the serial phase runs beside the first (its output is
+# printed once both have ended); else after it.
 two_phases() {
-  local python=$1 shared=0 serial=0 status
+  local python=$1 shared=0 serial=0 status group shared_pid serial_log
   shift
   RVTEST_SHARED_DIR=$(mktemp -d)
   export RVTEST_SHARED_DIR
-  "$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-3}" --dist loadgroup \
-    --phase shared "$@" || shared=$?
-  if [ "$shared" != 2 ]; then # 2: interrupted (Ctrl-C, or errors while collecting)
-    "$python" -m pytest -p no:cacheprovider --phase serial "$@" || serial=$?
+  local first=("$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-3}" --dist loadgroup
+    --phase shared "$@")
+  local second=("$python" -m pytest -p no:cacheprovider --phase serial "$@")
+  if group=$(low_weight_group); then
+    serial_log=$(mktemp)
+    (echo "$BASHPID" >"$group/cgroup.procs" && exec "${first[@]}") &
+    shared_pid=$!
+    trap 'kill -TERM "$shared_pid" 2>/dev/null; exit 130' INT TERM
+    "${second[@]}" >"$serial_log" 2>&1 || serial=$?
+    wait "$shared_pid" || shared=$?
+    trap - INT TERM
+    echo "tests/run.sh: the serial phase, run beside the first at full CPU weight ($group):"
+    cat "$serial_log"
+    rm -f "$serial_log"
+    rmdir "$group" 2>/dev/null || true
+  else
+    "${first[@]}" || shared=$?
+    if [ "$shared" != 2 ]; then # 2: interrupted (Ctrl-C, or errors while collecting)
+      "${second[@]}" || serial=$?
+    fi
   fi
   rm -rf "$RVTEST_SHARED_DIR"
   unset RVTEST_SHARED_DIR
