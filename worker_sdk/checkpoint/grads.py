@@ -68,7 +68,7 @@ class GradWatch:
         self._param: torch.Tensor | None = None
         for obj in objects:
             if isinstance(obj, torch.optim.Optimizer):
-                obj.register_step_post_hook(self._after_optimizer_step)
+                _innermost(obj).register_step_post_hook(self._after_optimizer_step)
         for obj in objects:
             if not isinstance(obj, nn.Module):
                 continue
@@ -183,3 +183,12 @@ def _like(p: Any, value: torch.Tensor | None) -> torch.Tensor:
         grad, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
     )
     return made
+
+
+def _innermost(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside a wrapper that subclasses Optimizer without being one (an
+    Accelerate ``AcceleratedOptimizer``: its ``step()`` steps the one it wraps, skipped while
+    gradients accumulate)."""
+    while isinstance(inner := getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = inner
+    return optimizer
