@@ -128,6 +128,12 @@ def resume(
 
         for warning in resume_warnings(objects, world_size):
             warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    from .checkpoint.loader_generators import LEDGER
+    from .runtime.loader_rng import WATCH
+
+    LEDGER.reset()  # the loaders' own shuffling generators: rvsup's checkpoints keep them
+    if not external:
+        WATCH.install()
     checkpointer = None
     memory = None
     if settings.checkpoint_dir is not None:

@@ -15,6 +15,7 @@ from . import dcp as _dcp
 from . import grads as _grads
 from . import per_rank as _per_rank
 from . import rng as _rng
+from .loader_generators import LEDGER
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
 
 __all__ = ["Capture", "capture"]
@@ -73,6 +74,9 @@ def capture(
         shared = {"format": _PAYLOAD_FORMAT, "objects": table}
     part = {"format": _PAYLOAD_FORMAT, "rank": rank, "rng": _rng.capture(), "extra": extra}
     part["grads"], fsdp1 = _grads.capture(objects, plan.kinds) if grads else ({}, [])
+    loaders = LEDGER.capture()  # the loaders' own shuffling generators, per epoch
+    if loaders:
+        part["loaders"] = loaders
     if per_rank:
         part["objects"] = {str(i): states[i] for i in sorted(per_rank)}
     sharded_state = None

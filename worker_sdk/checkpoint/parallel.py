@@ -218,10 +218,10 @@ def _refuse_unsupported(i: int, obj: Any) -> None:
         raise TypeError(
             f"object {i} ({_describe(obj)}) is a data loader prepared by Accelerate without "
             "use_stateful_dataloader: it holds no state to save (its state_dict() fails). Do "
-            "not pass it to resume(); for an order that resumes exactly, build the Accelerator "
-            "with dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True), call "
-            "loader.set_epoch(epoch) before every epoch and skip the batches before the step "
-            "resume() returns (docs/integrations.md, Accelerate)"
+            "not pass it to resume(): rvsup's checkpoints keep the state of its shuffling "
+            "generator at every epoch's start, and the step resume() returns is its position: "
+            "start the epoch loop at that step's epoch and skip the batches before it "
+            "(accelerator.skip_first_batches(loader, n); docs/integrations.md, Accelerate)"
         )
     for method in ("state_dict", "load_state_dict"):
         if not callable(getattr(obj, method, None)):

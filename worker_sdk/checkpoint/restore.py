@@ -36,6 +36,7 @@ from . import dcp as _dcp
 from . import grads as _grads
 from . import rng as _rng
 from .collectives import all_gather_ints, group_active
+from .loader_generators import LEDGER
 from .parallel import Stateful, StatePlan, dcp_groups, unwrap
 from .trust import entry_problem, first_bad_record, opened_file_problem
 
@@ -331,6 +332,7 @@ class Restorer:
             unwrap(objects[i]).load_state_dict(state)
         if read.part is not None:
             _rng.restore(read.part["rng"])
+            LEDGER.load(read.part.get("loaders", []))
             saved = read.part.get("grads")
             if isinstance(saved, dict) and info.world_size == self.world_size:
                 _grads.restore(objects, saved)

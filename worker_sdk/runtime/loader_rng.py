@@ -35,18 +35,20 @@ from typing import Any, Final
 from torch.utils.data import DataLoader, RandomSampler
 
 from worker_sdk.checkpoint import rng as _rng
+from worker_sdk.checkpoint.loader_generators import LEDGER
 
 from .patches import Patch
 
-__all__ = ["LoaderWindow"]
+__all__ = ["WATCH", "GeneratorWatch", "LoaderWindow"]
 
 _WHY: Final = "the checkpoint's RNG states for the loaders made before the first step()"
 
 _FIX: Final = (
-    "give the DataLoader its own generator and seed it at the top of every epoch, beside "
-    "sampler.set_epoch(epoch): `g = torch.Generator(); loader = DataLoader(..., generator=g)`, "
-    "then `g.manual_seed(seed + epoch)`; or use torchdata's StatefulDataLoader and pass it to "
-    "worker_sdk.resume()"
+    "give the DataLoader a generator of its own, `DataLoader(..., generator=torch.Generator())` "
+    "(rvsup's checkpoints keep its state at every epoch's start), or seed one at the top of "
+    "every epoch, beside sampler.set_epoch(epoch): `g = torch.Generator(); loader = "
+    "DataLoader(..., generator=g)`, then `g.manual_seed(seed + epoch)`; or use torchdata's "
+    "StatefulDataLoader and pass it to worker_sdk.resume()"
 )
 
 
@@ -72,7 +74,10 @@ class _ResumedIterator:
         if not w.open:
             return next(self.it)
         (self.after_iter if _yielded(self.it) == 0 else w.put_back)()
-        batch = next(self.it)
+        try:
+            batch = next(self.it)
+        finally:
+            LEDGER.fetched(self.loader)  # the generators' states after the draws, or the end's
         w.last = self
         w.fetched += 1
         return batch
@@ -98,18 +103,10 @@ class LoaderWindow:
 
     def install(self) -> None:
         """Wrap ``__iter__`` of DataLoader and of every loaded subclass that defines its own."""
-        pending: list[type[Any]] = [DataLoader]
-        seen: set[type[Any]] = set()
-        while pending:
-            cls = pending.pop()
-            if cls in seen:
-                continue
-            seen.add(cls)
-            pending.extend(cls.__subclasses__())
-            original = cls.__dict__.get("__iter__")
-            if original is not None:
-                wrapped = self._wrap(original)
-                self._patched.append(Patch(cls, "__iter__", wrapped, _WHY).apply())
+        LEDGER.open_window()
+        for cls, original in _own_iters():
+            wrapped = self._wrap(original)
+            self._patched.append(Patch(cls, "__iter__", wrapped, _WHY).apply())
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         window = self
@@ -130,13 +127,13 @@ class LoaderWindow:
     def close(self) -> str | None:
         """At the first ``step()``: stop intervening; what diverges from an uninterrupted run."""
         self.open = False
+        notes = LEDGER.close_window()
         for patch in reversed(self._patched):
             patch.undo()
         self._patched.clear()
         last, self.last = self.last, None
         if last is None:
-            return None  # no loader iterator made in the window
-        notes = []
+            return " ".join(notes) or None  # no loader iterator made in the window
         try:
             per_epoch = len(last.loader)
         except TypeError:  # an IterableDataset without __len__
@@ -154,6 +151,66 @@ class LoaderWindow:
         if not fresh and id(last.loader) not in self._given:
             notes.append(advice(last.loader) or "")
         return " ".join(n for n in notes if n) or None
+
+
+class GeneratorWatch:
+    """From ``resume()`` to the runtime's shutdown: every DataLoader iterator made is told to
+    the ledger of the loaders' own generators (:mod:`worker_sdk.checkpoint.loader_generators`),
+    before and after it is made. Costs a generator state copy per iterator (per epoch)."""
+
+    def __init__(self) -> None:
+        self._patched: list[Patch] = []
+        self._making = False  # inside a wrapped __iter__ (a subclass's calling its base's)
+
+    def install(self) -> None:
+        if self._patched:
+            return
+        for cls, original in _own_iters():
+            self._patched.append(Patch(cls, "__iter__", self._wrap(original), _LEDGER_WHY).apply())
+
+    def undo(self) -> None:
+        for patch in reversed(self._patched):
+            patch.undo()
+        self._patched.clear()
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        watch = self
+
+        def __iter__(loader: Any) -> Any:  # noqa: N807 - it replaces a class's __iter__
+            if watch._making or not watch._patched:
+                return original(loader)
+            LEDGER.before_iter(loader)
+            watch._making = True
+            try:
+                it = original(loader)
+            finally:
+                watch._making = False
+            LEDGER.made(loader, it)
+            return it
+
+        return __iter__
+
+
+_LEDGER_WHY: Final = "each epoch's start state of the loaders' own shuffling generators"
+
+WATCH: Final = GeneratorWatch()
+
+
+def _own_iters() -> list[tuple[type[Any], Callable[..., Any]]]:
+    """DataLoader and every loaded subclass that defines its own ``__iter__``, with it."""
+    out = []
+    pending: list[type[Any]] = [DataLoader]
+    seen: set[type[Any]] = set()
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        pending.extend(cls.__subclasses__())
+        original = cls.__dict__.get("__iter__")
+        if original is not None:
+            out.append((cls, original))
+    return out
 
 
 def advice(loader: Any) -> str | None:

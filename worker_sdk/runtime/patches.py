@@ -24,6 +24,8 @@ attribute                      what for                             scope
 (:data:`.stragglers.TIMED`)    stragglers (FSDP)                    shutdown (stragglers)
 ``DataLoader.__iter__`` (and   the checkpoint's RNG states for the  ``resume()`` to the first
 subclasses defining their own) loaders an epoch loop makes again    ``step()`` (loader_rng)
+``DataLoader.__iter__`` (and   each epoch's start state of the      ``resume()`` to the runtime's
+subclasses defining their own) loaders' own shuffling generators    shutdown (loader_rng.WATCH)
 =============================  ===================================  ==================================
 """
 

@@ -26,6 +26,7 @@ from worker_sdk.contract import protocol as p
 from . import save_reports
 from .channel import Channel
 from .coordinated import await_answer
+from .loader_rng import WATCH, LoaderWindow
 from .rank_files import arm_stack_dumps, disarm_stack_dumps, map_step_slot
 from .settings import Settings
 from .startup import announce, first_step, training_checks
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from worker_sdk.checkpoint.background.async_save import AsyncSaver
     from worker_sdk.checkpoint.memory.tier import MemoryTier
 
-    from .loader_rng import LoaderWindow
     from .patches import Patch
     from .replicas import ReplicaCheck
     from .stragglers import WaitReader
@@ -221,9 +221,7 @@ class Runtime:
     def end_loader_window(self) -> None:
         """Put DataLoader.__iter__ back now, without the window's advice: at shutdown when no
         step() came, and where a framework's own checkpoint restores its RNG states and data
-        position (the Hugging Face Trainer), where the window would put the marker's states
-        back over the framework's (a loader that fetches ahead, as accelerate's does, is not one
-        the window can follow)."""
+        position (the Hugging Face Trainer: the window would put the marker's states back)."""
         if self.window is not None:
             self.window.close()
             self.window = None
@@ -387,6 +385,7 @@ class Runtime:
             self.memory.close()
             self.memory = None
         self.end_loader_window()  # no step() came
+        WATCH.undo()  # the loaders' own generators (loader_rng)
         if self.comm_wait is not None:
             self.comm_wait.close()
             self.comm_wait = None
