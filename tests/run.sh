@@ -18,6 +18,11 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 VENV310=${VENV310:-$VENV/py310}
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+# Where the environment sets PYTHONDONTWRITEBYTECODE, no process caches what it compiles: the
+# project's own modules (installed editable, so never compiled by pip) and pytest's rewritten
+# test modules would be compiled again by each of the thousands of processes the suite starts
+# (~0.08 s of CPU for the daemon's imports alone). Let the first one write the cache.
+unset PYTHONDONTWRITEBYTECODE
 if [ "$(id -u)" = 0 ]; then
   need=()
   command -v systemd-analyze >/dev/null || need+=(systemd)
