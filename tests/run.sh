@@ -21,7 +21,9 @@ export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 # Where the environment sets PYTHONDONTWRITEBYTECODE, no process caches what it compiles: the
 # project's own modules (installed editable, so never compiled by pip) and pytest's rewritten
 # test modules would be compiled again by each of the thousands of processes the suite starts
-# (~0.08 s of CPU for the daemon's imports alone). Let the first one write the cache.
+# (~0.08 s of CPU for the daemon's imports alone). Let the first one write the cache. So pip
+# need not compile every module it installs either (--no-compile: ~30 s of one core, most of
+# it for modules no test imports); torch's and the integrations' are cached once, below.
 unset PYTHONDONTWRITEBYTECODE
 if [ "$(id -u)" = 0 ]; then
   need=()
@@ -38,11 +40,11 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   # torch first and pinned: the CPU build this machine has (anything else pulls CUDA wheels)
-  "$VENV/bin/pip" install -q torch==2.13.0
+  "$VENV/bin/pip" install -q --no-compile torch==2.13.0
 fi
 # data: torchdata, which needs the torch above; integrations: transformers, accelerate, lightning
 # (pinned to keep that torch)
-"$VENV/bin/pip" install -q -e '.[test,data,metrics,plot,integrations]'
+"$VENV/bin/pip" install -q --no-compile -e '.[test,data,metrics,plot,integrations]'
 
 # A Python 3.10 interpreter (the oldest rvsup supports), or nothing.
 python310() {
@@ -64,7 +66,7 @@ setup_py310() {
     "$py310" -m venv "$VENV310"
   fi
   # no torch: the daemon never imports it; no matplotlib (the plot's tests skip here)
-  "$VENV310/bin/pip" install -q -e '.[test,metrics]'
+  "$VENV310/bin/pip" install -q --no-compile -e '.[test,metrics]'
   if "$VENV310/bin/python" -c 'import torch' 2>/dev/null; then
     echo "tests/run.sh: $VENV310 has torch; it must not (remove the directory)" >&2
     return 1
@@ -151,6 +153,8 @@ beside() { # NAME COMMAND...
 beside "ruff check" ruff check .
 beside "ruff format" ruff format --check .
 beside vulture vulture # dead code ([tool.vulture] in pyproject.toml)
+# the bytecode of what the jobs import, cached once before the tests' processes all need it
+beside "the imports' bytecode" python -c "import torch.distributed.run, transformers, lightning"
 beside "mypy" mypy
 beside "mypy --python-version 3.10" mypy --python-version 3.10
 if [ -n "$py310" ]; then
