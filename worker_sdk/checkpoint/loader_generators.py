@@ -112,8 +112,8 @@ class _Tracked:
     saved: _Saved | None = None  # from the checkpoint resumed from, for the window
     window_iterators: int = 0
     managed: bool = True  # False: the script seeds the generator itself, or it cannot be told
-    drawn: torch.Tensor | None = None  # in the window: the state once the iterator's first
-    # batch came (its epoch's draws done)
+    drawn: torch.Tensor | None = None  # in the window: the state after the iterator's latest
+    # batch, or its end (its epoch's draws done)
 
     def latest_iterator(self) -> Any:
         return None if self.iterator is None else self.iterator()
