@@ -4,7 +4,7 @@
 # environment; test modules that need torch are skipped there), then the whole suite. Each pytest
 # run has two phases (docs/development.md): the tests that can share the machine (on $RVTEST_WORKERS
 # processes, pytest-xdist, where it is set above 0), and the serial ones, one at a time: beside
-# the first at a higher CPU weight where a cgroup can give it one (as root), else after it.
+# the first at a higher CPU weight where cgroups can give it one (as root), else after it.
 #   RVTEST_WORKERS=n  processes of the first phase (default 3, the fastest on 2 vCPUs: the phase is
 #                CPU-bound and a third worker keeps both cores busy; 0: in one process)
 #   VENV=dir     where the virtualenv lives (default .venv; CI passes a fresh one)
@@ -76,16 +76,18 @@ setup_py310() {
 PATH="$(cd "$VENV/bin" && pwd):$PATH"
 export PATH
 
-# A cgroup v1 "cpu" group of low weight for the first phase (as root, where the v1 cpu
-# controller is mounted; the path, or nothing): the serial phase then runs beside the first at
-# the full weight, and the first takes what the serial one leaves (most of the serial phase's
-# time is waiting on a timeout).
-low_weight_group() {
+# cgroup v1 "cpu" groups for the two phases (as root, where the v1 cpu controller is mounted):
+# cpu_group NAME SHARES makes one and prints its path, or nothing. The serial phase runs beside
+# the first at a weight 8 times the first's, so its processes get a core whenever they want one
+# and the first takes what they leave (most of the serial phase's time is waiting on a
+# timeout); the first phase's own weight, 4 times a plain process's, keeps its share of the
+# machine against other work about what its many processes had outside a group.
+cpu_group() {
   local root=/sys/fs/cgroup/cpu group
   [ -f "$root/cpu.shares" ] && [ -w "$root" ] || return 1
-  group="$root/rvtest-shared-$$"
+  group="$root/rvtest-$1-$$"
   mkdir "$group" 2>/dev/null || return 1
-  if ! echo 128 >"$group/cpu.shares" 2>/dev/null; then
+  if ! echo "$2" >"$group/cpu.shares" 2>/dev/null; then
     rmdir "$group"
     return 1
   fi
@@ -96,29 +98,33 @@ low_weight_group() {
 # selects nothing (exit 5: e.g. a folder with no serial test) is no failure when the other ran
 # tests. Both phases run; the first failure's status is returned. RVTEST_SHARED_DIR: where the
 # reference runs both phases read are built once (tests/helpers/fixtures.py, built_once).
-# Where low_weight_group makes a group, the serial phase runs beside the first (its output is
+# Where cpu_group makes the groups, the serial phase runs beside the first (its output is
 # printed once both have ended); else after it.
 two_phases() {
-  local python=$1 shared=0 serial=0 status group shared_pid serial_log
+  local python=$1 shared=0 serial=0 status group="" serial_group="" shared_pid serial_log
   shift
   RVTEST_SHARED_DIR=$(mktemp -d)
   export RVTEST_SHARED_DIR
   local first=("$python" -m pytest -p no:cacheprovider -n "${RVTEST_WORKERS:-3}" --dist loadgroup
     --phase shared "$@")
   local second=("$python" -m pytest -p no:cacheprovider --phase serial "$@")
-  if group=$(low_weight_group); then
+  if group=$(cpu_group first 4096) && serial_group=$(cpu_group serial 32768); then
     serial_log=$(mktemp)
     (echo "$BASHPID" >"$group/cgroup.procs" && exec "${first[@]}") &
     shared_pid=$!
     trap 'kill -TERM "$shared_pid" 2>/dev/null; exit 130' INT TERM
-    "${second[@]}" >"$serial_log" 2>&1 || serial=$?
+    (echo "$BASHPID" >"$serial_group/cgroup.procs" && exec "${second[@]}") >"$serial_log" 2>&1 ||
+      serial=$?
     wait "$shared_pid" || shared=$?
     trap - INT TERM
-    echo "tests/run.sh: the serial phase, run beside the first at full CPU weight ($group):"
+    echo "tests/run.sh: the serial phase, run beside the first at 8 times its CPU weight:"
     cat "$serial_log"
     rm -f "$serial_log"
-    rmdir "$group" 2>/dev/null || true
+    rmdir "$group" "$serial_group" 2>/dev/null || true
   else
+    if [ -n "$group" ]; then
+      rmdir "$group" 2>/dev/null || true
+    fi
     "${first[@]}" || shared=$?
     if [ "$shared" != 2 ]; then # 2: interrupted (Ctrl-C, or errors while collecting)
       "${second[@]}" || serial=$?
