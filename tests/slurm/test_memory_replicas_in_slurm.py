@@ -3,7 +3,8 @@ the other node's memory (the replicas), not from storage.
 
 One job, awaited once by a module fixture and asserted by several tests: a 3-node allocation
 (``--no-kill``) of a 2 x 2 job (node1, node2; node3 the spare) that snapshots every step and
-checkpoints to storage only every 1000 steps. Once every rank is past step 20, node2 is lost:
+checkpoints to storage only every 1000 steps. Once every rank is past step 20 and node1 holds a
+complete snapshot of it, node2 is lost:
 its copies of the snapshots are deleted (its memory) and every process on it gets SIGKILL at
 once (slurmd, the step, the zygote, torchrun, the ranks, their snapshot writers). rvsup finds
 node2 lost (``node_failure``); attempt 2 runs on node1 and node3, which holds no snapshot:
@@ -33,6 +34,7 @@ from tests.slurm.jobs import (
     write_trainer_job,
 )
 from tests.slurm.node_loss import kill_node_during
+from worker_sdk.contract.layout import COMMITTED_RE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_venv")]
 
@@ -62,6 +64,13 @@ def lost_node(
 
     def memory_lost() -> None:  # node2's copies go with it (they share this machine's tmpfs)
         wait_until(lambda: any((snapshots() / "node2").glob("step-*")), timeout=30, what="copies")
+        # the snapshots are written in the background: under load node1's newest complete one may
+        # lag the step every rank has passed; the kill waits for one past it
+        wait_until(
+            lambda: newest_committed(snapshots() / "node1") >= LOST_AFTER,
+            timeout=30,
+            what=f"a snapshot of step {LOST_AFTER} on node1",
+        )
         # node2's writer may be filling a snapshot meanwhile: a removal that found a file added
         # under it (ENOTEMPTY) is tried again
         wait_until(lambda: _removed(snapshots() / "node2"), timeout=30, what="node2's copies gone")
@@ -114,6 +123,12 @@ def test_no_copy_of_the_snapshots_is_left_on_any_node(lost_node: tuple[TrainerJo
     while snapshots.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not snapshots.exists(), sorted(str(p) for p in snapshots.rglob("*"))[:20]
+
+
+def newest_committed(folder: Path) -> int:
+    """The highest step of the snapshots committed in ``folder``; -1 when none."""
+    steps = [COMMITTED_RE.match(p.name) for p in folder.glob("step-*")]
+    return max((int(m.group(1)) for m in steps if m), default=-1)
 
 
 def _removed(folder: Path) -> bool:
