@@ -179,15 +179,9 @@ class Launches:
         zygote's imports, which the ranks wait for anyway, instead of importing torch itself
         (seconds of a core per start, and that much memory). A zygote that refuses leaves the
         launcher cold, as without it."""
-        zygote, python = self.zygote, self.torchrun.python
         assert self.standby is not None
-        if (
-            self.standby.waiting()
-            or zygote is None
-            or python is None
-            or not same_interpreter(python, zygote.python)
-            or not zygote.may_fork()
-        ):
+        zygote = self._forking_zygote(importing_too=True)
+        if self.standby.waiting() or zygote is None:
             return
         env = zygote.environment(plan.env, plan.nproc_per_node)
         self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=plan.cgroup)
@@ -198,17 +192,20 @@ class Launches:
         interpreter)."""
         if self.standby is None:
             return
-        zygote, python = self.zygote, self.torchrun.python
-        if (
-            zygote is not None
-            and python is not None
-            and same_interpreter(python, zygote.python)
-            and zygote.forks()
-        ):
+        zygote = self._forking_zygote()
+        if zygote is not None:
             env = zygote.environment(plan.env, plan.nproc_per_node)
             self.standby.prepare(plan, zygote=zygote.name, env=env, cgroup=self._next_group)
         else:
             self.standby.prepare(plan, cgroup=self._next_group)
+
+    def _forking_zygote(self, *, importing_too: bool = False) -> Zygote | None:
+        """The zygote a launcher may be forked from: it runs torchrun's interpreter and forks
+        (:meth:`Zygote.forks`); None otherwise."""
+        zygote, python = self.zygote, self.torchrun.python
+        if zygote is None or python is None or not same_interpreter(python, zygote.python):
+            return None
+        return zygote if zygote.forks(importing_too=importing_too) else None
 
     @property
     def _next_group(self) -> str | None:

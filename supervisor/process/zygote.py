@@ -183,16 +183,14 @@ class Zygote:
             out.setdefault("OMP_NUM_THREADS", "1")
         return out
 
-    def forks(self) -> bool:
-        """It runs on this node alone, imported everything safely and forks on request."""
+    def forks(self, *, importing_too: bool = False) -> bool:
+        """It runs on this node alone and forks on request: it imported everything safely, or,
+        with ``importing_too``, it may still be importing and has not said it cannot fork (a
+        request made then waits until it is ready, or, refused, starts cold)."""
         self._pump()
-        return self.alive() and not self._nodes and self.ready_s is not None
-
-    def may_fork(self) -> bool:
-        """It runs on this node alone and has not said it cannot fork: it may still be
-        importing, and a request made now waits until it is ready (or, refused, starts cold)."""
-        self._pump()
-        return self.alive() and not self._nodes and not self._unsafe
+        if not self.alive() or self._nodes:
+            return False
+        return not self._unsafe if importing_too else self.ready_s is not None
 
     def launcher_of(self, client: int) -> int | None:
         """The pid of the launcher (a warm standby) forked for the client ``client``, once

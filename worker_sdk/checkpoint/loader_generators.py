@@ -105,9 +105,9 @@ class _Tracked:
 
     loader: weakref.ref[Any]
     generator: torch.Generator
+    start: torch.Tensor  # the latest iterator's epoch's start state
     lineage: list[torch.Tensor] = field(default_factory=list)  # each epoch's start state
     epoch: int = -1  # the lineage index of the latest iterator's epoch
-    start: torch.Tensor | None = None  # the latest iterator's epoch's start state
     iterator: Any = None  # a weak reference to the latest iterator, or None
     saved: _Saved | None = None  # from the checkpoint resumed from, for the window
     window_iterators: int = 0
@@ -158,7 +158,7 @@ class Ledger:
             t.loader = weakref.ref(loader)  # another loader with the same generator: one
             # that Accelerate's skip_first_batches made, or the prepared one again
         else:
-            t = _Tracked(weakref.ref(loader), g)
+            t = _Tracked(weakref.ref(loader), g, g.get_state())
             index = len(self._tracked)
             t.saved = self._loaded[index] if index < len(self._loaded) else None
             if t.saved is not None:
@@ -191,8 +191,6 @@ class Ledger:
         """What a checkpoint keeps, per tracked loader (tensors and ints only)."""
         out: list[dict[str, Any]] = []
         for t in self._tracked:
-            if t.start is None:
-                continue
             loader = t.loader()
             over = _over(loader, t.latest_iterator())
             # torch's own iterator draws once more from the sampler after its last batch
@@ -224,6 +222,8 @@ class Ledger:
         """In the window, a batch of ``loader``'s iterator came, or its end: the generator's
         state then (a generator the script leaves alone is in that state at the next
         iterator)."""
+        if not self._tracked:  # no loader shuffles with a generator of its own
+            return
         g = None if loader in self._inner else generator_of(loader)
         t = None if g is None else self._by_generator.get(id(g))
         if t is not None and t.loader() is loader:
