@@ -10,7 +10,9 @@ The rules, event by event (every other event leaves the budget as it is):
 - ``attempt_started``: one more attempt, which has not progressed yet; the checkpoint it resumes
   from (``resume_step - 1``) is known.
 - ``checkpoint_committed`` of a step newer than any known: the attempt progressed, and the
-  no-progress streak is over.
+  no-progress streak is over. So does ``memory_snapshots`` (logged as the attempt ends, before
+  its failure) whose newest complete snapshot is newer than any step known: the next attempt
+  resumes from it.
 - ``failure_detected``: the newest failure, by its signature (kind, ranks, last step); an
   ``oom`` is counted.
 - ``restart_scheduled`` with ``charged``: one restart used; the newest failure becomes the last
@@ -41,6 +43,7 @@ from supervisor.record.schema import (
     Event,
     FailureDetected,
     JobStarted,
+    MemorySnapshots,
     NodeExcluded,
     RestartScheduled,
     RolledBack,
@@ -59,7 +62,8 @@ class Budget:
     restarts_used: int = 0
     """Charged restarts."""
     no_progress_streak: int = 0
-    """Charged attempts in a row, most recent last, that committed no new checkpoint."""
+    """Charged attempts in a row, most recent last, that committed no new checkpoint (nor
+    memory snapshot)."""
     oom_count: int = 0
     """Failures of kind ``oom``."""
     failure: Signature | None = None
@@ -67,9 +71,10 @@ class Budget:
     charged_failure: Signature | None = None
     """The signature of the newest failure whose restart was charged."""
     newest_step: int | None = None
-    """The newest checkpoint step known: committed, or resumed from."""
+    """The newest checkpoint step known: committed, snapshotted, or resumed from."""
     progressed: bool = False
-    """The newest attempt committed a checkpoint newer than any known before it."""
+    """The newest attempt committed a checkpoint (or memory snapshot) newer than any known
+    before it."""
     rollbacks_used: int = 0
     """Rollbacks after an anomaly (``rolled_back``)."""
     skip_to: int | None = None
@@ -107,10 +112,11 @@ def fold(budget: Budget, event: Event) -> Budget:
             newest_step=newest,
             resume_before=None,
         )
-    if isinstance(event, CheckpointCommitted):
-        if budget.newest_step is not None and event.step <= budget.newest_step:
+    if isinstance(event, CheckpointCommitted | MemorySnapshots):
+        step = event.step if isinstance(event, CheckpointCommitted) else event.newest_step
+        if step is None or (budget.newest_step is not None and step <= budget.newest_step):
             return budget
-        return replace(budget, newest_step=event.step, progressed=True, no_progress_streak=0)
+        return replace(budget, newest_step=step, progressed=True, no_progress_streak=0)
     if isinstance(event, FailureDetected):
         is_oom = event.kind == FailureKind.OOM
         counts = dict(budget.node_failures)

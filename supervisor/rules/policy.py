@@ -22,9 +22,12 @@ number drawn by the caller (so that the function stays pure), and returns a :dat
   called deterministic in the note or reason; that failure may lie before a requeue or a
   restart of rvsup (the budget carries it over).
 
-The job's first charged restart starts at once (``first_backoff``, default 0 s: a one-off fault,
-the common case, costs no waiting); from the second on the delay grows exponentially with the
-restarts already charged and is capped; see :func:`backoff_s`.
+A restart after an attempt that progressed (a checkpoint or memory snapshot newer than any
+before it: ``budget.progressed``) starts at once (``first_backoff``, default 0 s: a one-off
+fault, the common case, costs no waiting), however many restarts the job used; restarts in a row
+after attempts that did not progress wait longer and longer (:func:`backoff_s`, ``n`` = such
+restarts before this one). A long run that fails every few hours thus never waits for a backoff
+grown by the failures of earlier days.
 """
 
 from __future__ import annotations
@@ -71,30 +74,35 @@ class RestartPolicy:
 
     - ``max_restarts`` (default 5, >= 0): restarts charged before giving up; preemptions
       are never charged.
-    - ``backoff`` (default ``"5s"``, >= 0): delay before the second charged restart,
-      doubled for each one after it, with jitter.
+    - ``backoff`` (default ``"5s"``, >= 0): delay before the second charged restart in a
+      row after attempts that did not progress (no newer checkpoint or memory snapshot),
+      doubled for each one after it, with jitter; a restart after an attempt that progressed
+      waits ``first_backoff``.
     - ``backoff_max`` (default ``"5m"``, >= backoff): the longest delay.
     - ``max_no_progress`` (default 2, >= 1): restarts in a row without a new checkpoint
-      before giving up.
+      or memory snapshot before giving up.
     - ``on_oom`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
     - ``on_node_failure`` (default ``"restart"``): ``"restart"`` or ``"fail"``.
     - ``first_backoff`` (default ``"0s"``, >= 0): delay before the job's first charged
-      restart (at once: a one-off fault costs no waiting; a deterministic failure takes
-      ``backoff``).
+      restart and before every restart after an attempt that progressed (at once: a one-off
+      fault costs no waiting; a deterministic failure takes ``backoff``).
     """
 
     max_restarts: int
     """Charged restarts allowed for the whole job, across allocations."""
     backoff_s: float
-    """Delay before the second charged restart; doubled for each one used after the first."""
+    """Delay before the second charged restart in a row without progress; doubled for each
+    one after it."""
     backoff_max_s: float
     """Cap on the delay."""
     max_no_progress: int
-    """Give up at this many charged attempts in a row without a new checkpoint (>= 1)."""
+    """Give up at this many charged attempts in a row without a new checkpoint or memory
+    snapshot (>= 1)."""
     on_oom: OnFailure = "restart"
     on_node_failure: OnFailure = "restart"
     first_backoff_s: float = 0.0
-    """Delay before the first charged restart (of a failure that is not deterministic)."""
+    """Delay before the first charged restart, and each after an attempt that progressed (of
+    a failure that is not deterministic)."""
 
     def __post_init__(self) -> None:
         """Reject values that make no sense (the config layer reports them per key first)."""
@@ -145,9 +153,10 @@ Decision: TypeAlias = Restart | GiveUp | Requeue
 def backoff_s(
     n: int, policy: RestartPolicy, jitter: float, *, deterministic: bool = False
 ) -> float:
-    """The delay before a restart when ``n`` charged restarts were already used.
+    """The delay before a restart that follows ``n`` charged restarts in a row whose attempts
+    did not progress (0 after an attempt that progressed: :func:`decide`).
 
-    The first (``n = 0``) of a failure that is not ``deterministic``: ``d = first_backoff_s``
+    ``n = 0`` for a failure that is not ``deterministic``: ``d = first_backoff_s``
     (0 by default: at once). Otherwise ``d = min(backoff_max_s, backoff_s * 2**(n - 1))``
     (``n - 1`` no less than 0): ``backoff_s`` before the second restart, doubled for each after
     it. The delay is ``d/2 + jitter * d/2``: random like "full jitter" (restarts of many jobs
@@ -221,7 +230,8 @@ def decide(
             f"no progress: {streak} {_plural(streak, 'restart')} in a row without a new checkpoint"
             f"{suffix}"
         )
-    delay = backoff_s(budget.restarts_used, policy, jitter, deterministic=deterministic)
+    in_a_row = 0 if progressed else budget.no_progress_streak
+    delay = backoff_s(in_a_row, policy, jitter, deterministic=deterministic)
     number = budget.restarts_used + 1
     note = f"restart {number} of {policy.max_restarts} in {delay:.1f}s after {failure.kind}"
     if deterministic:

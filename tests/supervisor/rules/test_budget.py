@@ -18,6 +18,7 @@ from supervisor.record.schema import (
     JobGaveUp,
     JobStopped,
     JobSucceeded,
+    MemorySnapshots,
     NodeExcluded,
     RestartScheduled,
     RolledBack,
@@ -51,6 +52,12 @@ def stopped(reason: str = "preempted") -> JobStopped:
 
 
 CRASH_30 = ("crash", (1,), 30)
+
+
+def snapshots(newest: int | None) -> MemorySnapshots:
+    """An attempt's memory tier summary, its newest complete snapshot of step ``newest``."""
+    count = 0 if newest is None else 3
+    return MemorySnapshots(count=count, blocked_s=0.1, bytes=None, interval=5, newest_step=newest)
 
 
 def crash_loop(n: int, *, commits: bool = False) -> list[Event]:
@@ -104,6 +111,18 @@ FOLDS: dict[str, tuple[list[Event], dict[str, Any]]] = {
     "resumed-step-recommitted-is-no-progress": (
         [attempt_started(resume=10), commit(9), failed("crash"), restarted()],
         {"progressed": False, "newest_step": 9, "no_progress_streak": 1},
+    ),
+    "a-newer-memory-snapshot-is-progress": (
+        [*crash_loop(2), attempt_started(), commit(5), snapshots(12), failed("crash")],
+        {"no_progress_streak": 0, "progressed": True, "newest_step": 12},
+    ),
+    "a-snapshot-no-newer-than-the-resume-is-no-progress": (
+        [attempt_started(resume=13), snapshots(12), failed("crash"), restarted()],
+        {"progressed": False, "newest_step": 12, "no_progress_streak": 1},
+    ),
+    "an-attempt-without-a-snapshot-is-no-progress": (
+        [*crash_loop(1), attempt_started(), snapshots(None), failed("crash"), restarted()],
+        {"progressed": False, "newest_step": None, "no_progress_streak": 2},
     ),
     "older-commit-is-no-progress": (
         [attempt_started(), commit(20), *crash_loop(1)[:1], commit(10)],

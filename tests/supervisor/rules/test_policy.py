@@ -50,9 +50,12 @@ class Case:
     jitter: float = 0.0
 
 
-def restart(n_used: int, *, max_restarts: int = 5, kind: str = "crash") -> Restart:
-    """The Restart that decide() gives with POLICY, jitter 0, n_used restarts used, no repeat."""
-    delay = 0.0 if n_used == 0 else min(300.0, 5.0 * 2 ** (n_used - 1)) / 2
+def restart(
+    n_used: int, *, in_a_row: int = 0, max_restarts: int = 5, kind: str = "crash"
+) -> Restart:
+    """The Restart that decide() gives with POLICY, jitter 0, n_used restarts used, in_a_row of
+    them in a row after attempts without progress (0 after one that progressed), no repeat."""
+    delay = 0.0 if in_a_row == 0 else min(300.0, 5.0 * 2 ** (in_a_row - 1)) / 2
     note = f"restart {n_used + 1} of {max_restarts} in {delay:.1f}s after {kind}"
     return Restart(delay, True, max_restarts - n_used - 1, False, note)
 
@@ -136,10 +139,28 @@ CASES = {
         ),
     ),
     "jitter-stretches-delay": Case(
-        Budget(restarts_used=3),
+        Budget(restarts_used=3, no_progress_streak=3),
         CRASH_30,
         Restart(15.0, True, 1, False, "restart 4 of 5 in 15.0s after crash"),
+        policy=policy(max_no_progress=9),
+        progressed=False,
         jitter=0.5,
+    ),
+    "progress-restarts-at-once-however-many-were-used": Case(
+        Budget(restarts_used=7, no_progress_streak=0),
+        CRASH_30,
+        restart(7, max_restarts=10),
+        policy=policy(max_restarts=10),
+    ),
+    "progress-ends-a-streak-of-waits": Case(
+        Budget(restarts_used=3, no_progress_streak=2), CRASH_30, restart(3), progressed=True
+    ),
+    "restarts-in-a-row-without-progress-wait-longer": Case(
+        Budget(restarts_used=3, no_progress_streak=2),
+        CRASH_30,
+        restart(3, in_a_row=2),
+        policy=policy(max_no_progress=9),
+        progressed=False,
     ),
     "deterministic-first-restart-waits": Case(
         Budget(charged_failure=deterministic_signature(CRASH_30)),
