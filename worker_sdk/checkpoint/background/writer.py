@@ -165,8 +165,15 @@ def _write_and_commit(job: SaveJob, arenas: dict[str, Arena], reached: Reached) 
             job.marker_key, job.tmp.name, job.rank, markers.Part(where, crc, None)
         )
         write_bytes_durable(pending_marker(job.tmp, job.rank), marker)
-        os.rename(pending_marker(job.tmp, job.rank), written_marker(job.tmp, job.rank))
-        layout.fsync_dir(job.tmp)
+        # once the marker has its name the committing writer may rename the directory (the
+        # commit) at any moment: the directory is opened before, and the marker's name made
+        # durable through that descriptor wherever the directory has gone by then
+        fd = os.open(job.tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.rename(pending_marker(job.tmp, job.rank), written_marker(job.tmp, job.rank))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return 0
     parts = {job.rank: markers.Part(where, crc, job.dcp_metadata), **_wait_for_parts(job)}
     checksums: dict[str, int] = {}
