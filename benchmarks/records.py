@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +143,28 @@ def first_at_or_after(times: Iterable[float], t: float, slack: float = 0.0) -> f
 # ---------------------------------------------------------------- when each tool noticed
 def rvsup_noticed(events_lines: Iterable[str]) -> list[float]:
     """``noticed_at`` of every ``failure_detected`` event (wall-clock seconds)."""
+    found = _history_events(events_lines, "failure_detected")
+    return [iso_to_unix(str(d["noticed_at"])) for d in found if d.get("noticed_at")]
+
+
+def rvsup_restart_delays(events_lines: Iterable[str]) -> list[float]:
+    """The delay of every charged restart (``restart_scheduled.backoff_s``), in order: what the
+    daemon drew."""
+    found = _history_events(events_lines, "restart_scheduled")
+    return [float(d["backoff_s"]) for d in found if d.get("charged")]
+
+
+def _history_events(lines: Iterable[str], name: str) -> list[dict[str, Any]]:
+    """The events called ``name`` in the lines of an events.jsonl (a line that is not a JSON
+    object is skipped)."""
     out = []
-    for line in events_lines:
+    for line in lines:
         try:
             d = json.loads(line)
         except ValueError:
             continue
-        if d.get("event") == "failure_detected" and d.get("noticed_at"):
-            out.append(iso_to_unix(str(d["noticed_at"])))
+        if isinstance(d, dict) and d.get("event") == name:
+            out.append(d)
     return out
 
 
