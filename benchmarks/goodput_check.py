@@ -94,11 +94,15 @@ def predict(
 
 
 def schedule_faults(schedule: str) -> list[tuple[int, FaultClass]]:
-    """``kill:1:225,sigstop:0:600,...`` as (step, class) pairs."""
+    """``kill:1:225,sigstop:0:600,...`` as (step, class) pairs; a kind the model has no
+    class for is refused."""
+    classes = {"kill": KILL, "sigstop": HANG, "stuck": HANG}
     out = []
     for item in schedule.split(","):
         kind, _, step = item.split(":")[:3]
-        out.append((int(step), KILL if kind == "kill" else HANG))
+        if kind not in classes:
+            raise ValueError(f"no fault class for {kind!r} (known: {', '.join(classes)})")
+        out.append((int(step), classes[kind]))
     return out
 
 

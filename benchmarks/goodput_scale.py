@@ -270,8 +270,10 @@ def assumption_lines(a: Assumptions, local: LocalCosts) -> list[str]:
     )
     lines.append(
         f'  rvsup: hang noticed after "auto" for {a.step_s:g} s steps + a tick = '
-        f"{a.rvsup_hang_s():.0f} s; backoff as shipped (the first restart at once, then "
-        f"{a.rvsup_backoff_s:g} s doubled up to {a.rvsup_backoff_max_s:g} s, jittered down "
-        "to half), max_restarts and max_no_progress set above the run's failures"
+        f"{a.rvsup_hang_s():.0f} s; [restart] as shipped (a restart after an attempt that "
+        f"progressed at once; restarts in a row without progress {a.rvsup_backoff_s:g} s "
+        f"doubled up to {a.rvsup_backoff_max_s:g} s, jittered down to half), max_restarts and "
+        "max_no_progress set above the run's failures; a bad node that lives on fails one "
+        "more start (its delay not counted), then a spare of the allocation replaces it"
     )
     return lines

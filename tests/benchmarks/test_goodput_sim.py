@@ -269,6 +269,12 @@ def test_figure_13s_schedule_is_read_by_step() -> None:
     ]
 
 
+def test_a_fault_the_model_has_no_class_for_is_refused() -> None:
+    """An OOM is neither a crash's nor a hang's recovery here: refused, naming the kinds."""
+    with pytest.raises(ValueError, match="no fault class for 'oom'"):
+        schedule_faults("kill:1:10,oom:0:20")
+
+
 def test_the_restart_delays_are_read_from_the_history() -> None:
     """Charged restarts only, in order; a line that is not JSON is skipped."""
     lines = [
