@@ -32,7 +32,7 @@ from pathlib import Path
 from . import records
 from .fig_lifecycle import mixed_faults
 from .goodput_model import Checkpointing, FaultClass, Recovery, RunResult, replay_by_progress
-from .goodput_scale import LocalCosts
+from .goodput_scale import MANIFESTS, LocalCosts
 from .table import Cell, Table, Target
 from .tools import Rvsup, Spec, Tool, Torchrun, _lines
 from .trials import Outcome, run_trial
@@ -80,9 +80,9 @@ def predict(
     recovery = Recovery(
         "measured",
         cold_start_s=costs.cold_s + costs.end_s,
-        notice_s=dict.fromkeys(("crash", "hang", "node"), 0.0),
+        notice_s=dict.fromkeys(MANIFESTS, 0.0),
         restart_s={"crash": costs.crash_s, "hang": costs.hang_s, "node": costs.crash_s},
-        replace_s=dict.fromkeys(("crash", "hang", "node"), 0.0),
+        replace_s=dict.fromkeys(MANIFESTS, 0.0),
         load_storage_s=0.0,  # within the measured recoveries
         load_memory_s=None if memory_every is None else 0.0,
         backoff=recorded,

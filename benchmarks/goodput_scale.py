@@ -20,6 +20,7 @@ from .goodput_model import Checkpointing, FaultClass, Manifest, Recovery
 
 __all__ = [
     "LLAMA3_MIX",
+    "MANIFESTS",
     "RATES",
     "Assumptions",
     "FailureRate",

@@ -179,9 +179,8 @@ class Ledger:
     def made(self, loader: Any, iterator: Any) -> None:
         """``loader.__iter__`` returned ``iterator`` (kept weakly, to tell at a save whether
         its epoch was over)."""
-        g = None if loader in self._inner else generator_of(loader)
-        t = None if g is None else self._by_generator.get(id(g))
-        if t is not None and t.loader() is loader:
+        t = self._entry(loader)
+        if t is not None:
             try:
                 t.iterator = weakref.ref(iterator)
             except TypeError:  # an object without weak references: its epoch cannot be told
@@ -224,10 +223,15 @@ class Ledger:
         iterator)."""
         if not self._tracked:  # no loader shuffles with a generator of its own
             return
+        t = self._entry(loader)
+        if t is not None:
+            t.drawn = t.generator.get_state()
+
+    def _entry(self, loader: Any) -> _Tracked | None:
+        """The entry whose latest iterator ``loader`` made (None: another loader's, or none)."""
         g = None if loader in self._inner else generator_of(loader)
         t = None if g is None else self._by_generator.get(id(g))
-        if t is not None and t.loader() is loader:
-            t.drawn = t.generator.get_state()
+        return t if t is not None and t.loader() is loader else None
 
     def _in_window(self, t: _Tracked, saved: _Saved) -> None:
         """Set the generator of a loader whose iterator starts in the window (see the module):

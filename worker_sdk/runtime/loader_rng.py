@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from worker_sdk.checkpoint import rng as _rng
 from worker_sdk.checkpoint.loader_generators import LEDGER
 
-from .patches import Patch
+from .patches import Patch, undo_all
 
 __all__ = ["WATCH", "GeneratorWatch", "LoaderWindow"]
 
@@ -128,9 +128,7 @@ class LoaderWindow:
         """At the first ``step()``: stop intervening; what diverges from an uninterrupted run."""
         self.open = False
         notes = LEDGER.close_window()
-        for patch in reversed(self._patched):
-            patch.undo()
-        self._patched.clear()
+        undo_all(self._patched)
         last, self.last = self.last, None
         if last is None:
             return " ".join(notes) or None  # no loader iterator made in the window
@@ -169,9 +167,7 @@ class GeneratorWatch:
             self._patched.append(Patch(cls, "__iter__", self._wrap(original), _LEDGER_WHY).apply())
 
     def undo(self) -> None:
-        for patch in reversed(self._patched):
-            patch.undo()
-        self._patched.clear()
+        undo_all(self._patched)
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         watch = self

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["Patch", "active"]
+__all__ = ["Patch", "active", "undo_all"]
 
 _MISSING: Final = object()
 _ACTIVE: list[Patch] = []  # applied and not yet undone, oldest first
@@ -92,3 +92,11 @@ class Patch:
 def active() -> tuple[Patch, ...]:
     """The patches applied and not undone, oldest first."""
     return tuple(_ACTIVE)
+
+
+def undo_all(patches: list[Patch]) -> None:
+    """Undo ``patches`` newest first (each puts back what the one before it wrapped) and empty
+    the list."""
+    for patch in reversed(patches):
+        patch.undo()
+    patches.clear()

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
 from .device_wait import timed
-from .patches import Patch
+from .patches import Patch, undo_all
 
 __all__ = ["TIMED", "CollectiveWait", "CommWait", "WaitReader", "on_cuda", "wait_of"]
 
@@ -157,9 +157,7 @@ class CollectiveWait:
 
     def close(self) -> None:
         """Put the collectives back (those still ours: see :mod:`.patches`)."""
-        for patch in reversed(self._patches):
-            patch.undo()
-        self._patches.clear()
+        undo_all(self._patches)
 
     @classmethod
     def of(cls, objects: Sequence[object]) -> CollectiveWait | None:
