@@ -23,6 +23,8 @@ _.on_train_start  # Lightning's Callback hooks (integrations/lightning.py, tests
 _.on_validation_start
 _.on_validation_end
 _.on_sanity_check_start
+_.on_train_epoch_start
+_.on_train_batch_start
 pl_module  # Lightning's hook arguments
 batch_idx
 _.training_step  # LightningModule hooks (tests/helpers/lightning_worker.py)

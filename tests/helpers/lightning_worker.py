@@ -3,7 +3,8 @@ synthetic data, ``RvsupCallback`` added and ``trainer.fit(model)`` called, nothi
 Environment: TOTAL_STEPS, OUT (default_root_dir), FINAL (rank 0 saves the final weights and
 optimizer there), KILL_AT (rank 1 SIGKILLs itself after that optimizer step of the first
 attempt), STEP_SLEEP (seconds added to every step), LOADER ("plain": a DataLoader, the
-default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves),
+default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves; both
+shuffle, with 2 worker processes that add random noise to every sample, as an augmentation),
 VALIDATE (a validation loop, as the usual Lightning script has: its DataLoader's ``iter()``
 draws from the global RNG; VALIDATE=0.5 validates in the middle of every epoch too,
 ``val_check_interval``; 3 batches of 8 a validation, ``limit_val_batches``)."""
@@ -18,9 +19,23 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from worker_sdk.integrations.lightning import RvsupCallback
+
+
+class Noisy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The samples with a little noise added to the inputs at every fetch (drawn in the
+    loader's worker processes, from the seeds the loader's iterator gave them)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i] + 0.01 * torch.randn(self.x.shape[1]), self.y[i]
 
 
 class Regression(LightningModule):
@@ -50,12 +65,12 @@ class Regression(LightningModule):
     def train_dataloader(self) -> Any:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(96, 8, generator=g)
-        data = TensorDataset(x, x[:, :2].sum(dim=1, keepdim=True))
+        data = Noisy(x, x[:, :2].sum(dim=1, keepdim=True))
         if os.environ.get("LOADER") == "stateful":
             from torchdata.stateful_dataloader import StatefulDataLoader
 
-            return StatefulDataLoader(data, batch_size=4, shuffle=True)
-        return DataLoader(data, batch_size=4, shuffle=True)
+            return StatefulDataLoader(data, batch_size=4, shuffle=True, num_workers=2)
+        return DataLoader(data, batch_size=4, shuffle=True, num_workers=2)
 
 
 class Faults(Callback):

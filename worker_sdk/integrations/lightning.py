@@ -13,7 +13,10 @@ loops' progress, callbacks' and data modules' state) are kept, and made atomic b
   have, rvsup commits its marker (a stop leaves the process there);
 - **resume**: in ``setup`` (before Lightning restores anything) the newest file a marker names
   is loaded as if given to ``fit(ckpt_path=...)``; newer files (a save a kill interrupted) are
-  removed, never resumed. A ``ckpt_path`` the script passes itself wins.
+  removed, never resumed. A ``ckpt_path`` the script passes itself wins. A resume in the
+  middle of an epoch fetches the batches the checkpoint had trained on and gives the training
+  the RNG states it had (``_lightning_epoch``): exact, where Lightning would start the epoch's
+  data again.
 
 Lightning's SLURM auto-requeue (``SLURMEnvironment(auto_requeue=True)``, on by default on SLURM)
 would requeue the job a second time and its SIGTERM handler would end the ranks before rvsup's
@@ -30,6 +33,8 @@ import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+import torch
 
 try:
     from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
@@ -50,7 +55,8 @@ except ImportError:  # only the older package name is installed
 import worker_sdk
 from worker_sdk.contract import protocol as p
 
-from ._common import active, fsync_tree
+from ._common import active, fsync_tree, resume_external
+from ._lightning_epoch import EpochStart, ResumedEpoch
 
 __all__ = ["REQUEUE_WARNING", "RvsupCallback"]
 
@@ -73,6 +79,9 @@ class RvsupCallback(Callback):
         self._last_step = -1  # the optimizer step last reported (gradient accumulation: once)
         self._validation: AbstractContextManager[None] | None = None
         self._rng: dict[str, Any] | None = None  # the training's before a validation
+        self._epoch = EpochStart()
+        self._loaded_start: Any = None  # the checkpoint's epoch start (load_state_dict)
+        self._resumed: dict[str, Any] | None = None  # the checkpoint's RNG states, on a resume
 
     def folder(self, trainer: Trainer) -> Path:
         """Where the callback has Lightning save the checkpoints rvsup asks for."""
@@ -85,19 +94,53 @@ class RvsupCallback(Callback):
             return
         disable_auto_requeue(trainer)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        _, path = worker_sdk.resume(external=True, total_steps=total, fingerprint=[pl_module])
+        # Lightning makes the loaders' iterators itself (ResumedEpoch): no SDK loader window
+        path = resume_external(total, pl_module)
         self.resume_from = path
         if trainer.is_global_zero:
             self._remove_unmarked(trainer, path)
         if path is not None and trainer.ckpt_path is None:
             # what fit(ckpt_path=path) does first; Lightning restores from it next
             trainer._checkpoint_connector.resume_start(path)
+            self._resumed = _collect_rng_states()  # resume() put the checkpoint's back
+        self._epoch.candidate()  # Lightning makes the first epoch's iterators next
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning's checkpoint: the state the epoch's loader iterators were made
+        from (a tensor, or None where unknown)."""
+        return {"epoch_start": self._epoch.state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """From the checkpoint resumed: see :meth:`state_dict`."""
+        self._loaded_start = state_dict.get("epoch_start")
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Lightning has just installed its signal handlers: rvsup's own stop is the one that
-        counts, so put back those the process had."""
+        counts, so put back those the process had. On a resume, the first batch goes through
+        :class:`ResumedEpoch` (in the middle of an epoch, Lightning would start its data
+        again)."""
+        if not self.enabled:
+            return
+        trainer._signal_connector.teardown()
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if self._resumed is not None and getattr(fetcher, "iterator", None) is not None:
+            states = self._resumed
+            start = self._loaded_start if isinstance(self._loaded_start, torch.Tensor) else None
+            fetcher.iterator = ResumedEpoch(  # type: ignore[union-attr]
+                trainer, self._epoch, start, lambda: _set_rng_states(states)
+            )
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning makes this epoch's loader iterators next (or made them already)."""
         if self.enabled:
-            trainer._signal_connector.teardown()
+            self._epoch.candidate()
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """At an epoch's first batch its iterators are made: note which state made them."""
+        if self.enabled:
+            self._epoch.settle(trainer)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
