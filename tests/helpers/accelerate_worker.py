@@ -7,7 +7,9 @@ Accelerate's examples do. A checkpoint every ``EVERY`` steps.
 
 Environment: ``CKPT`` (checkpoint directory), ``OUT`` (rank 0 saves the final state there),
 ``KILL_AT`` (steps at which rank 1 SIGKILLs itself in a fresh run: "a,b" for the first and the
-second start), ``EPOCHS``, ``EVERY``.
+second start), ``EPOCHS``, ``EVERY``, ``SPLIT_UNEVEN`` ("1": ``DataLoaderConfiguration(
+split_batches=True, even_batches=False)``, the loader's batch size the global one, 46 samples:
+each global batch split between the ranks, the last one short on rank 1 instead of padded).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -29,11 +31,15 @@ SAMPLES = 48  # 6 steps an epoch on each of 2 ranks
 
 def main() -> None:
     torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True)
-    data = TensorDataset(torch.randn(SAMPLES, 4), torch.randn(SAMPLES, 1))
+    split_uneven = os.environ.get("SPLIT_UNEVEN") == "1"
+    config = DataLoaderConfiguration(split_batches=split_uneven, even_batches=not split_uneven)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    samples = SAMPLES - 2 if split_uneven else SAMPLES
+    data = TensorDataset(torch.randn(samples, 4), torch.randn(samples, 1))
     model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    batch = BATCH * accelerator.num_processes if split_uneven else BATCH
+    loader = DataLoader(data, batch_size=batch, shuffle=True)
     model, opt, loader = accelerator.prepare(model, opt, loader)
     ckpt = Path(os.environ["CKPT"])
     start, _ = worker_sdk.resume(

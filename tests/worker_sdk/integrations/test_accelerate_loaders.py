@@ -5,6 +5,7 @@ calls alone (torchrun)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -82,10 +83,13 @@ def test_a_seedable_sampler_with_set_epoch_resumes_an_epoch_in_its_order(
 WORKER = Path(__file__).parents[2] / "helpers" / "accelerate_worker.py"
 
 
-def _torchrun(tmp: Path, name: str, ckpt: Path, kill_at: str, *, fails: bool) -> Path:
+def _torchrun(
+    tmp: Path, name: str, ckpt: Path, kill_at: str, *, fails: bool, split_uneven: bool
+) -> Path:
     """tests/helpers/accelerate_worker.py on 2 ranks (torchrun, no rvsup); its final state."""
     out = tmp / f"{name}.pt"
     env = {
+        "SPLIT_UNEVEN": "1" if split_uneven else "0",
         **{k: v for k, v in os.environ.items() if not k.startswith("RVSUP_")},
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
@@ -108,20 +112,24 @@ def _torchrun(tmp: Path, name: str, ckpt: Path, kill_at: str, *, fails: bool) ->
 
 @pytest.mark.process
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("split_uneven", [False, True], ids=["default", "split-uneven"])
 def test_the_default_sampler_resumes_mid_epoch_and_at_an_epochs_end_bit_exactly(
-    tmp_path: Path,
+    tmp_path: Path, split_uneven: bool
 ) -> None:
     """Accelerate's default sampler on 2 ranks (a generator of its own, seeded once, handed
     from rank 0 to every rank at each epoch), the loop starting at the checkpoint's epoch with
     skip_first_batches, as Accelerate's examples write it: rank 1 killed at step 9 (the
     checkpoint of step 7 is mid-epoch 1), then at step 19 of the next start (the checkpoint of
     step 17 ends epoch 2); the third start ends with the uninterrupted run's weights. (Without
-    the loaders' generators in the checkpoint, the resumed epoch replayed epoch 0's order.)"""
-    reference = _torchrun(tmp_path, "ref", tmp_path / "ref-ckpt", "", fails=False)
+    the loaders' generators in the checkpoint, the resumed epoch replayed epoch 0's order.)
+    The same with ``split_batches`` and ``even_batches=False`` (global batches split between
+    the ranks, each epoch's last one short on rank 1)."""
+    ran = functools.partial(_torchrun, tmp_path, split_uneven=split_uneven)
+    reference = ran("ref", tmp_path / "ref-ckpt", "", fails=False)
     ckpt = tmp_path / "ckpt"
-    _torchrun(tmp_path, "killed", ckpt, "9,19", fails=True)
-    _torchrun(tmp_path, "killed-again", ckpt, "9,19", fails=True)
-    resumed = _torchrun(tmp_path, "resumed", ckpt, "9,19", fails=False)
+    ran("killed", ckpt, "9,19", fails=True)
+    ran("killed-again", ckpt, "9,19", fails=True)
+    resumed = ran("resumed", ckpt, "9,19", fails=False)
     assert_same_state(
         torch.load(reference, weights_only=True), torch.load(resumed, weights_only=True)
     )
