@@ -8,6 +8,8 @@
     python -m tests.chaos --replay 'max_restarts=2 kill:1:13:1 term:-:20:2'
     python -m tests.chaos --runs 50 --seed 1 --memory 3 --accumulate 4  # gradients accumulated
                                      # over 4 steps: saves and snapshots mid-accumulation
+    python -m tests.chaos --runs 50 --seed 1 --shape accelerate  # the loop as Accelerate's
+                                     # guides write it: prepared loader, skip_first_batches
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
 Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
@@ -61,6 +63,8 @@ REGRESSIONS = (
     "max_restarts=1 max_rollbacks=1 nan:1:25:1 kill:0:29:2",
 )
 
+SHAPES = ("plain", "accelerate")  # the job's loop (--shape; tests/helpers/trainer.py's SHAPE)
+
 MEMORY_REGRESSIONS = (
     # a rank killed while a snapshot is being written; the snapshot writers killed at step 16 of
     # the next attempt, rvsup killed, the newest snapshot corrupted before the next start (the
@@ -79,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard()  # the subreaper of every run's processes: what a run leaves is found (execute.py)
     if args.accumulate > 1:
         WORKLOAD["ACCUMULATE"] = str(args.accumulate)
+    if args.shape != "plain":
+        WORKLOAD["SHAPE"] = args.shape
     # SIGTERM unwinds like Ctrl-C: the run in progress is killed and its tmpfs unmounted
     signal.signal(signal.SIGTERM, _exit_on_term)
     kinds = [
@@ -120,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = _summary(schedules, results)
     summary["memory_every_steps"] = ", ".join(used)
     summary["accumulate_steps"] = args.accumulate
+    summary["shape"] = args.shape
     if used != ["off"]:
         summary |= {k: tally[k] for k in _MEMORY_TALLY}
     summary["resumed_from"] = {
@@ -161,6 +168,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         metavar="K",
         help="the job accumulates gradients over K steps (no_sync(), an optimizer step every K)",
+    )
+    p.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="plain",
+        help="the job's loop: plain (random batches from the global generator) or accelerate "
+        "(prepared model, optimizer, loader and scheduler; an epoch loop with "
+        "skip_first_batches; tests/helpers/trainer.py)",
     )
     args = p.parse_args(argv)
     if args.accumulate < 1:

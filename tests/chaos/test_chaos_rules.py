@@ -490,6 +490,16 @@ def test_a_memory_fault_needs_the_memory_tier() -> None:
     assert _parse_args(["--replay", "max_restarts=1 snapkill:1:12:1", "--memory", "3"]).memory
 
 
+def test_a_shape_is_one_the_job_has() -> None:
+    """``--shape`` takes the loops tests/helpers/trainer.py writes (plain by default,
+    accelerate) and refuses any other, before anything runs."""
+    assert _parse_args([]).shape == "plain"
+    assert _parse_args(["--shape", "accelerate"]).shape == "accelerate"
+    with pytest.raises(SystemExit) as refused:
+        _parse_args(["--shape", "lightning"])
+    assert refused.value.code == 2
+
+
 def _snapshot_history(*, loaded: str, skipped: bool) -> list[dict[str, Any]]:
     snap = "/dev/shm/x/step-0000000021"
     return [

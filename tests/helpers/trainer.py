@@ -27,7 +27,11 @@ skipped them must end like). RESHUFFLE=1 draws a permutation from the global RNG
 resume() (a script reshuffling its data there: a resume is then not exact). ACCUMULATE=k
 accumulates gradients over k steps (``no_sync()`` but on the k-th, whose optimizer step ends
 with ``zero_grad()``): the saves between are taken mid-accumulation; FINAL then holds the
-gradients too.
+gradients too. SHAPE=accelerate writes the loop as Hugging Face Accelerate's guides do: model,
+optimizer, a shuffling DataLoader over a fixed dataset and the scheduler through
+``accelerator.prepare()``, an epoch loop that starts at ``resume()``'s epoch and skips the
+batches done with ``accelerator.skip_first_batches`` (the batches come from the loader, not
+from the global generator).
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -168,6 +174,30 @@ def _limited_memory_group(limit: int) -> Path:
     raise RuntimeError("no memory cgroup to limit")
 
 
+EPOCH_STEPS = 12  # SHAPE=accelerate: the steps of an epoch
+
+
+def _epochs(accelerator: Any, loader: Any, start: int, total: int) -> Iterator[tuple[int, Any]]:
+    """(step, batch) from ``start`` to ``total``, epoch by epoch, as Accelerate's examples
+    resume: the epoch of ``start``, its batches before it skipped."""
+    per_epoch = len(loader)
+    for epoch in range(start // per_epoch, -(-total // per_epoch)):
+        skip = start - epoch * per_epoch
+        batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
+        for i, (x,) in enumerate(batches, start=max(skip, 0)):
+            step = epoch * per_epoch + i
+            if step >= total:
+                return
+            yield step, x
+
+
+def _backward(accelerator: Any, loss: torch.Tensor) -> None:
+    if accelerator is None:
+        loss.backward()
+    else:
+        accelerator.backward(loss)
+
+
 def main() -> None:
     if os.environ.get("OOM_BEFORE_RESUME") == os.environ.get("RVSUP_ATTEMPT"):
         raise torch.OutOfMemoryError("CUDA out of memory (injected before the SDK was set up)")
@@ -189,11 +219,24 @@ def main() -> None:
         omitted.update(range(int(first), int(end)))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
-    ddp = DistributedDataParallel(
-        model, find_unused_parameters=os.environ.get("DDP_FIND_UNUSED") == "1"
-    )
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.7)
+    ddp: nn.Module
+    accelerator = None
+    if os.environ.get("SHAPE") == "accelerate":
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader, TensorDataset
+
+        accelerator = Accelerator(cpu=True)
+        data = TensorDataset(torch.randn(16 * dist.get_world_size() * EPOCH_STEPS, 32))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.7)
+        loader = DataLoader(data, batch_size=16, shuffle=True)
+        ddp, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    else:
+        ddp = DistributedDataParallel(
+            model, find_unused_parameters=os.environ.get("DDP_FIND_UNUSED") == "1"
+        )
+        opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.7)
     torch.manual_seed(1000 + rank)
     extra = {"seen": torch.zeros(1)}
     ballast_mb = int(os.environ.get("BALLAST_MB", "0"))  # makes every save slow
@@ -206,7 +249,11 @@ def main() -> None:
     ooms = os.environ.get("RVSUP_OOM_COUNT", "-")
     print(f"rank {rank} attempt {attempt} resumes at {start} after {last} ooms {ooms}", flush=True)
     loss = None  # no step left when the last checkpoint was the last step's
-    for step in range(start, total):
+    if accelerator is not None:
+        batches = _epochs(accelerator, loader, start, total)
+    else:
+        batches = ((step, None) for step in range(start, total))
+    for step, batch in batches:
         if step in omitted:
             continue
         for kind in faults_now(rank, step, attempt):
@@ -214,7 +261,7 @@ def main() -> None:
         if "bitflip" in faults_now(rank, step, attempt):
             with torch.no_grad():
                 next(model.parameters()).view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
-        x = torch.randn(16, 32)
+        x = torch.randn(16, 32) if batch is None else batch
         if "nan" in faults_now(rank, step, attempt) or step >= nan_from:
             x[0, 0] = float("nan")  # a poisoned batch
         loss = nn.functional.mse_loss(ddp(x), x[:, :1]) * (
@@ -222,13 +269,13 @@ def main() -> None:
         )
         if accumulate == 1:
             opt.zero_grad()
-            loss.backward()
+            _backward(accelerator, loss)
             opt.step()
             sched.step()
         else:
             synced = (step + 1) % accumulate == 0
-            with contextlib.nullcontext() if synced else ddp.no_sync():
-                (loss / accumulate).backward()
+            with contextlib.nullcontext() if synced else ddp.no_sync():  # type: ignore[operator]
+                _backward(accelerator, loss / accumulate)
             if synced:
                 opt.step()
                 sched.step()

@@ -129,6 +129,7 @@ class Ledger:
         self._loaded: list[_Saved | None] = []  # a checkpoint's entries, by first iteration
         self.window = False  # between resume() and the first step()
         self.notes: list[str] = []
+        self.skipped = 0  # steps a rollback skips after the checkpoint resumed from
 
     def reset(self) -> None:
         """Forget every loader and saved state (a new ``resume()`` in this process)."""
@@ -138,6 +139,12 @@ class Ledger:
         self._loaded = []
         self.window = False
         self.notes = []
+        self.skipped = 0
+
+    def rolled_back(self, skipped: int) -> None:
+        """The resumed run goes on ``skipped`` steps past the checkpoint (a rollback): the
+        window's first iterators get a note on the epochs those steps may reach into."""
+        self.skipped = skipped
 
     def load(self, entries: Iterable[Any]) -> None:
         """A checkpoint's entries (:meth:`capture` of the run it resumes), for the loaders'
@@ -248,6 +255,8 @@ class Ledger:
                     "torch's nor Accelerate's): the resumed epoch's order may not be the run's"
                 )
             t.epoch = saved.epoch + (1 if saved.over else 0)
+            if self.skipped and t.managed:
+                self.notes.append(_ROLLBACK_NOTE.format(self.skipped))
         else:
             t.epoch = t.window_iterators - 1
             if t.drawn is None or not torch.equal(t.generator.get_state(), t.drawn):
@@ -268,6 +277,16 @@ class Ledger:
             )
             return
         t.generator.set_state(state)
+
+
+_ROLLBACK_NOTE: Final = (
+    "rvsup: a rollback skipped {} steps after the checkpoint resumed from; a DataLoader that "
+    "shuffles with a generator of its own starts in the order of the epoch under way at the "
+    "checkpoint, so where the skipped steps reach into a later epoch, that epoch's order is not "
+    "the one the run would have had: an order that is a function of the epoch alone (Accelerate's "
+    "use_seedable_sampler=True with loader.set_epoch(epoch), or the generator seeded at every "
+    "epoch) makes any resume keep it"
+)
 
 
 def _set_after(loader: Any, g: torch.Generator, start: torch.Tensor) -> None:

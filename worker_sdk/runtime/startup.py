@@ -33,6 +33,10 @@ def first_step(loaded: LoadResult, *, supervised: bool) -> int:
     if supervised:  # after a rollback: the skipped steps stay skipped
         skipped = max(0, int(os.environ.get(p.ENV_RESUME_AT) or 0) - start)
         os.environ[p.ENV_SKIPPED_STEPS] = str(skipped)
+        if skipped:
+            from worker_sdk.checkpoint.loader_generators import LEDGER
+
+            LEDGER.rolled_back(skipped)  # the loaders' epochs it may skip into
         start += skipped
     return start
 

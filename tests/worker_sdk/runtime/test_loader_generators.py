@@ -7,6 +7,7 @@ test_accelerate_loaders.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,9 +17,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import worker_sdk
 from tests.helpers.states import assert_same_state
-from worker_sdk.checkpoint.loader_generators import LEDGER, generator_of
+from worker_sdk.checkpoint.loader_generators import LEDGER, Ledger, generator_of
 from worker_sdk.contract import layout
 from worker_sdk.contract.layout import rank_file
+from worker_sdk.runtime.startup import first_step
 
 EPOCHS = 4
 BATCH = 8
@@ -134,3 +136,35 @@ def test_the_ledger_is_empty_for_loaders_without_their_own_generator() -> None:
     LEDGER.reset()
     LEDGER.before_iter(DataLoader(data, shuffle=True))
     assert LEDGER.capture() == []
+
+
+def test_a_rollback_past_the_checkpoint_says_where_the_order_may_differ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under rvsup, a resume after a rollback goes on past the steps it skips
+    (``RVSUP_RESUME_AT``): the ledger is told how many, and a loader with a generator of its
+    own whose iterator starts in the window gets a note naming the limit (its epoch under way
+    keeps its order; one the skipped steps reach into does not) and the fix; without a
+    rollback, none."""
+    loaded = SimpleNamespace(step=7)
+    monkeypatch.setenv("RVSUP_RESUME_AT", "20")
+    assert first_step(loaded, supervised=True) == 20  # type: ignore[arg-type]
+    assert LEDGER.skipped == 12
+
+    def notes(skipped: int) -> list[str]:
+        loader = _loader()
+        g = generator_of(loader)
+        assert g is not None
+        state = g.get_state()
+        ledger = Ledger()
+        ledger.load([{"lineage": [state], "epoch": 0, "start": state, "now": state, "over": 0}])
+        ledger.rolled_back(skipped)
+        ledger.open_window()
+        ledger.before_iter(loader)
+        return ledger.close_window()
+
+    (note,) = notes(12)
+    assert note.startswith("rvsup: a rollback skipped 12 steps after the checkpoint")
+    assert "use_seedable_sampler=True" in note
+    assert notes(0) == []
+    LEDGER.reset()
