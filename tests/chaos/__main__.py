@@ -10,6 +10,8 @@
                                      # over 4 steps: saves and snapshots mid-accumulation
     python -m tests.chaos --runs 50 --seed 1 --shape accelerate  # the loop as Accelerate's
                                      # guides write it: prepared loader, skip_first_batches
+    python -m tests.chaos --runs 20 --seed 1 --shape lightning   # a Lightning Trainer with
+                                     # the callback (drawn schedules of LIGHTNING_KINDS)
     python -m tests.chaos --bad-node --runs 4 --seed 1   # bad nodes on the Slurm testbed
 
 Run ``i`` of seed ``s`` draws its schedule from ``random.Random(f"{s}:{i}")``: a failing run prints
@@ -40,7 +42,7 @@ from . import bad_node
 from .execute import WORKLOAD, Observed, execute, reference
 from .invariants import check
 from .rollbacks import omitted
-from .schedule import KINDS, MEMORY, Schedule, draw, parse
+from .schedule import DAMAGE, KINDS, MEMORY, Schedule, draw, parse
 
 REGRESSIONS = (
     # a crash, a stop by SIGTERM, the stop's checkpoint corrupted before the next start
@@ -63,7 +65,11 @@ REGRESSIONS = (
     "max_restarts=1 max_rollbacks=1 nan:1:25:1 kill:0:29:2",
 )
 
-SHAPES = ("plain", "accelerate")  # the job's loop (--shape; tests/helpers/trainer.py's SHAPE)
+SHAPES = ("plain", "accelerate", "lightning")  # the job's loop (--shape; trainer.py's SHAPE)
+LIGHTNING_KINDS = ("kill", "raise", "oom", "sigstop", "stuck", "term", "usr1", "daemonkill")
+"""The kinds a Lightning job is drawn (its checkpoints are Lightning's: no save to aim a kill at,
+nor to fill a disk under; no step a rollback could skip to; no memory tier), with the damage to
+the marker after a stop or a killed daemon."""
 
 MEMORY_REGRESSIONS = (
     # a rank killed while a snapshot is being written; the snapshot writers killed at step 16 of
@@ -92,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in KINDS
         if (k not in ("enospc", "shmfull") or _can_mount()) and (k not in MEMORY or args.memory)
     ]
+    if args.shape == "lightning":
+        kinds = [k for k in kinds if k in (*LIGHTNING_KINDS, *DAMAGE)]
     memory = [args.memory]  # each schedule's memory_every_steps (None: the tier off)
     if args.replay:
         schedules = [parse(args.replay)]
@@ -173,20 +181,26 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--shape",
         choices=SHAPES,
         default="plain",
-        help="the job's loop: plain (random batches from the global generator) or accelerate "
+        help="the job's loop: plain (random batches from the global generator), accelerate "
         "(prepared model, optimizer, loader and scheduler; an epoch loop with "
-        "skip_first_batches; tests/helpers/trainer.py)",
+        "skip_first_batches; tests/helpers/trainer.py) or lightning (a Trainer with the "
+        "callback; tests/helpers/lightning_worker.py)",
     )
     args = p.parse_args(argv)
     if args.accumulate < 1:
         p.error(f"--accumulate takes a number of steps >= 1, not {args.accumulate}")
     if args.memory is not None and args.memory != "auto" and not args.memory.isdigit():
         p.error(f'--memory takes "auto" or a number of steps, not {args.memory!r}')
+    if args.shape == "lightning" and (args.smoke or args.memory):
+        p.error("--shape lightning runs drawn or replayed schedules with the memory tier off")
     if args.replay:
         try:
             replayed = parse(args.replay)
         except ValueError as e:
             p.error(str(e))
+        odd = {f.kind for f in replayed.faults} - {*LIGHTNING_KINDS, *DAMAGE}
+        if args.shape == "lightning" and odd:
+            p.error(f"--shape lightning has no place for {', '.join(sorted(odd))}")
         if replayed.uses_memory and not args.memory:
             p.error(f"{args.replay!r} has faults of the memory tier ({MEMORY}): add --memory")
     if not 0 <= args.start < max(args.runs, 1):

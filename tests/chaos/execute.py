@@ -27,7 +27,7 @@ import psutil
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from tests.helpers.harness import events, kill_tree, rvsup, rvsup_env, status, write_job
+from tests.helpers.harness import TRAINER, events, kill_tree, rvsup, rvsup_env, status, write_job
 from tests.helpers.process_guard import guard
 from worker_sdk.contract import layout
 
@@ -47,8 +47,10 @@ RUN_TIMEOUT_S = 300.0
 LEFTOVER_GRACE_S = 1.0  # rvsup has ended its processes when it exits: what remains is left
 WORKLOAD: dict[str, str] = {}
 """More environment for every run of the chaos job, the reference runs included (``--accumulate
-K``: ``ACCUMULATE``, gradients accumulated over K steps: tests/helpers/trainer.py)."""
+K``: ``ACCUMULATE``, gradients accumulated over K steps: tests/helpers/trainer.py; ``--shape``:
+``SHAPE``, the job's loop, ``lightning`` running tests/helpers/lightning_worker.py)."""
 _FROM_OUTSIDE = (*EXTERNAL, "writerkill")  # the runner strikes these, the trainer the rest
+LIGHTNING = TRAINER.with_name("lightning_worker.py")  # the Lightning shape's script
 _ZYGOTE = "-m worker_sdk.spawn.zygote "  # in a zygote's command line
 _FORKED_WRITER = "(forked beside its rank)"  # in the command line of a forked snapshot writer
 
@@ -149,6 +151,7 @@ def _job(
         checkpoint += f'\nmemory_every_steps = {every}\nmemory_dir = "{shm}"'
     return write_job(
         workdir,
+        script=LIGHTNING if WORKLOAD.get("SHAPE") == "lightning" else TRAINER,
         name="chaos",
         total=TOTAL_STEPS,
         env=env,

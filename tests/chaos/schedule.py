@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CHARGED",
+    "DAMAGE",
     "ENDING",
     "ENOSPC_STEPS",
     "EXTERNAL",

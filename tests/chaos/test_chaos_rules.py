@@ -492,12 +492,21 @@ def test_a_memory_fault_needs_the_memory_tier() -> None:
 
 def test_a_shape_is_one_the_job_has() -> None:
     """``--shape`` takes the loops tests/helpers/trainer.py writes (plain by default,
-    accelerate) and refuses any other, before anything runs."""
+    accelerate, lightning) and refuses any other, before anything runs; the Lightning job
+    refuses the smoke, the memory tier and a replay with a fault it has no place for."""
     assert _parse_args([]).shape == "plain"
     assert _parse_args(["--shape", "accelerate"]).shape == "accelerate"
-    with pytest.raises(SystemExit) as refused:
-        _parse_args(["--shape", "lightning"])
-    assert refused.value.code == 2
+    lightning = ["--shape", "lightning"]
+    assert _parse_args([*lightning, "--replay", "max_restarts=1 kill:1:13:1"]).shape == "lightning"
+    for refused in (
+        ["--shape", "keras"],
+        [*lightning, "--smoke"],
+        [*lightning, "--memory", "auto"],
+        [*lightning, "--replay", "max_restarts=1 max_rollbacks=1 nan:1:13:1"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            _parse_args(refused)
+        assert exited.value.code == 2, refused
 
 
 def _snapshot_history(*, loaded: str, skipped: bool) -> list[dict[str, Any]]:

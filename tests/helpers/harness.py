@@ -38,11 +38,13 @@ def write_job(
     anomaly: str = "",
     nproc: int = 2,
     checkpoint_dir: str = "ckpt",
+    script: Path = TRAINER,
 ) -> Path:
-    """A job.toml running the fault-switch trainer on ``nproc`` ranks (2)."""
+    """A job.toml running the fault-switch trainer (or another ``script``) on ``nproc`` ranks
+    (2)."""
     return write_job_file(
         tmp,
-        command=[sys.executable, str(TRAINER)],
+        command=[sys.executable, str(script)],
         name=name,
         checkpoint_dir=checkpoint_dir,
         env={"TOTAL_STEPS": str(total), "OMP_NUM_THREADS": "1", **(env or {})},

@@ -7,7 +7,9 @@ default; "stateful": torchdata's StatefulDataLoader, whose position Lightning sa
 shuffle, with 2 worker processes that add random noise to every sample, as an augmentation),
 VALIDATE (a validation loop, as the usual Lightning script has: its DataLoader's ``iter()``
 draws from the global RNG; VALIDATE=0.5 validates in the middle of every epoch too,
-``val_check_interval``; 3 batches of 8 a validation, ``limit_val_batches``)."""
+``val_check_interval``; 3 batches of 8 a validation, ``limit_val_batches``). The chaos
+runner's switches too (its Lightning shape runs this script): FAULT (tests/helpers/trainer.py),
+injected before the step it names, and TAIL_FROM / TAIL_SLEEP."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from tests.helpers.trainer import faults_now, inject
 from worker_sdk.integrations.lightning import RvsupCallback
 
 
@@ -74,11 +77,21 @@ class Regression(LightningModule):
 
 
 class Faults(Callback):
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, i: int
+    ) -> None:
+        attempt = int(os.environ.get("RVSUP_ATTEMPT", "0"))
+        for kind in faults_now(trainer.global_rank, trainer.global_step, attempt):
+            inject(kind, trainer.global_step)
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
-        if float(os.environ.get("STEP_SLEEP", "0")):
-            time.sleep(float(os.environ["STEP_SLEEP"]))
+        pause = float(os.environ.get("STEP_SLEEP", "0"))
+        if trainer.global_step > int(os.environ.get("TAIL_FROM", str(2**31))):
+            pause = float(os.environ.get("TAIL_SLEEP", str(pause)))
+        if pause:
+            time.sleep(pause)
         kill_at = int(os.environ.get("KILL_AT", "-1"))
         first = os.environ.get("RVSUP_ATTEMPT", "1") == "1"
         if first and trainer.global_rank == 1 and trainer.global_step == kill_at:
@@ -100,7 +113,7 @@ def main() -> None:
         devices=2,
         strategy="ddp",
         max_steps=int(os.environ["TOTAL_STEPS"]),
-        default_root_dir=os.environ["OUT"],
+        default_root_dir=os.environ.get("OUT", "lightning"),
         enable_checkpointing=False,  # rvsup says when (job.toml's [checkpoint])
         logger=False,
         enable_progress_bar=False,

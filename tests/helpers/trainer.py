@@ -31,7 +31,8 @@ gradients too. SHAPE=accelerate writes the loop as Hugging Face Accelerate's gui
 optimizer, a shuffling DataLoader over a fixed dataset and the scheduler through
 ``accelerator.prepare()``, an epoch loop that starts at ``resume()``'s epoch and skips the
 batches done with ``accelerator.skip_first_batches`` (the batches come from the loader, not
-from the global generator).
+from the global generator). (The chaos runner's Lightning shape runs
+tests/helpers/lightning_worker.py instead, with FAULT and the pacing switches.)
 """
 
 from __future__ import annotations
