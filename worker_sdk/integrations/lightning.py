@@ -20,14 +20,16 @@ loops' progress, callbacks' and data modules' state) are kept, and made atomic b
 
 Lightning's SLURM auto-requeue (``SLURMEnvironment(auto_requeue=True)``, on by default on SLURM)
 would requeue the job a second time and its SIGTERM handler would end the ranks before rvsup's
-checkpoint: under rvsup it is turned off (with a warning), and Lightning's signal handlers are
-put back to what they were before ``fit``. Without rvsup the callback does nothing.
+checkpoint: under rvsup it is turned off (with a warning), and the handlers Lightning set for
+``fit`` are put back to what they were before (:func:`put_back_signals`). Without rvsup the
+callback does nothing.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import warnings
 from contextlib import AbstractContextManager
@@ -41,6 +43,7 @@ try:
     from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
     from lightning.pytorch import LightningModule, Trainer
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 except ImportError:  # only the older package name is installed
     from lightning_fabric.plugins.environments.slurm import (  # type: ignore[assignment]
         SLURMEnvironment,
@@ -51,6 +54,9 @@ except ImportError:  # only the older package name is installed
     )
     from pytorch_lightning import LightningModule, Trainer  # type: ignore[assignment]
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+    from pytorch_lightning.trainer.connectors.signal_connector import (  # type: ignore[assignment]
+        _HandlersCompose,
+    )
 
 import worker_sdk
 from worker_sdk.contract import protocol as p
@@ -58,7 +64,7 @@ from worker_sdk.contract import protocol as p
 from ._common import active, fsync_tree, resume_external
 from ._lightning_epoch import EpochStart, ResumedEpoch
 
-__all__ = ["REQUEUE_WARNING", "RvsupCallback"]
+__all__ = ["REQUEUE_WARNING", "RvsupCallback", "put_back_signals"]
 
 REQUEUE_WARNING = (
     "rvsup: Lightning's SLURM auto-requeue is turned off: rvsup stops every rank at a common "
@@ -121,7 +127,7 @@ class RvsupCallback(Callback):
         again)."""
         if not self.enabled:
             return
-        trainer._signal_connector.teardown()
+        put_back_signals(trainer._signal_connector)
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
         if self._resumed is not None and getattr(fetcher, "iterator", None) is not None:
             states = self._resumed
@@ -209,6 +215,19 @@ class RvsupCallback(Callback):
         files = sorted(e for e in self.folder(trainer).iterdir() if _FILE.match(e.name))
         for old in files[: -self._keep]:
             old.unlink(missing_ok=True)
+
+
+def put_back_signals(connector: Any) -> None:
+    """Put back the handlers Lightning's signal connector replaced for ``fit`` (SIGTERM, and
+    SIGUSR1 with its requeue on), and only those: its own ``teardown()`` sets every signal's
+    handler back to what it was when ``fit`` began, which undoes what was registered since,
+    rvsup's stack dumps on SIGUSR2 among them (``faulthandler``: a rank would then be killed by
+    the signal that asks for its stacks, and a hang named without them)."""
+    originals: dict[Any, Any] = connector._original_handlers
+    for signum, original in originals.items():
+        if isinstance(signal.getsignal(signum), _HandlersCompose) and original is not None:
+            signal.signal(signum, original)
+    connector._original_handlers = {}
 
 
 def disable_auto_requeue(trainer: Trainer) -> bool:
