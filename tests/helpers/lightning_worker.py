@@ -1,10 +1,12 @@
 """A real Lightning ``Trainer`` under rvsup: a tiny LightningModule (an MLP with dropout),
 synthetic data, ``RvsupCallback`` added and ``trainer.fit(model)`` called, nothing else.
 Environment: TOTAL_STEPS, OUT (default_root_dir), FINAL (rank 0 saves the final weights and
-optimizer there), KILL_AT (rank 1 SIGKILLs itself after that optimizer step of the first
-attempt), STEP_SLEEP (seconds added to every step), LOADER ("plain": a DataLoader, the
-default; "stateful": torchdata's StatefulDataLoader, whose position Lightning saves; both
-shuffle, with 2 worker processes that add random noise to every sample, as an augmentation),
+optimizer there), ACCUMULATE (Lightning's ``accumulate_grad_batches``), KILL_AT (rank 1
+SIGKILLs itself after that optimizer step of the first attempt; accumulating, after the next
+batch: gradients accumulated, not yet stepped), STEP_SLEEP (seconds added to every step),
+LOADER ("plain": a DataLoader, the default; "stateful": torchdata's StatefulDataLoader, whose
+position Lightning saves; both shuffle, with 2 worker processes that add random noise to
+every sample, as an augmentation),
 VALIDATE (a validation loop, as the usual Lightning script has: its DataLoader's ``iter()``
 draws from the global RNG; VALIDATE=0.5 validates in the middle of every epoch too,
 ``val_check_interval``; 3 batches of 8 a validation, ``limit_val_batches``). The chaos
@@ -94,7 +96,9 @@ class Faults(Callback):
             time.sleep(pause)
         kill_at = int(os.environ.get("KILL_AT", "-1"))
         first = os.environ.get("RVSUP_ATTEMPT", "1") == "1"
-        if first and trainer.global_rank == 1 and trainer.global_step == kill_at:
+        accumulate = trainer.accumulate_grad_batches
+        between = accumulate == 1 or (i + 1) % accumulate != 0  # accumulating: the next batch
+        if first and trainer.global_rank == 1 and trainer.global_step == kill_at and between:
             print(f"rank 1: killing itself after step {kill_at}", flush=True)
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -119,6 +123,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RvsupCallback(), Faults()],
+        accumulate_grad_batches=int(os.environ.get("ACCUMULATE", "1")),
         **checks,
     )
     trainer.fit(model)

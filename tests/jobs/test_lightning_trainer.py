@@ -85,6 +85,26 @@ def test_a_kill_resumes_mid_epoch_with_validation_bit_exactly(
     assert_same_state(load_final(reference), load_final(tmp_path / "final.pt"))
 
 
+def test_a_kill_mid_accumulation_resumes_bit_exactly(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``accumulate_grad_batches = 2``, 15 optimizer steps (30 batches), a checkpoint every 4:
+    rank 1 SIGKILLs itself after the batch that follows optimizer step 9 (its gradients
+    accumulated, not stepped); the next attempt resumes at 8 (the checkpoint of step 7 is
+    batch 16, mid-epoch 1: the callback saves at optimizer steps only) and ends bit-identical
+    to an uninterrupted run with the same accumulation."""
+
+    def build(tmp: Path) -> Path:
+        run_to_end(framework_job(tmp, WORKER, 15, {"ACCUMULATE": "2"}))
+        return tmp / "final.pt"
+
+    accumulated = built_once(tmp_path_factory, "reference-lightning-accumulated", build)
+    env = {"ACCUMULATE": "2", "KILL_AT": "9"}
+    _, evs = run_to_end(framework_job(tmp_path, WORKER, 15, env, every=4))
+    assert [a["resume_step"] for a in named(evs, "attempt_started")] == [0, 8]
+    assert_same_state(load_final(accumulated), load_final(tmp_path / "final.pt"))
+
+
 def test_sigterm_saves_lightnings_checkpoint_at_a_common_step_and_nothing_is_redone(
     tmp_path: Path, reference: Path
 ) -> None:
