@@ -19,11 +19,16 @@ DataLoaders make, and puts the checkpoint's RNG states back where the uninterrup
   right after this iterator's ``iter()`` (the batch that starts an epoch).
 
 The batch that the first resumed step trains on is fetched last before that step, so the step
-sees the RNG stream the uninterrupted run saw. What cannot be made equal is reported at the
-first ``step()``: an epoch under way at the checkpoint whose iterator was made again from the
-global RNG, with a shuffling sampler or worker processes seeded from it (see :func:`advice`),
-and a loop that read more than an epoch's batches to skip them (it iterates over the epochs
-done: their data is read for nothing; the loop should start at the checkpoint's epoch).
+sees the RNG stream the uninterrupted run saw. Unless the training is already under way: a
+script that calls ``step()`` once every few batches (gradient accumulation, ``step()`` at each
+optimizer step) trains on the window's first batches before it. A module's forward after a
+batch of the window says so (a forward pre-hook on every module, for the window only): from
+then on nothing is put back, the stream is the training's own. What cannot be made equal is
+reported at the first ``step()``: an epoch under way at the checkpoint whose iterator was made
+again from the global RNG, with a shuffling sampler or worker processes seeded from it (see
+:func:`advice`), and a loop that read more than an epoch's batches to skip them (it iterates
+over the epochs done: their data is read for nothing; the loop should start at the
+checkpoint's epoch).
 Outside the window an iterator costs one attribute test per batch.
 """
 
@@ -32,7 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.hooks import RemovableHandle
 
 from worker_sdk.checkpoint import rng as _rng
 from worker_sdk.checkpoint.loader_generators import LEDGER
@@ -73,13 +80,18 @@ class _ResumedIterator:
         w = self.window
         if not w.open:
             return next(self.it)
-        (self.after_iter if _yielded(self.it) == 0 else w.put_back)()
+        if w.fetched and w.forwarded and not w.training:  # a module ran since the last batch
+            w.training = True  # the training is under way: from the latest batch
+            w.trained = (w.last, _yielded(w.last.it) if w.last is not None else 0, w.fetched)
+        if not w.training:
+            (self.after_iter if _yielded(self.it) == 0 else w.put_back)()
         try:
             batch = next(self.it)
         finally:
             LEDGER.fetched(self.loader)  # the generators' states after the draws, or the end's
         w.last = self
         w.fetched += 1
+        w.forwarded = False
         return batch
 
     def __len__(self) -> int:
@@ -95,6 +107,11 @@ class LoaderWindow:
     def __init__(self, states: Any, resumed_objects: Sequence[Any]) -> None:
         self.put_back = _rng.prepare(states)  # the checkpoint's RNG states, as restored
         self.open = True
+        self.training = False  # the training ran on a batch of the window: put nothing back
+        self.forwarded = False  # a module's forward since the latest batch
+        self._forward_hook: RemovableHandle | None = None
+        self.trained: tuple[_ResumedIterator | None, int, int] | None = None  # the first
+        # batch trained on: its iterator, the batches it had yielded, the window's fetched
         self.making = False  # inside a wrapped __iter__
         self.fetched = 0  # batches fetched in the window
         self.last: _ResumedIterator | None = None  # the iterator of the latest batch
@@ -107,12 +124,16 @@ class LoaderWindow:
         for cls, original in _own_iters():
             wrapped = self._wrap(original)
             self._patched.append(Patch(cls, "__iter__", wrapped, _WHY).apply())
+        self._forward_hook = register_module_forward_pre_hook(self._forward)
+
+    def _forward(self, _module: Any, _args: Any) -> None:
+        self.forwarded = True
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         window = self
 
         def __iter__(loader: Any) -> Any:  # noqa: N807 - it replaces a class's __iter__
-            if not window.open or window.making:
+            if not window.open or window.making or window.training:
                 return original(loader)
             window.put_back()
             window.making = True  # a subclass's __iter__ calling its base's: wrap once
@@ -129,23 +150,30 @@ class LoaderWindow:
         self.open = False
         notes = LEDGER.close_window()
         undo_all(self._patched)
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
         last, self.last = self.last, None
+        yielded = None if last is None else _yielded(last.it)
+        fetched = self.fetched
+        if self.trained is not None:  # the batch trained on first, not the latest fetched
+            last, yielded, fetched = self.trained
         if last is None:
             return " ".join(notes) or None  # no loader iterator made in the window
         try:
             per_epoch = len(last.loader)
         except TypeError:  # an IterableDataset without __len__
             per_epoch = 0
-        if 0 < per_epoch < self.fetched:
+        if 0 < per_epoch < fetched:
             notes.append(
-                f"rvsup: {self.fetched} batches were fetched between resume() and the first "
+                f"rvsup: {fetched} batches were fetched between resume() and the first "
                 "step(), more than an epoch's: the loop reads the data of the epochs the "
                 "checkpoint had finished only to skip it. Start the epoch loop at the "
                 "checkpoint's epoch: `for epoch in range(start // len(loader), epochs)`."
             )
         # exact: an iterator that began its epoch with this step, or a stateful loader restored
         # by resume(), which keeps its own seeds
-        fresh = last.made_fresh and _yielded(last.it) <= 1
+        fresh = last.made_fresh and yielded is not None and yielded <= 1
         if not fresh and id(last.loader) not in self._given:
             notes.append(advice(last.loader) or "")
         return " ".join(n for n in notes if n) or None

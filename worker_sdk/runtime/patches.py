@@ -27,6 +27,10 @@ subclasses defining their own) loaders an epoch loop makes again    ``step()`` (
 ``DataLoader.__iter__`` (and   each epoch's start state of the      ``resume()`` to the runtime's
 subclasses defining their own) loaders' own shuffling generators    shutdown (loader_rng.WATCH)
 =============================  ===================================  ==================================
+
+And one hook, not an attribute: a forward pre-hook on every ``nn.Module``
+(``register_module_forward_pre_hook``), from ``resume()`` to the first ``step()``, that tells the
+loader window the training ran on one of its batches (loader_rng).
 """
 
 from __future__ import annotations

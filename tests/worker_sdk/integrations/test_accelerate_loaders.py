@@ -84,12 +84,20 @@ WORKER = Path(__file__).parents[2] / "helpers" / "accelerate_worker.py"
 
 
 def _torchrun(
-    tmp: Path, name: str, ckpt: Path, kill_at: str, *, fails: bool, split_uneven: bool
+    tmp: Path,
+    name: str,
+    ckpt: Path,
+    kill_at: str,
+    *,
+    fails: bool,
+    split_uneven: bool = False,
+    accumulate: int = 1,
 ) -> Path:
     """tests/helpers/accelerate_worker.py on 2 ranks (torchrun, no rvsup); its final state."""
     out = tmp / f"{name}.pt"
     env = {
         "SPLIT_UNEVEN": "1" if split_uneven else "0",
+        "ACCUMULATE": str(accumulate),
         **{k: v for k, v in os.environ.items() if not k.startswith("RVSUP_")},
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
@@ -110,6 +118,22 @@ def _torchrun(
     return out
 
 
+def killed_twice_ends_as_uninterrupted(
+    tmp: Path, kills: str, *, split_uneven: bool = False, accumulate: int = 1
+) -> None:
+    """The worker (with those switches) run uninterrupted, then killed at each batch of
+    ``kills`` in one start after another, then started again to its end: the same weights."""
+    ran = functools.partial(_torchrun, split_uneven=split_uneven, accumulate=accumulate)
+    reference = ran(tmp, "ref", tmp / "ref-ckpt", "", fails=False)
+    ckpt = tmp / "ckpt"
+    for n in range(len(kills.split(","))):
+        ran(tmp, f"killed-{n}", ckpt, kills, fails=True)
+    resumed = ran(tmp, "resumed", ckpt, kills, fails=False)
+    assert_same_state(
+        torch.load(reference, weights_only=True), torch.load(resumed, weights_only=True)
+    )
+
+
 @pytest.mark.process
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("split_uneven", [False, True], ids=["default", "split-uneven"])
@@ -124,12 +148,17 @@ def test_the_default_sampler_resumes_mid_epoch_and_at_an_epochs_end_bit_exactly(
     the loaders' generators in the checkpoint, the resumed epoch replayed epoch 0's order.)
     The same with ``split_batches`` and ``even_batches=False`` (global batches split between
     the ranks, each epoch's last one short on rank 1)."""
-    ran = functools.partial(_torchrun, tmp_path, split_uneven=split_uneven)
-    reference = ran("ref", tmp_path / "ref-ckpt", "", fails=False)
-    ckpt = tmp_path / "ckpt"
-    ran("killed", ckpt, "9,19", fails=True)
-    ran("killed-again", ckpt, "9,19", fails=True)
-    resumed = ran("resumed", ckpt, "9,19", fails=False)
-    assert_same_state(
-        torch.load(reference, weights_only=True), torch.load(resumed, weights_only=True)
-    )
+    killed_twice_ends_as_uninterrupted(tmp_path, "9,19", split_uneven=split_uneven)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_accumulate_resumes_from_the_optimizer_step_killed_mid_accumulation(
+    tmp_path: Path,
+) -> None:
+    """``gradient_accumulation_steps=2`` with ``accelerator.accumulate(model)`` and ``step()``
+    at each optimizer step (docs/integrations.md): rank 1 killed before batch 11, with batch
+    10's gradients accumulated and not stepped (the checkpoint of optimizer step 3 ends batch
+    7), then before batch 21 of the next start (the checkpoint of step 7 ends batch 15,
+    mid-epoch 2); the third start ends with the uninterrupted run's weights."""
+    killed_twice_ends_as_uninterrupted(tmp_path, "11,21", accumulate=2)

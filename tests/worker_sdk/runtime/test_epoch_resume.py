@@ -235,3 +235,47 @@ def test_stateful_dataloader_with_workers_resumes_bit_exactly(
     reference, run = in_a_fresh_process(resumed, tmp_path, "stateful", kill_before, every)
     assert run.final is not None and reference.final is not None
     assert_same_state(reference.final, run.final)
+
+
+def accumulating_script(ckpt: Path, *, kill_before: int | None = None) -> dict[str, Any] | None:
+    """An epoch loop accumulating gradients over 2 batches, ``step()`` once per optimizer step
+    (its number the optimizer step's), dropout in the model, the batches before the resumed
+    step skipped; a checkpoint every 2 optimizer steps. The final state, or None when killed
+    before batch ``kill_before``."""
+    worker_sdk._reset_for_tests()
+    torch.manual_seed(0)
+    dataset = TensorDataset(torch.randn(SAMPLES, 6), torch.randn(SAMPLES, 1))
+    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator())
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    start, _ = worker_sdk.resume(model, opt, checkpoint_dir=ckpt, every_steps=2)
+    first = start * 2  # the batch after the optimizer step resumed from
+    per_epoch = len(loader)
+    for epoch in range(first // per_epoch, EPOCHS):
+        for i, (xb, yb) in enumerate(loader):
+            batch = epoch * per_epoch + i
+            if batch < first:
+                continue
+            if batch == kill_before:
+                worker_sdk._reset_for_tests()
+                return None
+            (nn.functional.mse_loss(model(xb), yb) / 2).backward()
+            if batch % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+                worker_sdk.step(batch // 2)
+    worker_sdk._reset_for_tests()
+    return {"model": model.state_dict(), "opt": opt.state_dict()}
+
+
+def test_step_once_per_optimizer_step_resumes_bit_exactly(tmp_path: Path) -> None:
+    """Killed before batch 19: the checkpoint of optimizer step 7 ends batch 15, mid-epoch 1;
+    the resumed loop skips batches 12 to 15 and trains on 16 and 17 before its first step().
+    The checkpoint's RNG states are put back for the skipped batches and the first trained
+    one, never again once the model ran (batch 17's dropout masks were batch 16's before), and
+    the run ends bit-identical to the uninterrupted one."""
+    reference = accumulating_script(tmp_path / "ref")
+    assert accumulating_script(tmp_path / "ckpt", kill_before=19) is None
+    resumed_run = accumulating_script(tmp_path / "ckpt")
+    assert reference is not None and resumed_run is not None
+    assert_same_state(reference, resumed_run)
