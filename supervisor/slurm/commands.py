@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -69,11 +70,19 @@ _TRANSIENT_ERRORS: Final = (
 class SlurmError(RuntimeError):
     """A Slurm command failed; ``stderr`` says why, ``transient`` whether a retry may help."""
 
-    def __init__(self, argv: Sequence[str], detail: str, *, transient: bool = False) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        detail: str,
+        *,
+        transient: bool = False,
+        killed_by: int | None = None,
+    ) -> None:
         super().__init__(f"{' '.join(argv)}: {detail.strip() or 'failed without a message'}")
         self.argv = tuple(argv)
         self.stderr = detail.strip()
         self.transient = transient
+        self.killed_by = killed_by  #: the signal that ended the command, if one did
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +108,8 @@ def run_once(argv: Sequence[str], *, timeout_s: float | None = None) -> str:
         raise SlurmError(argv, f"no answer within {timeout_s:g} s", transient=True) from None
     except OSError as error:
         raise SlurmError(argv, str(error)) from error
+    if done.returncode < 0:
+        raise SlurmError(argv, f"killed by signal {-done.returncode}", killed_by=-done.returncode)
     if done.returncode != 0:
         lowered = done.stderr.lower()
         transient = any(fragment in lowered for fragment in _TRANSIENT_ERRORS)
@@ -186,8 +197,28 @@ def is_requeueable(job_id: str) -> bool:
 def requeue(job_id: str) -> None:
     """``scontrol requeue ID``: Slurm ends the job (SIGTERM, KillWait, SIGKILL to everything,
     the batch script included) and queues it again; it restarts with SLURM_RESTART_COUNT + 1.
-    Raises :class:`SlurmError` with scontrol's message if Slurm refuses."""
-    _run_retrying(["scontrol", "requeue", job_id])
+    Raises :class:`SlurmError` with scontrol's message if Slurm refuses.
+
+    Run inside the job, scontrol is one of the processes Slurm sends SIGTERM to once it has
+    accepted the requeue, and on a loaded node that comes before scontrol exits: a command
+    ended by SIGTERM is an accepted requeue when the job's restart count has gone past this
+    allocation's (``scontrol show job``); otherwise the error stands."""
+    try:
+        _run_retrying(["scontrol", "requeue", job_id])
+    except SlurmError as error:
+        if error.killed_by != signal.SIGTERM or not _requeued_since(job_id):
+            raise
+
+
+def _requeued_since(job_id: str) -> bool:
+    """Whether Slurm counts more restarts of ``job_id`` than this allocation's
+    SLURM_RESTART_COUNT (False when that cannot be told)."""
+    try:
+        restarts = _int_or_none(job_info(job_id).get("Restarts"))
+    except SlurmError:
+        return False
+    this = _int_or_none(os.environ.get("SLURM_RESTART_COUNT")) or 0
+    return restarts is not None and restarts > this
 
 
 def requeue_excluding(job_id: str, nodes: Sequence[str]) -> str:

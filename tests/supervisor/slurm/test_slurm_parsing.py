@@ -229,3 +229,35 @@ def test_transient_failures_are_retried(
         assert raised.value.transient is (expected == "transient")
         assert raised.value.stderr
     assert (tmp_path / "calls").read_text().splitlines() == ["-h -j 7 -o %L"] * calls
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# requeue: ended by SIGTERM before it exits (Slurm ending the job it runs in); show job: the
+# restart count in $FAKE_DIR/restarts
+if [ "$1" = requeue ]; then kill -TERM $$; sleep 5; fi
+echo "JobId=$4 JobState=REQUEUED Requeue=1 Restarts=$(cat "$FAKE_DIR/restarts")"
+"""
+
+
+@pytest.mark.parametrize(("restarts", "accepted"), [("2", True), ("1", False)])
+def test_a_requeue_ended_by_sigterm_is_accepted_when_slurm_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restarts: str, accepted: bool
+) -> None:
+    """``scontrol requeue`` run inside the job may be ended by the SIGTERM Slurm sends every
+    process of the job once it accepted the requeue: accepted when ``scontrol show job``
+    counts more restarts than this allocation's SLURM_RESTART_COUNT (1), else the error
+    stands, saying the signal."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    (tmp_path / "restarts").write_text(restarts)
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    if accepted:
+        slurm.requeue("9")
+    else:
+        with pytest.raises(slurm.SlurmError, match="killed by signal 15") as raised:
+            slurm.requeue("9")
+        assert raised.value.killed_by == 15
