@@ -116,6 +116,7 @@ class Attempt:
             world_size=self.world_size,
             diag_dir=self.diag_dir,
             t0=clock.monotonic(),
+            channel=channel,
         )
         self.stragglers = StragglerReports(exclude=cfg.health.stragglers_excluded)
         self.checkpoints = CheckpointsSeen(tracker.newest_step, clock.monotonic())
@@ -146,7 +147,7 @@ class Attempt:
                 self.evidence.steps_final = True
                 diagnostics, self.evidence.verdict = await self.hang_check.diagnose()
             if ending in (Ending.FAILED, Ending.HANG) and self.stop_reason is None:
-                lost = await self.tree.lost_nodes()
+                lost = self.hang_check.lost_agents | await self.tree.lost_nodes()
             steps = self.ranks.last_steps()
             for aborted in self.exits.aborted(self.tree.exits, steps, self.tree.stderr_tail):
                 self.events.log(aborted)
@@ -167,11 +168,6 @@ class Attempt:
     def state(self) -> JobState:
         """The job's state, as its owner has it."""
         return self.job.state
-
-    @property
-    def hang_timeout_s(self) -> float | None:
-        """The hang timeout in force (None: the automatic one has seen no step yet)."""
-        return self.hang_check.silence.timeout_s
 
     def request_stop(self, reason: StopReason) -> None:
         """Checkpoint at a common step, then let the ranks exit (deadline: launch.stop_timeout)."""
@@ -196,6 +192,9 @@ class Attempt:
                 self._on_message(identity, msg, now)
 
     def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
+        if msg.rank < 0:  # a node agent's
+            self.hang_check.agents.heard(identity, msg, now)
+            return
         body = m.read(msg)
         if isinstance(body, m.RankExit):  # from the rank's parent, not the rank: no sign of life
             self._on_exit_report(msg, body)
@@ -250,22 +249,22 @@ class Attempt:
         """The resume check's verdict: logged; one that stops the job ends the attempt."""
         if verdict is not None:
             self.events.log(verdict)
-        diverged = stopping(verdict)
-        if diverged is not None and not self.end.over and self.stop_reason is None:
+        if (diverged := stopping(verdict)) is not None and self._ends_in_failure(now):
             self.evidence.diverged = diverged
-            self.evidence.noticed(now, self.clock.wall())
-            self.end.finish(Ending.FAILED)
 
     def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
         """The training went wrong: record it and end the attempt (a rollback follows)."""
-        if anomaly is None or self.evidence.anomaly is not None or self.end.over:
-            return
-        if self.stop_reason is not None:  # a requested stop goes on
-            return
-        self.evidence.anomaly = anomaly
-        self.events.log(anomaly_event(anomaly))
+        if anomaly is not None and self.evidence.anomaly is None and self._ends_in_failure(now):
+            self.evidence.anomaly = anomaly
+            self.events.log(anomaly_event(anomaly))
+
+    def _ends_in_failure(self, now: float) -> bool:
+        """End the attempt as failed now, unless it is over or a requested stop goes on."""
+        if self.end.over or self.stop_reason is not None:
+            return False
         self.evidence.noticed(now, self.clock.wall())
         self.end.finish(Ending.FAILED)
+        return True
 
     def _on_exit_report(self, msg: p.Message, report: m.RankExit) -> None:
         """A rank's waiting parent says how the rank ended (and its last step)."""
@@ -364,6 +363,8 @@ class Attempt:
     def _check_hang(self, now: float) -> None:
         if self.end.over or self.stop_reason is not None:
             return
+        if self.hang_check.nodes_lost(now) and self._ends_in_failure(now):
+            return  # a node agent fell silent: its node is lost
         found = self.hang_check.check(now)
         if found is None:
             return
@@ -389,7 +390,7 @@ class Attempt:
             self.tree,
             last_steps={r: s for r, s in self.ranks.last_steps().items() if s >= 0},
             rank_nodes=self.ranks.nodes(),
-            hang_timeout_s=self.hang_timeout_s,
+            hang_timeout_s=self.hang_check.silence.timeout_s,
             stop_reason=self.stop_reason,
             slow_note=self.hang_check.slow.note,
             stop_step=newest if stopped else None,

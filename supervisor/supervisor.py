@@ -362,7 +362,7 @@ class Supervisor:
             "excluded_nodes": dict(self.budget.excluded),
             "max_restarts": self.policy.max_restarts,
             "newest_checkpoint_step": self.tracker.newest_step,
-            "hang_timeout_s": None if cur is None else cur.hang_timeout_s,
+            "hang_timeout_s": None if cur is None else cur.hang_check.silence.timeout_s,
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "ranks": [st.to_status(now) for st in sorted(self.ranks, key=lambda s: s.rank)],
             "straggler": None if cur is None else cur.stragglers.status(now),

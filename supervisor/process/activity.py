@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from supervisor.rules.stuck import ThreadState
 
-__all__ = ["ProcSample", "catches", "read"]
+__all__ = ["ProcSample", "catches", "is_stopped", "read"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -89,3 +89,13 @@ def catches(pid: int, signum: int) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return False
+
+
+def is_stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped by a signal (state T)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] == b"T"

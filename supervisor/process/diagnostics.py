@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from supervisor.process import native, proctree
+from supervisor.process import activity, native
 from worker_sdk.contract import protocol as p
 
 __all__ = [
@@ -66,7 +66,7 @@ async def collect_stacks(
     moment (a dump in progress is not read half written). Returns the directory, or None when
     nothing was written.
     """
-    stopped = {pid: rank for pid, rank in ranks.items() if proctree.is_stopped(pid)}
+    stopped = {pid: rank for pid, rank in ranks.items() if activity.is_stopped(pid)}
     running = {pid: rank for pid, rank in ranks.items() if pid not in stopped}
     for rank in stopped.values():
         _note_stopped(directory, rank)

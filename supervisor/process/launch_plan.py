@@ -173,6 +173,7 @@ def build_plan(
             "-m",
             "worker_sdk.spawn.node_group",
             repr(cfg.launch.term_timeout_s),
+            "--agent",  # and the node's agent beside them (supervisor/agent/)
         ]
         argv = srun_argv(alloc, [*node, *tr], job_name=cfg.job.name)
     multi = alloc if nnodes > 1 else None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from supervisor.process import proctree
+from supervisor.process import activity
 from worker_sdk.contract import protocol as p
 
 __all__ = [
@@ -245,7 +245,7 @@ class EarlyNative:
             return
         if self._dropped_t is not None and now - self._dropped_t < RETAKE_AFTER_S:
             return
-        running = {pid: rank for pid, rank in ranks.items() if not proctree.is_stopped(pid)}
+        running = {pid: rank for pid, rank in ranks.items() if not activity.is_stopped(pid)}
         if not running:
             return
         self._staging.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,6 @@ __all__ = [
     "TeardownReport",
     "become_subreaper",
     "descendants",
-    "is_stopped",
     "open_pidfd",
     "teardown",
     "zombie_wait_status",
@@ -52,16 +51,6 @@ def open_pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         return None
-
-
-def is_stopped(pid: int) -> bool:
-    """True when ``pid`` is stopped by a signal (state T)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] == b"T"
 
 
 def zombie_wait_status(pid: int) -> int | None:

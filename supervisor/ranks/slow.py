@@ -15,33 +15,34 @@ recorded (``slow_phase``).
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from supervisor.process import activity
+from supervisor.process import evidence_window
+from supervisor.process.evidence_window import Window
 from supervisor.record.schema import SlowPhase
-from supervisor.rules import culprits
 from supervisor.rules.stuck import Busy, RankEvidence, Stuck, judge_silence
-from worker_sdk.contract import protocol as p
 
-__all__ = ["LEAD_S", "MIN_WINDOW_S", "Phase", "SlowWatch"]
+__all__ = ["LEAD_S", "MIN_WINDOW_S", "Phase", "RemoteLook", "SlowWatch"]
 
 LEAD_S = 1.0  # the window opens this long before the timeout runs out
 MIN_WINDOW_S = 0.5  # a window opened late (the first tick found the ranks hung) lasts this long
-STACKS_CAP_BYTES = 16 << 20  # a rank's stacks file this large is not added to: /proc alone judges
 HINT = 'wrap it in `with worker_sdk.phase("...")`: declared phases get startup_timeout'
 
 
-@dataclass
-class _Window:
-    t0: float
-    pids: dict[int, int]  # pid -> rank
-    before: dict[int, activity.ProcSample]  # pid -> sample at t0
-    offsets: dict[int, int]  # rank -> size of its stacks file before the dump (asked ones)
+class RemoteLook(Protocol):
+    """The same look at the ranks of the other nodes, taken by their node agents."""
+
+    def open(self, now: float) -> None:
+        """Ask every agent to look at its ranks now."""
+
+    def ready(self, now: float) -> bool:
+        """Whether every agent asked has answered (or is given up on)."""
+
+    def evidence(self) -> list[RankEvidence]:
+        """The answers' evidence (a rank whose agent did not answer is left out: unknown)."""
 
 
 @dataclass
@@ -68,11 +69,19 @@ class SlowWatch:
     ranks write their stacks, ``cap_s`` is ``hang_timeout_max``, ``idle_cap_s``
     ``hang_timeout_idle``."""
 
-    def __init__(self, diag_dir: Path, *, cap_s: float, idle_cap_s: float | None = None) -> None:
+    def __init__(
+        self,
+        diag_dir: Path,
+        *,
+        cap_s: float,
+        idle_cap_s: float | None = None,
+        remote: RemoteLook | None = None,
+    ) -> None:
         self._diag_dir = diag_dir
         self._cap_s = cap_s
         self._idle_cap_s = cap_s if idle_cap_s is None else min(idle_cap_s, cap_s)
-        self._window: _Window | None = None
+        self._remote = remote
+        self._window: Window | None = None
         self.phase: Phase | None = None
         self.note = ""  # a hang that was a busy phase until cap_s: says so (the failure's detail)
 
@@ -108,11 +117,18 @@ class SlowWatch:
                 return None
             hung = now >= phase.review_t
         if self._window is None:
-            self._window = self._open(now, pids)
+            self._window = evidence_window.open_window(self._diag_dir, pids, now)
+            if self._remote is not None:
+                self._remote.open(now)
             return None
         if not hung or now - self._window.t0 < MIN_WINDOW_S:
             return None
-        verdict = judge_silence(self._evidence(self._window, now))
+        if self._remote is not None and not self._remote.ready(now):
+            return None
+        seen = evidence_window.evidence(self._diag_dir, self._window, now)
+        if self._remote is not None:
+            seen += self._remote.evidence()
+        verdict = judge_silence(seen)
         self._window = None
         if isinstance(verdict, Stuck):
             return verdict
@@ -175,61 +191,8 @@ class SlowWatch:
         elif phase.idle_t is None:
             phase.idle_t = now  # it worked at the last review: idle since then at most
 
-    def _open(self, now: float, pids: Mapping[int, int]) -> _Window:
-        before = {pid: s for pid in pids if (s := activity.read(pid)) is not None}
-        offsets: dict[int, int] = {}
-        for pid, rank in pids.items():
-            size = _size(self._diag_dir / p.stacks_file(rank))
-            if pid in before and size < STACKS_CAP_BYTES and activity.catches(pid, p.DUMP_SIGNAL):
-                offsets[rank] = size
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, p.DUMP_SIGNAL)
-        return _Window(now, dict(pids), before, offsets)
-
-    def _evidence(self, window: _Window, now: float) -> list[RankEvidence]:
-        out = []
-        for pid, rank in window.pids.items():
-            first, last = window.before.get(pid), activity.read(pid, threads=True)
-            if first is None or last is None:
-                out.append(RankEvidence(rank))
-                continue
-            frames: tuple[culprits.Frame, ...] = ()
-            offset = window.offsets.get(rank)
-            if offset is not None:
-                text = _tail(self._diag_dir / p.stacks_file(rank), offset)
-                frames = tuple(culprits.main_thread(text))
-            out.append(
-                RankEvidence(
-                    rank,
-                    state=last.state,
-                    cpu_s=last.cpu_s - first.cpu_s,
-                    window_s=now - window.t0,
-                    wchan=last.wchan,
-                    frames=frames,
-                    stack_read=offset is not None,
-                    threads=last.threads,
-                )
-            )
-        return out
-
 
 def _who(ranks: tuple[int, ...]) -> str:
     if not ranks:
         return "the ranks"
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _tail(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""

@@ -172,7 +172,8 @@ def judge_silence(evidence: Sequence[RankEvidence]) -> Busy | Stuck:
     if not busy:
         waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]
         if waiting:
-            return Stuck((), f"{_ranks(waiting)} wait in collectives and nothing else runs")
+            verb = "waits" if len(waiting) == 1 else "wait"
+            return Stuck((), f"{_ranks(waiting)} {verb} in collectives and nothing else runs")
         return Stuck((), "no rank could be observed")
     parts = [f"rank {e.rank} is {a.value}{_at(e)}" for e, a in busy]
     waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]

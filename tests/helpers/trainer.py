@@ -11,7 +11,10 @@ ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
 directory's file system with a file, remove it), shmfill / shmunfill (the same in the memory
 tier's memory_dir), hostoom (move into a new memory cgroup below its own, limited to
-OOM_LIMIT_BYTES, and allocate until the kernel's OOM killer strikes). OOM_BEFORE_RESUME=n raises
+OOM_LIMIT_BYTES, and allocate until the kernel's OOM killer strikes), prep (local rank 0 of
+every node prepares its node's data for PREP_S="host:seconds,...,*:seconds" of CPU work while
+the other ranks wait in a barrier; give it to every rank), killagent (SIGKILL this node's rvsup
+agent of this attempt). OOM_BEFORE_RESUME=n raises
 OutOfMemoryError before resume() in attempt n. STEP_SLEEP=seconds slows every step,
 TAIL_SLEEP=seconds the steps from TAIL_FROM on (room for an outside fault aimed near the end);
 SLOW_WHILE=path: STEP_SLEEP only while that file exists (a test keeps the job slow while it acts
@@ -49,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -67,6 +71,28 @@ def faults_now(rank: int, step: int, attempt: int) -> list[str]:
         if r in ("*", str(rank)) and int(s) == step and (not a or a[0] in ("*", str(attempt))):
             out.append(kind)
     return out
+
+
+def _prep_seconds(spec: str, host: str) -> float:
+    """PREP_S's seconds for ``host`` ("node2:30,*:5": 30 on node2, 5 elsewhere)."""
+    times = dict(item.split(":") for item in spec.split(","))
+    return float(times.get(host, times.get("*", "5")))
+
+
+def _kill_node_agent() -> None:
+    """SIGKILL this node's agent of this attempt (the node wrapper's other child; ranks forked
+    from a zygote are not the wrapper's descendants, so it is found by what it runs for)."""
+    mine = {k: os.environ.get(k) for k in ("SLURMD_NODENAME", "RVSUP_JOB", "RVSUP_ATTEMPT")}
+    agents = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if "supervisor.agent" in proc.cmdline():
+                env = proc.environ()
+                if all(env.get(k) == v for k, v in mine.items()):
+                    agents.append(proc)
+    assert agents, f"no node agent of {mine}"
+    for agent in agents:
+        agent.kill()
 
 
 def evaluate(seconds: float) -> None:
@@ -116,6 +142,12 @@ def inject(kind: str, step: int) -> None:
         _wait_on_own_thread(float(os.environ.get("EVAL_S", "8")), kind == "queuewait")
     if kind == "mismatch":  # a receive the peer never sends; the peer then waits in all-reduce
         dist.recv(torch.zeros(1), src=1 - dist.get_rank())
+    if kind == "prep":  # local rank 0 prepares its node's data, the others wait for it
+        if os.environ.get("LOCAL_RANK") == "0":
+            evaluate(_prep_seconds(os.environ.get("PREP_S", "*:5"), socket.gethostname()))
+        dist.barrier()
+    if kind == "killagent":
+        _kill_node_agent()
     if kind == "ignore_term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if kind == "phase":  # a long declared phase (evaluation) on this rank

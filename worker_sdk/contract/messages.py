@@ -3,7 +3,8 @@
 :mod:`.protocol` frames and authenticates a message (header, JSON payload of scalars, MAC) and
 drops what is malformed; the dataclasses give each kind its fields, grouped by topic
 (:mod:`.lifecycle_messages`: a rank's life; :mod:`.checkpoint_messages`: saves, loads and the
-coordinated-save handshake; :mod:`.training_messages`: the training checks), and this module
+coordinated-save handshake; :mod:`.training_messages`: the training checks;
+:mod:`.node_messages`: the daemon and the node agents), and this module
 is the one registry that reads and writes them all (and the one place to import them from).
 :func:`read` turns an authenticated :class:`~.protocol.Message` into its typed message, as
 leniently as the supervisor always read payloads (a field of the wrong type reads as absent);
@@ -32,6 +33,7 @@ from .checkpoint_messages import (
     SyncRequest,
 )
 from .lifecycle_messages import Exiting, Failure, Heartbeat, Hello, Phase, RankExit
+from .node_messages import NodeAsk, NodeBeat, NodeLook, node_fields, read_node
 from .protocol import FLAG_STOP, Kind, Message
 from .training_messages import LossNonFinite, ReplicasDiverged, StepPrints
 
@@ -49,6 +51,9 @@ __all__ = [
     "Hello",
     "Loaded",
     "LossNonFinite",
+    "NodeAsk",
+    "NodeBeat",
+    "NodeLook",
     "Phase",
     "RankExit",
     "ReplicasDiverged",
@@ -117,6 +122,9 @@ Body: TypeAlias = (
     | Continue
     | SaveAt
     | SyncCancel
+    | NodeBeat
+    | NodeAsk
+    | NodeLook
 )
 
 
@@ -216,6 +224,9 @@ def read(msg: Message) -> Body:  # noqa: C901 -- one case per kind
             params if params_step is not None else None,
             d.get("exact") is not False,
         )
+    node = read_node(msg)
+    if node is not None:
+        return node
     stop = bool(msg.flags & FLAG_STOP)
     if kind is Kind.SYNC_REQUEST:
         return SyncRequest(stop)
@@ -309,6 +320,8 @@ def fields(body: Body) -> tuple[Kind, int, float, int, dict[str, Any] | None]:  
             return Kind.SAVE_AT, step, 0.0, FLAG_STOP if stop else 0, None
         case Continue() | SyncCancel():
             return body.KIND, -1, 0.0, 0, None
+        case NodeBeat() | NodeAsk() | NodeLook():
+            return node_fields(body)
 
 
 def encode(key: bytes, body: Body, *, rank: int, attempt: int, pid: int, seq: int) -> bytes:

@@ -204,10 +204,25 @@ class Kind(enum.IntEnum):
     # registered modules' parameters at that step: the int64 bits of a float64, or null),
     # exact (bool: the values repeat bit for bit in a run that repeats the computation)
     STEP_PRINTS = 17
+    # from a node agent (rank: agent_rank(node id)), every heartbeat interval: step: how many
+    # ranks of its node it looks after; payload: node (its name)
+    NODE_BEAT = 18
+    # from a node agent, one per rank it was asked to look at: step: the request's number;
+    # value: the window's length (s); payload: "of" (the rank) and the look's fields, as
+    # supervisor.agent.wire writes them
+    NODE_LOOK = 19
     SYNC_REQUEST = 20  # flags: FLAG_STOP; the rank enters sync mode at its next heartbeat
     CONTINUE = 21  # answer to SYNC: go on with the next step
     SAVE_AT = 22  # answer to SYNC: step S; save after finishing step S (FLAG_STOP: then exit)
     SYNC_CANCEL = 23  # answer to SYNC when no coordinated save is pending: leave sync mode
+    # to a node agent: look at these ranks of your node; step: the request's number; value: the
+    # window (s); flags: LOOK_DUMP, LOOK_NATIVE; payload: ranks ("RANK:PID,...")
+    NODE_ASK = 24
+
+
+def agent_rank(node_id: int) -> int:
+    """The rank field of node ``node_id``'s agent's messages: negative, never a rank's."""
+    return -1 - node_id
 
 
 class ExitingReason(str, enum.Enum):

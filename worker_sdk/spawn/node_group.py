@@ -1,7 +1,7 @@
 """One node's part of a multi-node attempt, in a cgroup of its own, ended with the attempt.
 
-``python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]`` is what srun runs on every node
-of an attempt's step, in front of torchrun. It makes a group ``rvsup-node-PID`` under its own
+``python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S [--agent] CMD [ARGS...]`` is what srun runs on
+every node of an attempt's step, in front of torchrun. It makes a group ``rvsup-node-PID`` under its own
 cgroup v2 group (Slurm's step group where Slurm uses cgroup v2, slurmd's otherwise) and starts
 ``CMD`` there: the wrapper places the child into the group (the rule of :mod:`.cgroup`) while
 the child waits, and the child checks it is there and arms the parent-death signal before it
@@ -11,6 +11,8 @@ It passes signals on to ``CMD``, and once ``CMD`` has ended it ends what is left
 (SIGTERM, ``TERM_TIMEOUT_S``, ``cgroup.kill``), removes the group and ends like ``CMD``.
 torchrun's node rank in the attempt's static rendezvous is this node's ``SLURM_NODEID``
 (``PET_NODE_RANK``, the variable torchrun reads for ``--node-rank``).
+With ``--agent`` it first starts the node's agent (``python -m supervisor.agent``, the daemon's
+eyes on this node) the same way, beside ``CMD``: it ends with the group, or with the wrapper.
 
 A wrapper killed with SIGKILL (srun's own hard stop) cannot do that: the next attempt's wrapper
 on the node first ends what is left in the groups of wrappers that are gone. Where no group can
@@ -34,6 +36,8 @@ from .pdeathsig import die_with_parent
 __all__ = ["main"]
 
 _PREFIX = "rvsup-node-"
+AGENT_FLAG = "--agent"
+_AGENT = "supervisor.agent"  # the module run as the node's agent (rvsup's, never torch)
 
 
 def make_group() -> Path | None:
@@ -53,8 +57,13 @@ def make_group() -> Path | None:
 
 def main(argv: list[str]) -> NoReturn:
     """Run ``CMD`` in the node's group of the attempt (see the module docstring)."""
+    agent = len(argv) > 1 and argv[1] == AGENT_FLAG
+    if agent:
+        argv = [argv[0], *argv[2:]]
     if len(argv) < 2:
-        usage = "usage: python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S CMD [ARGS...]"
+        usage = (
+            "usage: python -m worker_sdk.spawn.node_group TERM_TIMEOUT_S [--agent] CMD [ARGS...]"
+        )
         print(usage, file=sys.stderr)
         sys.exit(2)
     term_timeout_s, command = float(argv[0]), argv[1:]
@@ -62,36 +71,50 @@ def main(argv: list[str]) -> NoReturn:
     if node_id is not None:
         os.environ.setdefault("PET_NODE_RANK", node_id)
     path = make_group()
+    agent_pid = None if not agent else start(path, [sys.executable, "-m", _AGENT])
     if path is None:
         os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
-    held, release = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(release)
-        try:
-            wrong = wait_placed(held, str(path))
-            if wrong is not None:
-                print(f"rvsup: cannot start {command[0]!r}: {wrong}", file=sys.stderr)
-                os._exit(126)
-            die_with_parent()
-            os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
-        except OSError as exc:
-            print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)
-        os._exit(127)
-    os.close(held)
-    try:
-        place(pid, str(path))
-    except OSError as exc:  # the child says where it is, and ends
-        print(f"rvsup: cannot place {command[0]!r} in {path}: {exc}", file=sys.stderr)
-    finally:
-        os.close(release)
+    pid = start(path, command)
     for sig in FORWARDED:
         signal.signal(sig, lambda number, _frame: _pass_on(pid, number))
     _, status = os.waitpid(pid, 0)
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_IGN)  # the teardown below must run to its end
     end(Group(path), term_timeout_s)
+    if agent_pid is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(agent_pid, 0)
     end_like(status)
+
+
+def start(path: Path | None, command: list[str]) -> int:
+    """Start ``command`` in the group at ``path`` (see the module docstring): placed there
+    before it execs, and ended by the kernel if this wrapper dies. Without a group, it only
+    gets the parent-death signal."""
+    parent = os.getpid()
+    held, release = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(release)
+        try:
+            wrong = None if path is None else wait_placed(held, str(path))
+            if wrong is not None:
+                print(f"rvsup: cannot start {command[0]!r}: {wrong}", file=sys.stderr)
+                os._exit(126)
+            die_with_parent(parent=parent)
+            os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun, or the agent
+        except OSError as exc:
+            print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)
+        os._exit(127)
+    os.close(held)
+    try:
+        if path is not None:
+            place(pid, str(path))
+    except OSError as exc:  # the child says where it is, and ends
+        print(f"rvsup: cannot place {command[0]!r} in {path}: {exc}", file=sys.stderr)
+    finally:
+        os.close(release)
+    return pid
 
 
 def _pass_on(pid: int, number: int) -> None:

@@ -146,7 +146,7 @@ PLACERS = {
     ("supervisor/process/cgroup.py", "leave"),  # and back, at the job's end
     ("supervisor/process/launcher.py", "bootstrap"),  # the daemon: launchers, standby, zygote
     ("worker_sdk/spawn/zygote.py", "_place"),  # the zygote: the ranks it forks
-    ("worker_sdk/spawn/node_group.py", "main"),  # a node's wrapper: its torchrun
+    ("worker_sdk/spawn/node_group.py", "start"),  # a node's wrapper: its torchrun and agent
 }
 
 

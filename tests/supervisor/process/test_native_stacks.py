@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.process import native, proctree
+from supervisor.process import activity, native
 from supervisor.rules import culprits
 from tests.helpers.harness import wait_for
 
@@ -183,14 +183,14 @@ def test_a_stopped_process_is_read_and_stays_stopped(tmp_path: Path) -> None:
     try:
         time.sleep(0.5)
         os.kill(child.pid, signal.SIGSTOP)
-        wait_for(lambda: proctree.is_stopped(child.pid), timeout=10, what="the child stopped")
+        wait_for(lambda: activity.is_stopped(child.pid), timeout=10, what="the child stopped")
         stacks, why = tmp_path / "rank.stacks", tmp_path / "rank.native"
         assert native.dump_stopped(py_spy, child.pid, stacks, why), why.read_text()
         text = stacks.read_text()
         assert text.startswith(native.STOPPED_HEADER), text
         assert [f.func for f in culprits.main_thread(text)][:2] == ["waits", "<module>"], text
         assert "stopped by a signal" in why.read_text()
-        assert proctree.is_stopped(child.pid)
+        assert activity.is_stopped(child.pid)
     finally:
         child.kill()
         child.wait()
@@ -220,7 +220,7 @@ def test_early_native_stacks_are_moved_in_when_the_hang_is_declared(tmp_path: Pa
     children = _sleepers(3)
     try:
         os.kill(children[2].pid, signal.SIGSTOP)
-        while not proctree.is_stopped(children[2].pid):
+        while not activity.is_stopped(children[2].pid):
             time.sleep(0.01)
         early = native.EarlyNative(fake, diag)
         ranks = {c.pid: r for r, c in enumerate(children)}

@@ -43,6 +43,11 @@ EXAMPLES: list[m.Body] = [
     m.Continue(),
     m.SaveAt(40, stop=True),
     m.SyncCancel(),
+    m.NodeBeat("node2"),
+    m.NodeAsk(3, "2:4321,3:4322", 0.75),
+    m.NodeAsk(4, "2:4321", 0.0, dump=True, native=True),
+    m.NodeLook(3, 2, 0.75, "S", 0.01, "futex_wait", "pt_main\tS\tep_poll", True, False, "..."),
+    m.NodeLook(4, 3, 0.0),
 ]
 
 

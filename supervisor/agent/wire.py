@@ -1,0 +1,113 @@
+"""The daemon's and the agents' messages (:mod:`worker_sdk.contract.node_messages`) in the
+daemon's own terms: a request as rank -> pid, a look as the hang rule's
+:class:`~supervisor.rules.stuck.RankEvidence` with the stacks it was judged by.
+
+Everything travels as a message of the contract, authenticated like every other (and, across
+nodes, inside the channel's CurveZMQ). An agent's messages carry the rank field
+``protocol.agent_rank(node_id)``, negative, so the channel never takes them for a rank's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from supervisor.rules import culprits
+from supervisor.rules.stuck import RankEvidence, ThreadState
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+
+__all__ = ["Ask", "Look", "ask_body", "look_body", "read_ask", "read_look"]
+
+_THREADS_MAX = 2_000  # characters of a look's thread list
+_ROOM = 512  # bytes a look leaves for the header, the MAC and JSON's quoting of its fields
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """The daemon asks an agent to look at ``ranks`` (rank -> pid) over ``window_s``; with
+    ``dump``, to collect their stacks for a declared hang instead."""
+
+    request: int
+    ranks: dict[int, int]
+    window_s: float
+    dump: bool = False
+    native: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What an agent saw of one rank: the evidence, whether it was stopped (state T) when the
+    stacks of a declared hang were collected, and the stacks it wrote."""
+
+    request: int
+    evidence: RankEvidence
+    stopped: bool
+    stacks: str
+
+
+def ask_body(ask: Ask) -> m.NodeAsk:
+    ranks = ",".join(f"{rank}:{pid}" for rank, pid in sorted(ask.ranks.items()))
+    return m.NodeAsk(ask.request, ranks, ask.window_s, ask.dump, ask.native)
+
+
+def read_ask(body: m.NodeAsk) -> Ask | None:
+    """The request, or None when it is not a well-formed one."""
+    ranks: dict[int, int] = {}
+    for item in filter(None, body.ranks.split(",")):
+        rank, _, pid = item.partition(":")
+        if not (rank.isdigit() and pid.isdigit()):
+            return None
+        ranks[int(rank)] = int(pid)
+    window = body.window_s if 0.0 <= body.window_s <= 60.0 else 0.0
+    return Ask(body.request, ranks, window, body.dump, body.native)
+
+
+def look_body(look: Look) -> m.NodeLook:
+    """One look as a message; its stacks cut short where the whole would exceed a frame."""
+    e = look.evidence
+    threads = "\n".join(f"{t.name}\t{t.state}\t{t.wchan}" for t in e.threads)[:_THREADS_MAX]
+    body = m.NodeLook(
+        look.request,
+        e.rank,
+        e.window_s,
+        e.state,
+        e.cpu_s,
+        e.wchan,
+        threads,
+        e.stack_read,
+        look.stopped,
+    )
+    room = p.MAX_MESSAGE_BYTES - p.HEADER.size - p.MAC_BYTES - _ROOM
+    room -= len(json.dumps(m.fields(body)[4], separators=(",", ":")))
+    stacks = look.stacks
+    while stacks and len(json.dumps(stacks)) > room:
+        stacks = stacks[: len(stacks) * 3 // 4]
+    return dataclasses.replace(body, stacks=stacks)
+
+
+def read_look(body: m.NodeLook) -> Look | None:
+    """The look, or None when it names no rank."""
+    if body.of < 0:
+        return None
+    evidence = RankEvidence(
+        body.of,
+        state=body.state,
+        cpu_s=body.cpu_s,
+        window_s=body.window_s,
+        wchan=body.wchan,
+        frames=tuple(culprits.main_thread(body.stacks)),
+        stack_read=body.stack_read,
+        threads=tuple(_threads(body.threads)),
+    )
+    return Look(body.request, evidence, body.stopped, body.stacks)
+
+
+def _threads(text: str) -> list[ThreadState]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3:
+            out.append(ThreadState(*parts))
+    return out

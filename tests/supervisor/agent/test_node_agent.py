@@ -1,0 +1,258 @@
+"""A real node agent (``python -m supervisor.agent``) against the daemon's real end of the
+channel: it beats, its silence loses its node, it looks at the ranks of its node for the hang
+rule and collects their stacks for a declared hang. The ranks are stand-in processes (the hang
+rule's own: tests/helpers/stand_in_ranks.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from supervisor.ranks.agents import AgentLook, NodeAgents
+from supervisor.ranks.channel import HeartbeatEndpoint, RankState, RankTable
+from supervisor.ranks.slow import MIN_WINDOW_S, SlowWatch
+from tests.helpers.stand_in_ranks import ranks
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+
+pytestmark = pytest.mark.process
+
+INTERVAL_S = 0.2
+NODE, OWN = "node2", "node1"
+
+
+@contextmanager
+def agent_process(
+    tmp: Path, endpoint: str, *, node_id: int = 1
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The agent of ``NODE`` (SLURM_NODEID ``node_id``) of attempt 1, ended at the end."""
+    env = {
+        **os.environ,
+        p.ENV_ENDPOINT: endpoint,
+        p.ENV_SECRET_FILE: str(tmp / "secret"),
+        p.ENV_ATTEMPT: "1",
+        p.ENV_DIAGNOSTICS_DIR: str(tmp),
+        p.ENV_HEARTBEAT_INTERVAL: repr(INTERVAL_S),
+        "SLURM_NODEID": str(node_id),
+        "SLURMD_NODENAME": NODE,
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.agent"], env=env)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class Daemon:
+    """The daemon's side: its channel, the attempt's agents and rank table."""
+
+    def __init__(self, tmp: Path) -> None:
+        secret = p.new_secret()
+        p.write_secret(str(tmp / "secret"), secret)
+        self.endpoint = HeartbeatEndpoint(secret, sock_dir=tmp, tcp=False)
+        self.endpoint.new_attempt(1)
+        self.agents = NodeAgents(self.endpoint, own_node=OWN, interval_s=INTERVAL_S)
+        self.table = RankTable()
+
+    async def hear_until(self, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
+        """Take the agents' messages until ``done()``."""
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            left = deadline - time.monotonic()
+            assert left > 0, "the agent did not answer in time"
+            try:
+                batch = await asyncio.wait_for(self.endpoint.receive_batch(), left)
+            except TimeoutError:
+                continue
+            for identity, msg in batch:
+                assert msg.rank == p.agent_rank(1)
+                self.agents.heard(identity, msg, time.monotonic())
+
+
+def run(tmp: Path, scenario: Callable[[Daemon], object]) -> None:
+    async def main() -> None:
+        daemon = Daemon(tmp)
+        try:
+            await scenario(daemon)  # type: ignore[misc]
+        finally:
+            daemon.endpoint.close()
+
+    asyncio.run(main())
+
+
+def test_the_agent_beats_and_its_node_is_lost_once_it_falls_silent(tmp_path: Path) -> None:
+    """The agent beats every interval with its node's name; killed, its node is lost after
+    the silence limit, and the finding says how; before that, nothing is lost."""
+
+    async def scenario(d: Daemon) -> None:
+        with agent_process(tmp_path, d.endpoint.endpoint) as agent:
+            await d.hear_until(lambda: NODE in d.agents.agents)
+            first = d.agents.agents[NODE].last_t
+            await d.hear_until(lambda: d.agents.agents[NODE].last_t > first)
+            assert d.agents.silent(time.monotonic()) == {}
+            agent.kill()
+            agent.wait()
+            gone = d.agents.agents[NODE].last_t
+        assert d.agents.silent(gone + d.agents.limit_s - 0.1) == {}
+        lost = d.agents.silent(gone + d.agents.limit_s + 0.1)
+        assert list(lost) == [NODE]
+        assert "node agent sent nothing for 3.1 s" in lost[NODE]
+
+    run(tmp_path, scenario)
+
+
+def test_the_daemons_own_lateness_loses_no_node(tmp_path: Path) -> None:
+    """When the agent of the daemon's own node is as late as another's, the daemon was held
+    up: no node is lost."""
+
+    async def scenario(d: Daemon) -> None:
+        d.agents.own_node = NODE  # the agent heard is the daemon's own node's
+        with agent_process(tmp_path, d.endpoint.endpoint):
+            await d.hear_until(lambda: NODE in d.agents.agents)
+        later = d.agents.agents[NODE].last_t + 60
+        assert d.agents.silent(later) == {}
+
+    run(tmp_path, scenario)
+
+
+def _judge(
+    d: Daemon, tmp: Path, local: dict[int, int], *, remote: bool
+) -> asyncio.Future[SlowWatch]:
+    """A silence judged at its timeout by the daemon's hang rule, with the agent's look at the
+    other node's ranks or without it."""
+
+    async def judge() -> SlowWatch:
+        look = AgentLook(d.agents, d.table, lambda: local) if remote else None
+        watch = SlowWatch(tmp, cap_s=60.0, remote=look)
+        t0 = time.monotonic()
+        assert watch.review(t0, hung=False, silent_s=4.0, review_s=5.0, pids=local) is None
+        await asyncio.sleep(MIN_WINDOW_S + 0.1)
+        while True:
+            stuck = watch.review(
+                time.monotonic(), hung=True, silent_s=5.0, review_s=5.0, pids=local
+            )
+            if stuck is not None or watch.phase is not None:
+                watch.note = "" if stuck is None else stuck.detail
+                return watch
+            await asyncio.sleep(0.05)
+
+    return asyncio.ensure_future(judge())
+
+
+def test_a_rank_working_on_another_node_makes_the_silence_busy(tmp_path: Path) -> None:
+    """Rank 0 (the daemon's node) waits in a collective while rank 1, on the agent's node,
+    computes: the group is busy, a slow phase naming rank 1 where it works. Without the
+    agent's look, the same group is judged stuck."""
+    with ranks(tmp_path, ["collective", "spin"]) as pids:
+        by_rank = {rank: pid for pid, rank in pids.items()}
+        local = {by_rank[0]: 0}
+
+        async def scenario(d: Daemon) -> None:
+            d.table.ranks[1] = RankState(1, by_rank[1], NODE, b"", 0.0)
+            d.table.ranks[0] = RankState(0, by_rank[0], OWN, b"", 0.0)
+            with agent_process(tmp_path, d.endpoint.endpoint):
+                await d.hear_until(lambda: NODE in d.agents.agents)
+                blind = await _judge(d, tmp_path, local, remote=False)
+                judging = _judge(d, tmp_path, local, remote=True)
+                await d.hear_until(judging.done)
+                seen = judging.result()
+            assert blind.phase is None
+            assert "rank 0 waits in collectives and nothing else runs" in blind.note
+            assert seen.phase is not None, seen.note
+            assert seen.phase.ranks == (1,)
+            assert "rank 1 is working" in seen.phase.detail
+
+        run(tmp_path, scenario)
+
+
+def test_the_agent_collects_a_stopped_ranks_stacks_for_a_declared_hang(tmp_path: Path) -> None:
+    """Asked to collect for a hang, the agent says which rank is stopped and sends the stacks
+    it made that rank write (continued for the moment of its dump, then stopped again)."""
+    with ranks(tmp_path, ["stop", "sleep"]) as pids:
+
+        async def scenario(d: Daemon) -> None:
+            with agent_process(tmp_path, d.endpoint.endpoint):
+                await d.hear_until(lambda: NODE in d.agents.agents)
+                request = d.agents.ask(
+                    {NODE: {r: pid for pid, r in pids.items()}}, window_s=0.0, dump=True
+                )
+                await d.hear_until(lambda: d.agents.answered(request))
+            looks = d.agents.looks(request)
+            assert looks[0].stopped and not looks[1].stopped
+            assert "Current thread" in looks[0].stacks or "Thread 0x" in looks[0].stacks
+            assert "time.sleep" in looks[1].stacks or "<module>" in looks[1].stacks
+            assert all(_state(pid) == "T" for pid, r in pids.items() if r == 0)
+
+        run(tmp_path, scenario)
+
+
+def test_the_agent_answers_only_its_jobs_daemon_and_ends_on_sigterm(tmp_path: Path) -> None:
+    """A request authenticated with another key is not answered (the one after it, with the
+    job's key, is); SIGTERM ends the agent with status 0."""
+    with ranks(tmp_path, ["sleep"]) as pids:
+
+        async def scenario(d: Daemon) -> None:
+            with agent_process(tmp_path, d.endpoint.endpoint) as agent:
+                await d.hear_until(lambda: NODE in d.agents.agents)
+                identity = d.agents.agents[NODE].identity
+                forged = m.encode(
+                    p.new_secret(), m.NodeAsk(99, ",".join(f"0:{pid}" for pid in pids), 0.0, dump=True),
+                    rank=p.agent_rank(1), attempt=1, pid=1, seq=0,
+                )  # fmt: skip
+                d.endpoint._sock.send_multipart([identity, forged])
+                request = d.agents.ask({NODE: {r: pid for pid, r in pids.items()}}, window_s=0.1)
+                await d.hear_until(lambda: d.agents.answered(request))
+                assert not d.agents.looks(99)
+                agent.send_signal(signal.SIGTERM)
+                assert agent.wait(timeout=10) == 0
+
+        run(tmp_path, scenario)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.rfind(")") + 2]
+
+
+def test_the_node_wrapper_starts_the_agent_beside_its_command_and_ends_it(tmp_path: Path) -> None:
+    """``node_group --agent`` starts the node's agent beside the command (it beats while the
+    command runs) and ends it with the command: no agent is left once the wrapper ended."""
+
+    async def scenario(d: Daemon) -> None:
+        env = {
+            **os.environ,
+            p.ENV_ENDPOINT: d.endpoint.endpoint,
+            p.ENV_SECRET_FILE: str(tmp_path / "secret"),
+            p.ENV_ATTEMPT: "1",
+            p.ENV_DIAGNOSTICS_DIR: str(tmp_path),
+            p.ENV_HEARTBEAT_INTERVAL: repr(INTERVAL_S),
+            "SLURM_NODEID": "1",
+            "SLURMD_NODENAME": NODE,
+        }
+        release = tmp_path / "release"
+        wait = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.02)"
+        argv = ["-m", "worker_sdk.spawn.node_group", "5", "--agent", sys.executable, "-c", wait]
+        wrapper = subprocess.Popen([sys.executable, *argv], env=env)
+        try:
+            await d.hear_until(lambda: NODE in d.agents.agents)
+            agent_pid = d.agents.agents[NODE].pid
+            assert agent_pid != wrapper.pid
+            release.touch()
+            assert wrapper.wait(timeout=30) == 0
+        finally:
+            wrapper.kill()
+            wrapper.wait()
+        assert not Path(f"/proc/{agent_pid}").exists()
+
+    run(tmp_path, scenario)

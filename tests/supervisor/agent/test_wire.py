@@ -1,0 +1,135 @@
+"""The daemon's and the agents' messages in the daemon's terms (supervisor/agent/wire.py), and
+the daemon's book of agents (supervisor/ranks/agents.py), from tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.agent import wire
+from supervisor.ranks.agents import NodeAgents, silence_limit
+from supervisor.rules.stuck import RankEvidence, ThreadState
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+
+KEY = b"k" * 32
+DUMP = 'Current thread 0x00007f (most recent call first):\n  File "train.py", line 9 in prepare\n'
+
+
+def _through(body: m.Body, *, rank: int = -2, seq: int = 1, pid: int = 7) -> p.Message:
+    frame = m.encode(KEY, body, rank=rank, attempt=1, pid=pid, seq=seq)
+    assert len(frame) <= p.MAX_MESSAGE_BYTES
+    return p.decode(KEY, frame)
+
+
+def test_a_look_comes_back_as_the_evidence_it_carries() -> None:
+    """A look's evidence (threads, CPU, state, stacks parsed into frames) survives the wire."""
+    evidence = RankEvidence(
+        3,
+        state="R",
+        cpu_s=0.6,
+        window_s=0.75,
+        wchan="",
+        stack_read=True,
+        threads=(ThreadState("pt_autograd_0", "S", "futex_wait_queue"),),
+    )
+    body = m.read(_through(wire.look_body(wire.Look(5, evidence, False, DUMP))))
+    assert isinstance(body, m.NodeLook)
+    look = wire.read_look(body)
+    assert look is not None
+    assert look.request == 5 and look.stacks == DUMP and not look.stopped
+    assert look.evidence.frames[0].func == "prepare"
+    assert look.evidence == RankEvidence(
+        3,
+        state="R",
+        cpu_s=0.6,
+        window_s=0.75,
+        wchan="",
+        frames=look.evidence.frames,
+        stack_read=True,
+        threads=evidence.threads,
+    )
+
+
+def test_a_look_with_huge_stacks_is_cut_to_fit_one_frame() -> None:
+    """Stacks far larger than a message are cut (their head kept) so that the look still
+    travels as one authenticated frame."""
+    huge = DUMP + 'Thread 0x1 (most recent call first):\n  File "x.py", line 1 in f\n' * 5000
+    body = wire.look_body(wire.Look(1, RankEvidence(0, state="S"), True, huge))
+    assert body.stacks and huge.startswith(body.stacks) and len(body.stacks) < len(huge)
+    read = m.read(_through(body))
+    assert isinstance(read, m.NodeLook) and read.stacks == body.stacks and read.stopped
+
+
+@pytest.mark.parametrize(
+    ("ranks", "window", "expected"),
+    [
+        ("2:100,3:101", 0.75, wire.Ask(1, {2: 100, 3: 101}, 0.75)),
+        ("", 0.75, wire.Ask(1, {}, 0.75)),
+        ("2:100", 1e9, wire.Ask(1, {2: 100}, 0.0)),  # an absurd window: none
+        ("2:x", 0.75, None),
+        ("-1:100", 0.75, None),
+        ("2", 0.75, None),
+    ],
+)
+def test_a_request_is_read_only_when_well_formed(
+    ranks: str, window: float, expected: wire.Ask | None
+) -> None:
+    """The ranks of a request are RANK:PID pairs of digits; anything else is no request."""
+    body = m.read(_through(m.NodeAsk(1, ranks, window)))
+    assert isinstance(body, m.NodeAsk)
+    assert wire.read_ask(body) == expected
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, m.Body, int]] = []
+
+    def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
+        self.sent.append((identity, body, rank))
+
+
+def _beat(agents: NodeAgents, node: str, node_id: int, t: float, *, pid: int = 7) -> None:
+    agents.heard(node.encode(), _through(m.NodeBeat(node), rank=p.agent_rank(node_id), pid=pid), t)
+
+
+@pytest.mark.parametrize(
+    ("beats", "now", "lost"),
+    [
+        ({"node1": 9.0, "node2": 9.0}, 10.0, []),
+        ({"node1": 9.0, "node2": 6.9}, 10.0, ["node2"]),  # silent 3.1 s: lost
+        ({"node1": 9.0, "node2": 7.1}, 10.0, []),  # 2.9 s: not yet
+        ({"node1": 6.0, "node2": 6.0}, 10.0, []),  # the daemon's own node late too: it was held up
+        ({"node2": 6.0, "node3": 9.5}, 10.0, ["node2"]),  # no own agent heard: others judge
+    ],
+)
+def test_a_node_is_lost_when_its_agent_falls_silent(
+    beats: dict[str, float], now: float, lost: list[str]
+) -> None:
+    """Silent for the limit (three 1 s beats, at least 3 s), an agent's node is lost, unless
+    the daemon's own node's agent is as late."""
+    agents = NodeAgents(Sent(), own_node="node1", interval_s=1.0)
+    for i, (node, t) in enumerate(beats.items()):
+        _beat(agents, node, i, t)
+    assert agents.limit_s == silence_limit(1.0) == 3.0
+    found = agents.silent(now)
+    assert sorted(found) == lost
+    assert all("sent nothing for" in how for how in found.values())
+
+
+def test_only_the_ranks_asked_about_are_taken_from_looks() -> None:
+    """A request goes to the agents of the nodes named (not to a node without one); a look at
+    a rank it did not ask about, or for another request, is not taken."""
+    sent = Sent()
+    agents = NodeAgents(sent, own_node="node1", interval_s=1.0)
+    _beat(agents, "node2", 1, 0.0)
+    request = agents.ask({"node2": {4: 40, 5: 50}, "node3": {6: 60}}, window_s=0.75)
+    assert [(identity, rank) for identity, _, rank in sent.sent] == [(b"node2", p.agent_rank(1))]
+    ask = sent.sent[0][1]
+    assert isinstance(ask, m.NodeAsk) and ask.ranks == "4:40,5:50"
+    for rank, req, seq in ((4, request, 2), (7, request, 3), (5, request + 1, 4)):
+        look = wire.look_body(wire.Look(req, RankEvidence(rank, state="S"), False, ""))
+        agents.heard(b"node2", _through(look, seq=seq), 1.0)
+    assert list(agents.looks(request)) == [4] and not agents.answered(request)
+    look = wire.look_body(wire.Look(request, RankEvidence(5, state="R"), False, ""))
+    agents.heard(b"node2", _through(look, seq=5), 1.0)
+    assert agents.answered(request)

@@ -1,0 +1,116 @@
+"""The messages between the daemon and a node's agent (``supervisor.agent``): the agent is
+alive, look at these ranks, what it saw of one. Read and written by :mod:`.messages`; an
+agent's messages carry the rank field ``protocol.agent_rank(node_id)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .protocol import Kind, Message
+
+__all__ = [
+    "LOOK_DUMP",
+    "LOOK_NATIVE",
+    "NodeAsk",
+    "NodeBeat",
+    "NodeLook",
+    "node_fields",
+    "read_node",
+]
+
+LOOK_DUMP = 1  # NODE_ASK's flag: a hang was declared: collect the ranks' stacks for the record
+LOOK_NATIVE = 2  # NODE_ASK's flag, with LOOK_DUMP: native stacks too, where py-spy is installed
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBeat:
+    """``node``'s agent is alive (every heartbeat interval)."""
+
+    KIND: ClassVar = Kind.NODE_BEAT
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAsk:
+    """Look at ``ranks`` ("RANK:PID,...") over ``window_s``; with ``dump``, collect their
+    stacks for a declared hang instead (``native``: native stacks too)."""
+
+    KIND: ClassVar = Kind.NODE_ASK
+    request: int
+    ranks: str
+    window_s: float
+    dump: bool = False
+    native: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLook:
+    """What the agent saw of rank ``of`` for ``request`` over ``window_s``: its state letter,
+    CPU time used, main thread's wait channel, other threads ("NAME\\tSTATE\\tWCHAN" lines),
+    whether its stacks were asked for, whether it was stopped, and the stacks it wrote."""
+
+    KIND: ClassVar = Kind.NODE_LOOK
+    request: int
+    of: int
+    window_s: float
+    state: str | None = None
+    cpu_s: float | None = None
+    wchan: str = ""
+    threads: str = ""
+    stack_read: bool = False
+    stopped: bool = False
+    stacks: str = ""
+
+
+def _str(value: object, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def read_node(msg: Message) -> NodeBeat | NodeAsk | NodeLook | None:
+    """The node message ``msg`` carries; None when it is of another kind."""
+    d, kind = msg.payload, msg.kind
+    if kind is Kind.NODE_BEAT:
+        return NodeBeat(_str(d.get("node")))
+    if kind is Kind.NODE_ASK:
+        dump, native = bool(msg.flags & LOOK_DUMP), bool(msg.flags & LOOK_NATIVE)
+        return NodeAsk(msg.step, _str(d.get("ranks")), msg.value, dump, native)
+    if kind is not Kind.NODE_LOOK:
+        return None
+    of, cpu = d.get("of"), d.get("cpu_s")
+    return NodeLook(
+        msg.step,
+        of if isinstance(of, int) and not isinstance(of, bool) else -1,
+        msg.value,
+        d.get("state") if isinstance(d.get("state"), str) else None,
+        float(cpu) if isinstance(cpu, int | float) and not isinstance(cpu, bool) else None,
+        _str(d.get("wchan")),
+        _str(d.get("threads")),
+        d.get("stack_read") is True,
+        d.get("stopped") is True,
+        _str(d.get("stacks")),
+    )
+
+
+def node_fields(
+    body: NodeBeat | NodeAsk | NodeLook,
+) -> tuple[Kind, int, float, int, dict[str, Any]]:
+    """What goes on the wire for ``body``: kind, step, value, flags, payload."""
+    match body:
+        case NodeBeat(node):
+            return Kind.NODE_BEAT, -1, 0.0, 0, {"node": node}
+        case NodeAsk(request, ranks, window_s, dump, native):
+            flags = (LOOK_DUMP if dump else 0) | (LOOK_NATIVE if native else 0)
+            return Kind.NODE_ASK, request, window_s, flags, {"ranks": ranks}
+        case NodeLook():
+            payload = {
+                "of": body.of,
+                "state": body.state,
+                "cpu_s": body.cpu_s,
+                "wchan": body.wchan,
+                "threads": body.threads,
+                "stack_read": body.stack_read,
+                "stopped": body.stopped,
+                "stacks": body.stacks,
+            }
+            return Kind.NODE_LOOK, body.request, body.window_s, 0, payload
