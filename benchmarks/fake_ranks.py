@@ -3,9 +3,12 @@
 Started by a real ``rvsup start`` (as the job's only rank), so it finds the daemon's endpoint, secret
 and attempt in the RVSUP_* environment like any rank. Each simulated rank has its own DEALER
 connection, says HELLO, then sends one HEARTBEAT per second (its step grows by one each time), the
-sends spread evenly over the second. When ``$BENCH_RECORD_DIR/go-silent`` appears, rank N // 2
-stops; ``silent.json`` records the time of its last heartbeat. ``ready.json`` is written once every
-rank said HELLO.
+sends spread evenly over the second. With FAKE_PER_AGENT=k, the ranks are simulated behind node
+agents of k ranks each, as on a multi-node job: one connection per agent, each rank's HELLO sent
+through it as the agent relays it, then one NODE_BEAT per agent per second carrying its k ranks'
+heartbeats (supervisor/agent/), the agents' beats spread evenly over the second. When
+``$BENCH_RECORD_DIR/go-silent`` appears, rank N // 2 stops; ``silent.json`` records the time of
+its last heartbeat. ``ready.json`` is written once every rank said HELLO.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import zmq
 
+from supervisor.agent import wire
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
@@ -36,10 +40,12 @@ def main() -> None:
     attempt = int(os.environ[p.ENV_ATTEMPT])
     endpoint = os.environ[p.ENV_ENDPOINT]
     pid, host = os.getpid(), socket.gethostname()
+    per_agent = int(os.environ.get("FAKE_PER_AGENT", "0"))
+    senders = n if per_agent <= 0 else -(-n // per_agent)
     ctx = zmq.Context(io_threads=1)
-    ctx.set(zmq.MAX_SOCKETS, n + 64)
+    ctx.set(zmq.MAX_SOCKETS, senders + 64)
     socks = []
-    for _ in range(n):
+    for _ in range(senders):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 64)
@@ -47,12 +53,24 @@ def main() -> None:
         socks.append(s)
     seq = [0] * n
     steps = [0] * n
+    agent_seq = [0] * senders
 
     def send(rank: int, body: m.Body) -> None:
         seq[rank] += 1
         frame = m.encode(key, body, rank=rank, attempt=attempt, pid=pid, seq=seq[rank])
+        sock = socks[rank if per_agent <= 0 else rank // per_agent]
         with contextlib.suppress(zmq.Again):  # a full queue drops, like the SDK
-            socks[rank].send(frame, zmq.NOBLOCK)
+            sock.send(frame, zmq.NOBLOCK)
+
+    def beat(agent: int, ranks: list[int]) -> None:
+        beats = [wire.RankBeat(r, pid, steps[r], 0.02, None, None, 0.0) for r in ranks]
+        body = m.NodeBeat(f"sim-{agent:05d}", wire.beats_text(beats))
+        agent_seq[agent] += 1
+        frame = m.encode(
+            key, body, rank=p.agent_rank(agent), attempt=attempt, pid=pid, seq=agent_seq[agent]
+        )
+        with contextlib.suppress(zmq.Again):
+            socks[agent].send(frame, zmq.NOBLOCK)
 
     for rank in range(n):
         send(rank, m.Hello(0, host, local_rank=rank, world_size=n))
@@ -64,16 +82,25 @@ def main() -> None:
     sent_total = 0
     while True:
         now = time.monotonic()
-        # rank r is due at t0 + r * period / n + k * period
-        due_upto = int((now - t0) / period * n)
+        # sender i (a rank, or an agent) is due at t0 + i * period / senders + k * period
+        due_upto = int((now - t0) / period * senders)
         while sent_total < due_upto:
-            rank = sent_total % n
+            sender = sent_total % senders
             sent_total += 1
-            if silent and rank == silent_rank:
-                continue
-            steps[rank] += 1
-            send(rank, m.Heartbeat(steps[rank], 0.02))
-            last_sent[rank] = time.time()
+            if per_agent <= 0:
+                ranks = [] if silent and sender == silent_rank else [sender]
+            else:
+                upto = min((sender + 1) * per_agent, n)
+                ranks = [
+                    r for r in range(sender * per_agent, upto) if not (silent and r == silent_rank)
+                ]
+            for rank in ranks:
+                steps[rank] += 1
+                last_sent[rank] = time.time()
+            if per_agent > 0:
+                beat(sender, ranks)
+            elif ranks:
+                send(sender, m.Heartbeat(steps[sender], 0.02))
         if not silent and (record_dir / "go-silent").exists():
             silent = True
             info = {"rank": silent_rank, "last_heartbeat_t": last_sent[silent_rank]}

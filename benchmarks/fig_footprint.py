@@ -3,8 +3,9 @@
 9a samples (every 0.25 s, while every rank trains) the RSS and CPU of the rvsup daemon, of the
 torchrun agent it starts, of a plain torchrun agent and of ft_launcher's agent process.
 9b starts a real ``rvsup start`` whose only "rank" is :mod:`benchmarks.fake_ranks` (N simulated ranks,
-each its own DEALER connection, 1 heartbeat/s), measures the daemon's CPU and RSS over a window, then
-silences one rank and reads how long the daemon took to call it a hang (configured timeout).
+each its own DEALER connection, 1 heartbeat/s; or behind simulated node agents of 8 ranks, one
+beat/s each, as on several nodes), measures the daemon's CPU and RSS over a window, then silences
+one rank and reads how long the daemon took to call it a hang (configured timeout).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .tools import REPO, WORLD, FtLauncher, Run, Rvsup, Spec, Tool, Torchrun
 
 SAMPLE_S = 0.25
 SCALE_HANG_S = 5.0
+AGENT_RANKS = 8  # ranks per simulated node agent (a node of 8 GPUs)
 MB = 1 << 20
 
 
@@ -193,19 +195,20 @@ class _ScaleRvsup(Rvsup):
         )
 
 
-def _scale_once(ctx: Context, n: int) -> tuple[Usage, float | None, str]:
-    workdir = ctx.scratch / "scale" / str(n)
+def _scale_once(ctx: Context, n: int, per_agent: int) -> tuple[Usage, float | None, str]:
+    workdir = ctx.scratch / "scale" / f"{n}-{per_agent}"
     shutil.rmtree(workdir, ignore_errors=True)
     tool = _ScaleRvsup()
     spec = Spec(steps=1, ckpt_every=0, max_restarts=0)
-    with tool.launch(spec, workdir, {"FAKE_RANKS": str(n)}) as run:
+    env = {"FAKE_RANKS": str(n), "FAKE_PER_AGENT": str(per_agent)}
+    with tool.launch(spec, workdir, env) as run:
         ready = run.record_dir / "ready.json"
         deadline = time.monotonic() + 120
         while not ready.exists() and time.monotonic() < deadline and run.proc.poll() is None:
             time.sleep(0.05)
         if not ready.exists():
             return Usage(), None, "the simulator never became ready"
-        time.sleep(2.0)  # HELLOs and the first round of heartbeats absorbed
+        time.sleep(2.0 + n / 8192)  # HELLOs and the first round of heartbeats absorbed
         daemon = psutil.Process(run.proc.pid)
         usage = sample({"daemon": daemon}, time.monotonic() + ctx.profile.scale_window_s)["daemon"]
         (run.record_dir / "go-silent").write_text("")
@@ -221,17 +224,21 @@ def _scale_once(ctx: Context, n: int) -> tuple[Usage, float | None, str]:
 
 def scale(ctx: Context) -> Table:
     p = ctx.profile
-    cols = [f"{n} ranks" for n in p.scale_ranks]
+    runs = [(n, 0, f"{n} ranks") for n in p.scale_ranks]
+    runs += [(n, AGENT_RANKS, f"{n} ranks, {n // AGENT_RANKS} agents") for n in p.scale_agents]
     cpu: dict[str, Cell | str] = {}
     rss: dict[str, Cell | str] = {}
+    per_rank: dict[str, Cell | str] = {}
     latency: dict[str, Cell | str] = {}
-    for n, col in zip(p.scale_ranks, cols, strict=True):
+    smallest = min(p.scale_ranks)
+    base: list[float] = []  # the smallest run's RSS: the daemon with (almost) no ranks
+    for n, per_agent, col in runs:
         usages: list[Usage] = []
         detects: list[float] = []
         problems: list[str] = []
         for i in range(p.n_windows):
-            ctx.log(f"scale {n} simulated ranks {i + 1}/{p.n_windows}")
-            usage, detect, problem = _scale_once(ctx, n)
+            ctx.log(f"scale {col} {i + 1}/{p.n_windows}")
+            usage, detect, problem = _scale_once(ctx, n, per_agent)
             usages.append(usage)
             if detect is not None:
                 detects.append(detect)
@@ -241,25 +248,33 @@ def scale(ctx: Context) -> Table:
         cpu[col] = Cell(_cpu(usages), " %", note=note)
         rss[col] = Cell(_peaks(usages), " MB", digits=1, note="peak of each window")
         latency[col] = Cell(detects, " s", note=note)
+        if not base:
+            base = _peaks(usages)
+        elif n > smallest:
+            grown = [(peak - min(base)) * 1024 / (n - smallest) for peak in _peaks(usages)]
+            per_rank[col] = Cell(grown, " KB", digits=1, note=f"over the {smallest}-rank run")
     t = Table(
         "scale",
-        f"9b. A real rvsup daemon with simulated ranks (1 heartbeat/s each, one "
-        f"connection per rank; CPU over {p.scale_window_s:g} s; hang_timeout = "
-        f"{SCALE_HANG_S:g} s)",
-        cols,
+        f"9b. A real rvsup daemon with simulated ranks (1 heartbeat/s each: one connection per"
+        f" rank, or behind node agents of {AGENT_RANKS} ranks, one beat/s each, as on several"
+        f" nodes; CPU over {p.scale_window_s:g} s; hang_timeout = {SCALE_HANG_S:g} s)",
+        [col for _, _, col in runs],
     )
     t.row("daemon CPU (% of one core)", cpu)
     t.row("daemon RSS", rss)
+    t.row("daemon RSS per rank", per_rank)
     t.row("one rank goes silent -> hang detected", latency)
-    biggest = cpu.get("4096 ranks")
-    if isinstance(biggest, Cell) and biggest.median is not None:
-        t.targets.append(
-            Target(
-                "4096 simulated ranks <= 20% of a core",
-                f"{biggest.median:.1f} %",
-                biggest.median <= 20.0,
+    for col, what in (
+        (runs[len(p.scale_ranks) - 1][2], f"{max(p.scale_ranks)} simulated ranks"),
+        (runs[-1][2], f"{max(p.scale_agents)} simulated ranks behind agents"),
+    ):
+        biggest = cpu.get(col)
+        if isinstance(biggest, Cell) and biggest.median is not None:
+            t.targets.append(
+                Target(
+                    f"{what} <= 20% of a core", f"{biggest.median:.1f} %", biggest.median <= 20.0
+                )
             )
-        )
     lat = [c.median for c in latency.values() if isinstance(c, Cell) and c.median is not None]
     if lat:
         t.targets.append(

@@ -28,6 +28,7 @@ class Profile:
     ckpt_sizes_mb: tuple[int, ...]
     ckpt_reps: int
     scale_ranks: tuple[int, ...]
+    scale_agents: tuple[int, ...]  # ranks simulated behind node agents of AGENT_RANKS each
     scale_window_s: float
     footprint_steps: int
     n_windows: int  # repetitions of the footprint and scale measurements
@@ -50,6 +51,7 @@ FULL = Profile(
     ckpt_sizes_mb=(100, 1000),
     ckpt_reps=5,
     scale_ranks=(64, 512, 4096),
+    scale_agents=(4096, 16384),
     scale_window_s=20.0,
     footprint_steps=800,
     n_windows=5,
@@ -70,6 +72,7 @@ QUICK = Profile(
     ckpt_sizes_mb=(100,),
     ckpt_reps=3,
     scale_ranks=(64, 512, 4096),
+    scale_agents=(4096, 16384),
     scale_window_s=10.0,
     footprint_steps=500,
     n_windows=1,
@@ -90,6 +93,7 @@ SMOKE = Profile(
     ckpt_sizes_mb=(10,),
     ckpt_reps=1,
     scale_ranks=(16,),
+    scale_agents=(16,),
     scale_window_s=3.0,
     footprint_steps=120,
     n_windows=1,

@@ -1,68 +1,58 @@
 """One attempt: observe the ranks until the attempt ends, then say how it ended.
 
 Observation only: messages from the rank channel, process exits (through the attempt's
-:class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. What it sees goes to its
-parts from ``supervisor/ranks/`` (its hang check, saves, exits, checkpoints seen, training checks)
-and to its :class:`~supervisor.outcome.Evidence`; :class:`~supervisor.attempt_end.AttemptEnd`
-says when it ends, :func:`~supervisor.outcome.result_of` how. It never decides whether to restart
+:class:`ProcessTree`), and a 0.1 s tick for hangs and scheduled saves. What it hears and how it
+reacts is its base, :class:`~supervisor.attempt_observation.AttemptObservation`; what it sees
+goes to its parts from ``supervisor/ranks/`` (its hang check, saves, exits, checkpoints seen,
+training checks) and to its :class:`~supervisor.outcome.Evidence`;
+:class:`~supervisor.attempt_end.AttemptEnd` says when it ends,
+:func:`~supervisor.outcome.result_of` how. It never decides whether to restart
 (``rules.policy.decide``), and it keeps no job state of its own: it reads and changes the state
-of the :class:`JobOwner` (the supervisor), whose ``transition`` is the only way it changes. Its
-loops run under :func:`~supervisor.loops.run_beside`: a loop that raises ends the attempt with
-that error instead of leaving it waiting. Whatever happens, including cancellation, the
-attempt's whole process tree is torn down and reaped before :meth:`Attempt.run` returns (the
-teardown is shielded from cancellation).
+of the :class:`~supervisor.attempt_observation.JobOwner` (the supervisor), whose ``transition``
+is the only way it changes. Its loops run under :func:`~supervisor.loops.run_beside`: a loop
+that raises ends the attempt with that error instead of leaving it waiting. Whatever happens,
+including cancellation, the attempt's whole process tree is torn down and reaped before
+:meth:`Attempt.run` returns (the teardown is shielded from cancellation).
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Protocol
 
 from supervisor.attempt_end import AttemptEnd
+from supervisor.attempt_observation import AttemptObservation, JobOwner
 from supervisor.config.model import JobConfig
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, run_beside, shielded
 from supervisor.outcome import AttemptResult, Ending, Evidence, result_of
 from supervisor.process.cgroup import ended_events
-from supervisor.process.diagnostics import read_steps
 from supervisor.process.launch_plan import LaunchPlan
 from supervisor.process.tree import ProcessTree
-from supervisor.ranks.channel import Channel, RankTable, exit_from_report, report_from_message
-from supervisor.ranks.checkpoints import CheckpointsSeen, CommitTracker, commit_event
+from supervisor.ranks.channel import Channel
+from supervisor.ranks.checkpoints import CheckpointsSeen, CommitTracker
 from supervisor.ranks.coordinated import Saves
 from supervisor.ranks.exits import EXIT_GRACE_S, ExitBook
 from supervisor.ranks.hang_check import HangCheck
-from supervisor.ranks.resume_prints import ResumeBook, Verdict, stopping
+from supervisor.ranks.rank_table import RankTable
+from supervisor.ranks.resume_prints import ResumeBook
 from supervisor.ranks.snapshots import SnapshotBook
 from supervisor.ranks.stragglers import StragglerReports
-from supervisor.ranks.training import TrainingChecks, anomaly_event
-from supervisor.record import rank_logs, rundir
+from supervisor.ranks.training import TrainingChecks
+from supervisor.record import rundir
 from supervisor.record.events import EventLog
 from supervisor.rules import failures
 from supervisor.rules.anomalies import LossWatch
-from supervisor.rules.observation import Anomaly, RankExit, StopReason
+from supervisor.rules.observation import StopReason
 from supervisor.rules.states import JobState
-from worker_sdk.contract import messages as m
-from worker_sdk.contract import protocol as p
 
-__all__ = ["EXIT_GRACE_S", "TICK_S", "Attempt", "JobOwner"]
+__all__ = ["EXIT_GRACE_S", "TICK_S", "Attempt"]
 
 TICK_S = 0.1
 _SCAN_STARTING_S = 0.25  # how often to look for ranks that have not said hello, while starting
 _SCAN_RUNNING_S = 2.0
 
 
-class JobOwner(Protocol):
-    """The one owner of the job's state (the supervisor)."""
-
-    @property
-    def state(self) -> JobState: ...
-
-    def transition(self, new: JobState) -> None:
-        """The only way the job's state changes."""
-
-
-class Attempt:
+class Attempt(AttemptObservation):
     """Runs and watches attempt ``number`` of the job."""
 
     def __init__(
@@ -183,114 +173,6 @@ class Attempt:
         self.job.transition(JobState.STOPPING)
         self.saves.begin(stop=True, now=now)
 
-    # ------------------------------------------------------------------ observation
-    async def _receive_loop(self) -> None:
-        while True:
-            batch = await self.channel.receive_batch()
-            now = self.clock.monotonic()
-            for identity, msg in batch:
-                self._on_message(identity, msg, now)
-
-    def _on_message(self, identity: bytes, msg: p.Message, now: float) -> None:
-        if msg.rank < 0:  # a node agent's
-            self.hang_check.agents.heard(identity, msg, now)
-            return
-        body = m.read(msg)
-        if isinstance(body, m.RankExit):  # from the rank's parent, not the rank: no sign of life
-            self._on_exit_report(msg, body)
-            return
-        st = self.ranks.observe(identity, msg, now)
-        match body:
-            case m.Hello():
-                self.tree.watch_rank(msg.pid, msg.rank, st.host)
-                rank_logs.note_hello(
-                    self.cfg.job.run_dir, self.number, msg.rank, body.stdout, body.stderr
-                )
-                self.saves.ask(msg.rank, now)
-            case m.Heartbeat():
-                self.stragglers.heard(msg.rank, body, now)
-                if self.state is JobState.STARTING and self.ranks.started(self.world_size):
-                    self.job.transition(JobState.RUNNING)
-                self.saves.ask(msg.rank, now)
-            case m.Exiting(_, reason):
-                self.exits.exiting(msg.rank, reason, now)
-            case m.Sync():
-                self.saves.answer(identity, msg.rank, body)
-            case m.CheckpointCommitted() | m.CheckpointExternal():
-                # external: rvsup's marker of the framework's own checkpoint (its manifest
-                # names it; the watchdog and a restarted daemon read it from there too)
-                self._on_commit(Path(body.path), seconds=body.seconds, source="sdk")
-            case m.CheckpointFailed():
-                self.events.log(self.checkpoints.trouble(msg.rank, body))
-            case m.CheckpointSkipped():
-                self.events.log(self.checkpoints.trouble(msg.rank, body))
-                self.tracker.mark_damaged(Path(body.path))  # no rollback target, not the newest
-            case m.Snapshots() if (off := self.snapshots.heard(body)) is not None:
-                self.events.log(off)
-            case m.Loaded():
-                self._on_loaded(body)
-            case m.StepPrints():
-                self._on_resume_verdict(self.resumes.heard(msg.rank, body), now)
-            case m.Failure():
-                self.evidence.reports.append(report_from_message(msg))
-                self._sign_of_failure(now)
-        self._on_anomaly(self.training.heard(msg.rank, body), now)
-        self.training.protect(self.evidence.anomaly, self.tracker.newest_step)
-
-    def _on_loaded(self, body: m.Loaded) -> None:
-        """What the ranks resumed from (logged once); the loss rules date onsets from its step,
-        which is earlier than planned when the planned checkpoint proved damaged."""
-        if (event := self.checkpoints.loaded(body)) is not None:
-            self.events.log(event)
-            self.training.losses.resumed_at(body.step)
-            self.resumes.loaded(body)
-
-    def _on_resume_verdict(self, verdict: Verdict | None, now: float) -> None:
-        """The resume check's verdict: logged; one that stops the job ends the attempt."""
-        if verdict is not None:
-            self.events.log(verdict)
-        if (diverged := stopping(verdict)) is not None and self._ends_in_failure(now):
-            self.evidence.diverged = diverged
-
-    def _on_anomaly(self, anomaly: Anomaly | None, now: float) -> None:
-        """The training went wrong: record it and end the attempt (a rollback follows)."""
-        if anomaly is not None and self.evidence.anomaly is None and self._ends_in_failure(now):
-            self.evidence.anomaly = anomaly
-            self.events.log(anomaly_event(anomaly))
-
-    def _ends_in_failure(self, now: float) -> bool:
-        """End the attempt as failed now, unless it is over or a requested stop goes on."""
-        if self.end.over or self.stop_reason is not None:
-            return False
-        self.evidence.noticed(now, self.clock.wall())
-        self.end.finish(Ending.FAILED)
-        return True
-
-    def _on_exit_report(self, msg: p.Message, report: m.RankExit) -> None:
-        """A rank's waiting parent says how the rank ended (and its last step)."""
-        self._exact_step(msg.rank, report.last_step)
-        ended = exit_from_report(msg)
-        if ended is not None and self.tree.record(ended):
-            self._on_rank_exit(ended)
-
-    def refresh_steps(self) -> None:
-        """Each rank's exact last finished step, from the step slots of the ranks on this node
-        (heartbeats, rate-limited, can be a second old)."""
-        for rank, step in read_steps(self.diag_dir, [st.rank for st in self.ranks]).items():
-            self._exact_step(rank, step)
-
-    def _exact_step(self, rank: int, step: object) -> None:
-        if not self.evidence.steps_final:
-            self.ranks.exact_step(rank, step)
-
-    def _on_rank_exit(self, ended: RankExit) -> None:
-        """A rank's end, seen here or reported by its parent (each told once)."""
-        if ended.exit_code == 0:
-            return
-        if ended.signal is not None and not self.end.over:
-            self.tree.hold_launcher()  # the attempt ends: torchrun must not race the teardown
-        self._sign_of_failure(self.clock.monotonic())
-
     def _on_launcher_exit(self, rc: int) -> None:
         if rc == 0 and not self.evidence.reports and not self.exits.left_for_stop:
             self.end.finish(Ending.SUCCEEDED)  # even with a stop pending: the training ended first
@@ -306,23 +188,6 @@ class Attempt:
             began = self.ranks.save_began(self.tracker.step_of(path))
             seconds = self.clock.monotonic() - began if began is not None else None
             self._on_commit(path, seconds=seconds, source="watchdog")
-
-    def _on_commit(self, path: Path, *, seconds: float | None, source: str) -> None:
-        commit = self.tracker.observe(path, seconds=seconds, source=source)
-        if commit is None:
-            return
-        self.ranks.commit_seen(commit.step)
-        self.checkpoints.last_commit_t = self.clock.monotonic()
-        self.events.log(commit_event(commit))
-        if self.saves.finished_by(commit.step):
-            self.job.transition(JobState.RUNNING)
-
-    def _sign_of_failure(self, now: float) -> None:
-        self.evidence.noticed(now, self.clock.wall(), first=True)
-        if self.stop_reason is not None:  # a rank died during the stop: give up on the stop
-            self.end.finish(Ending.STOPPED)
-            return
-        self.end.failure_seen()
 
     def _scripts_finished(self) -> bool:
         """After a sign of failure, the evidence settled: every script ended by itself."""

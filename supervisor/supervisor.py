@@ -26,8 +26,9 @@ from supervisor.config.model import JobConfig
 from supervisor.exclusion import Exclusion, HealthSource
 from supervisor.loops import SYSTEM_CLOCK, Clock, Liveness, first_done
 from supervisor.outcome import AttemptResult, Outcome, failure_event, iso_utc
-from supervisor.ranks.channel import Channel, RankTable
+from supervisor.ranks.channel import Channel
 from supervisor.ranks.checkpoints import CommitTracker
+from supervisor.ranks.rank_table import RankTable
 from supervisor.ranks.resume_prints import ResumeBook
 from supervisor.ranks.snapshots import MemoryTier, SnapshotBook
 from supervisor.record.events import EventLog

@@ -1,11 +1,15 @@
-"""A node's agent: the daemon's eyes on a node of a multi-node attempt that it does not run on.
+"""A node's agent: the daemon's part on every node of a multi-node attempt.
 
 Started by the node wrapper (``worker_sdk.spawn.node_group --agent``) on every node of the
 attempt, in the node's group beside torchrun, and ended with it. It connects to the daemon's
-rank channel as the ranks do (``RVSUP_ENDPOINT``, the job's secret, CurveZMQ across nodes) and
+rank channel as the ranks would (``RVSUP_ENDPOINT``, the job's secret, CurveZMQ across nodes),
+and the node's ranks connect to it (an IPC socket in a 0700 directory the wrapper made,
+``RVSUP_AGENT_SOCKET``). It
 
-- sends a ``NODE_BEAT`` every heartbeat interval: the daemon takes an agent that falls silent
-  for :func:`supervisor.ranks.agents.silence_limit` as its node lost (a node failure, never a
+- relays its ranks' messages both ways (:mod:`.relay`): heartbeats go up together, one
+  ``NODE_BEAT`` per heartbeat interval carrying every rank's newest, and the rest at once;
+- beats even with nothing to carry: the daemon takes an agent that falls silent for
+  :func:`supervisor.ranks.agents.silence_limit` as its node lost (a node failure, never a
   silent gap);
 - answers the daemon's ``NODE_ASK``: it looks at the ranks named there (their process state,
   CPU time, wait channels, Python stacks: :mod:`supervisor.process.evidence_window`) over the
@@ -13,7 +17,7 @@ rank channel as the ranks do (``RVSUP_ENDPOINT``, the job's secret, CurveZMQ acr
   silence sees every node's ranks; for a declared hang it collects their stacks as the daemon
   does for its own (:func:`supervisor.process.diagnostics.collect_stacks`) and sends them.
 
-Single threaded, one ZeroMQ socket; it never imports torch. It acts only on the processes of
+Single threaded, two ZeroMQ sockets; it never imports torch. It acts only on the processes of
 its own user, and only when the daemon asks, with the job's key.
 """
 
@@ -32,6 +36,7 @@ from types import FrameType
 import zmq
 
 from supervisor.agent import wire
+from supervisor.agent.relay import Relay
 from supervisor.process import activity, diagnostics, evidence_window, native
 from supervisor.rules.stuck import RankEvidence
 from worker_sdk.contract import curve
@@ -41,6 +46,7 @@ from worker_sdk.contract import protocol as p
 __all__ = ["NodeAgent", "main"]
 
 _POLL_MAX_S = 0.2  # the longest a wait for the daemon lasts between two looks at the clock
+_BATCH = 1024  # the ranks' frames taken per wake-up
 
 
 class NodeAgent:
@@ -56,6 +62,7 @@ class NodeAgent:
         node: str,
         diag_dir: Path,
         interval_s: float,
+        ranks_socket: str | None = None,
     ) -> None:
         self._key = secret
         self.attempt = attempt
@@ -76,6 +83,20 @@ class NodeAgent:
             curve.secure_client(sock, curve.keys(secret, curve.RANKS))
         sock.connect(endpoint)
         self._sock = sock
+        self._relay = Relay(secret, attempt)
+        self._ranks: zmq.Socket[bytes] | None = None
+        if ranks_socket is not None:  # the node's ranks talk to the daemon through this agent
+            ranks = self._ctx.socket(zmq.ROUTER)
+            ranks.setsockopt(zmq.LINGER, 0)
+            ranks.setsockopt(zmq.MAXMSGSIZE, p.MAX_MESSAGE_BYTES)
+            ranks.setsockopt(zmq.RCVHWM, 10_000)
+            ranks.bind(f"ipc://{ranks_socket}")
+            os.chmod(ranks_socket, 0o600)
+            self._ranks = ranks
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        if self._ranks is not None:
+            self._poller.register(self._ranks, zmq.POLLIN)
 
     def run(self) -> None:
         """Beat and answer until :attr:`stopping` is set (SIGTERM)."""
@@ -89,12 +110,31 @@ class NodeAgent:
                 self._answer_window(now)
             due = next_beat if self._window is None else min(next_beat, self._window[2])
             wait_s = min(max(due - now, 0.0), _POLL_MAX_S)
-            if self._sock.poll(int(wait_s * 1000)):
+            ready = dict(self._poller.poll(int(wait_s * 1000)))
+            if self._ranks is not None and self._ranks in ready:
+                self._from_ranks(self._ranks)
+            if self._sock in ready:
                 self._on_frame(self._sock.recv(zmq.NOBLOCK))
 
     def close(self) -> None:
+        for text in self._relay.beats(time.monotonic()):  # nothing a rank said is left behind
+            self._send_body(m.NodeBeat(self.node, text))
+        if self._ranks is not None:
+            self._ranks.close()
         self._sock.close()
         self._ctx.term()
+
+    def _from_ranks(self, ranks: zmq.Socket[bytes]) -> None:
+        """Everything the node's ranks have queued: passed on, or held for the next beat."""
+        now = time.monotonic()
+        for _ in range(_BATCH):
+            try:
+                frames = ranks.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 2:
+                for frame in self._relay.from_rank(frames[0], frames[1], now):
+                    self._send(frame)
 
     def _send(self, frame: bytes) -> None:
         # the daemon gone or far behind drops it: its silence check judges, not us
@@ -102,7 +142,8 @@ class NodeAgent:
             self._sock.send(frame, zmq.NOBLOCK)
 
     def _beat(self) -> None:
-        self._send_body(m.NodeBeat(self.node))
+        for text in self._relay.beats(time.monotonic()):
+            self._send_body(m.NodeBeat(self.node, text))
 
     def _send_body(self, body: m.Body) -> None:
         self._seq += 1
@@ -117,7 +158,15 @@ class NodeAgent:
             msg = p.decode(self._key, frame)
         except p.BadMessageError:
             return
-        if msg.attempt != self.attempt or msg.rank != p.agent_rank(self.node_id):
+        if msg.attempt != self.attempt:
+            return
+        if msg.rank >= 0:  # the daemon's answer to one of the node's ranks
+            to = self._relay.to_rank(msg)
+            if to is not None and self._ranks is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._ranks.send_multipart([to, frame], zmq.NOBLOCK)
+            return
+        if msg.rank != p.agent_rank(self.node_id):
             return
         body = m.read(msg)
         ask = wire.read_ask(body) if isinstance(body, m.NodeAsk) else None
@@ -172,6 +221,7 @@ def main() -> None:
             node=p.node_name(env.get("SLURMD_NODENAME"), socket.gethostname()),
             diag_dir=Path(env[p.ENV_DIAGNOSTICS_DIR]),
             interval_s=float(env.get(p.ENV_HEARTBEAT_INTERVAL, "1.0")),
+            ranks_socket=env.get(p.ENV_AGENT_SOCKET) or None,
         )
     except (KeyError, ValueError, OSError) as exc:
         print(f"rvsup: the node agent cannot start: {exc!r}", file=sys.stderr)

@@ -11,17 +11,98 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from supervisor.rules import culprits
 from supervisor.rules.stuck import RankEvidence, ThreadState
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
-__all__ = ["Ask", "Look", "ask_body", "look_body", "read_ask", "read_look"]
+__all__ = [
+    "BEATS_PER_MESSAGE",
+    "Ask",
+    "Look",
+    "RankBeat",
+    "ask_body",
+    "beats_text",
+    "look_body",
+    "read_ask",
+    "read_beats",
+    "read_look",
+]
 
 _THREADS_MAX = 2_000  # characters of a look's thread list
 _ROOM = 512  # bytes a look leaves for the header, the MAC and JSON's quoting of its fields
+#: Heartbeats one NODE_BEAT carries at most (~60 bytes each: one frame holds 200 with room).
+BEATS_PER_MESSAGE = 200
+
+
+class RankBeat(NamedTuple):
+    """A rank's heartbeat (:class:`~worker_sdk.contract.messages.Heartbeat`'s fields) as its
+    node's agent passed it on, ``age_s`` after the agent had it (a tuple of plain values: the
+    daemon reads thousands a second)."""
+
+    rank: int
+    pid: int
+    step: int
+    longest_step_s: float
+    loss: float | None
+    comm_wait_s: float | None
+    age_s: float
+
+    @classmethod
+    def of(cls, rank: int, pid: int, body: m.Heartbeat, age_s: float = 0.0) -> RankBeat:
+        return cls(rank, pid, body.step, body.longest_step_s, body.loss, body.comm_wait_s, age_s)
+
+    @property
+    def body(self) -> m.Heartbeat:
+        """The heartbeat message it stands for."""
+        return m.Heartbeat(self.step, self.longest_step_s, self.loss, self.comm_wait_s)
+
+
+def beats_text(beats: list[RankBeat]) -> str:
+    """``NodeBeat.beats`` for ``beats`` (at most :data:`BEATS_PER_MESSAGE`)."""
+    return ";".join(
+        f"{b.rank},{b.pid},{b.step},{b.longest_step_s!r},{round(b.age_s * 1000)},"
+        f"{_opt(b.loss)},{_opt(b.comm_wait_s)}"
+        for b in beats
+    )
+
+
+def read_beats(text: str) -> list[RankBeat]:
+    """The heartbeats in ``NodeBeat.beats``; a malformed entry is left out (at most
+    :data:`BEATS_PER_MESSAGE` are read)."""
+    out = []
+    isfinite = math.isfinite
+    for entry in text.split(";", BEATS_PER_MESSAGE)[:BEATS_PER_MESSAGE]:
+        parts = entry.split(",")
+        if len(parts) != 7:
+            continue
+        rank_, pid_, step_, longest_, age_, loss_, wait_ = parts
+        try:
+            rank, pid, step, age_ms, longest = (
+                int(rank_),
+                int(pid_),
+                int(step_),
+                int(age_),
+                float(longest_),
+            )
+            loss = float(loss_) if loss_ else None
+            wait = float(wait_) if wait_ else None
+        except ValueError:
+            continue
+        if rank < 0 or pid <= 0 or not 0 <= age_ms <= 60_000 or not isfinite(longest):
+            continue
+        if (loss is not None and not isfinite(loss)) or (wait is not None and not isfinite(wait)):
+            continue
+        out.append(RankBeat(rank, pid, step, longest, loss, wait, age_ms / 1000))
+    return out
+
+
+def _opt(value: float | None) -> str:
+    return "" if value is None else repr(value)
 
 
 @dataclass(frozen=True, slots=True)

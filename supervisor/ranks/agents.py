@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from supervisor.agent import wire
-from supervisor.ranks.channel import RankTable
+from supervisor.ranks.rank_table import RankTable
 from supervisor.rules.stuck import RankEvidence
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
@@ -78,8 +78,9 @@ class NodeAgents:
         self._asked: dict[int, set[int]] = {}  # request -> the ranks asked about
         self._looks: dict[int, dict[int, wire.Look]] = {}  # request -> rank -> look
 
-    def heard(self, identity: bytes, msg: p.Message, now: float) -> None:
-        """An agent's message (``msg.rank`` < 0), authenticated."""
+    def heard(self, identity: bytes, msg: p.Message, now: float) -> list[wire.RankBeat]:
+        """An agent's message (``msg.rank`` < 0), authenticated; the heartbeats of its node's
+        ranks that a beat carries."""
         body = m.read(msg)
         if isinstance(body, m.NodeBeat) and body.node:
             st = self.agents.get(body.node)
@@ -87,10 +88,12 @@ class NodeAgents:
                 st = AgentState(body.node, -1 - msg.rank, identity, msg.pid, now)
                 self.agents[body.node] = st
             st.identity, st.last_t = identity, now
-        elif isinstance(body, m.NodeLook):
+            return wire.read_beats(body.beats) if body.beats else []
+        if isinstance(body, m.NodeLook):
             look = wire.read_look(body)
             if look is not None and look.evidence.rank in self._asked.get(look.request, ()):
                 self._looks[look.request][look.evidence.rank] = look
+        return []
 
     def silent(self, now: float) -> dict[str, str]:
         """The nodes whose agent fell silent, each with how that was established (empty while

@@ -1,7 +1,7 @@
-"""The supervisor's end of the rank channel: a ZeroMQ ROUTER and the per-rank table it feeds.
+"""The supervisor's end of the rank channel: a ZeroMQ ROUTER (the ranks' messages, and on
+several nodes their node agents'), feeding the per-rank table (:mod:`.rank_table`).
 
-Every accepted message is stamped with the supervisor's monotonic clock: ranks' clocks are never
-compared. Anything that fails authentication, decoding, the attempt check or the replay check is
+Anything that fails authentication, decoding, the attempt check or the replay check is
 dropped and counted by reason (shown by ``rvsup status``); nothing received is unpickled and no
 message can raise out of :meth:`HeartbeatEndpoint.receive`.
 """
@@ -13,16 +13,12 @@ import collections
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import zmq
-import zmq.asyncio
 
-from supervisor.rules.hangs import Silence, StepTimes
-from supervisor.rules.observation import RankExit, RankReport
 from worker_sdk.contract import curve
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
@@ -30,16 +26,12 @@ from worker_sdk.contract import protocol as p
 __all__ = [
     "Channel",
     "HeartbeatEndpoint",
-    "RankState",
-    "RankTable",
-    "exit_from_report",
-    "report_from_message",
     "socket_dir",
 ]
 
 _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux, keep a margin
-_STEP_TIMES_KEPT = 256
 _BATCH = 256  # messages taken per wake-up of the receive loop
+PACE_S = 0.01  # the shortest time between two batches
 
 
 def socket_dir(run_dir: Path) -> Path:
@@ -51,191 +43,6 @@ def socket_dir(run_dir: Path) -> Path:
         os.chmod(preferred, 0o700)
         return preferred
     return Path(tempfile.mkdtemp(prefix="rvsup-"))
-
-
-@dataclass(slots=True)
-class RankState:
-    """What the supervisor knows about one rank of the current attempt."""
-
-    rank: int
-    pid: int
-    host: str
-    identity: bytes
-    hello_t: float
-    resume_step: int = 0
-    last_step: int = -1  # last finished step reported
-    last_progress_t: float = 0.0  # when last_step last grew (or hello)
-    last_seen_t: float = 0.0
-    first_step_t: float | None = None
-    phase: str | None = None
-    total_steps: int | None = None  # what the script said it runs to (resume(total_steps=))
-    saving_since: float | None = None
-    saving_step: int = -1  # the step of the save that began at saving_since
-    step_times: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=_STEP_TIMES_KEPT)
-    )
-
-    def to_status(self, now: float) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "pid": self.pid,
-            "host": self.host,
-            "last_step": self.last_step,
-            "heartbeat_age_s": round(now - self.last_seen_t, 3),
-            "progress_age_s": round(now - self.last_progress_t, 3),
-            "phase": self.phase,
-            "total_steps": self.total_steps,
-        }
-
-
-class RankTable:
-    """Folds accepted messages into per-rank state. Owned by the supervisor."""
-
-    def __init__(self) -> None:
-        self.ranks: dict[int, RankState] = {}
-        self.step_times = StepTimes()  # every rank's ``step_times``, sorted together
-
-    def clear(self) -> None:
-        self.ranks.clear()
-        self.step_times.clear()
-
-    def __iter__(self) -> Iterator[RankState]:
-        return iter(self.ranks.values())
-
-    def last_steps(self) -> dict[int, int]:
-        """Each rank's last finished step (-1: none yet)."""
-        return {st.rank: st.last_step for st in self.ranks.values()}
-
-    def nodes(self) -> dict[int, str]:
-        """The host of each rank that said where it runs."""
-        return {st.rank: st.host for st in self.ranks.values() if st.host != "?"}
-
-    def observe(self, identity: bytes, msg: p.Message, now: float) -> RankState:
-        """Update the sender's state from one message; returns it."""
-        body = m.read(msg)
-        st = self.ranks.get(msg.rank)
-        if st is None or st.pid != msg.pid:
-            if st is not None:  # a new process for this rank: forget the old one's samples
-                for seconds in st.step_times:
-                    self.step_times.remove(seconds)
-            host = body.host if isinstance(body, m.Hello) and body.host is not None else "?"
-            st = RankState(msg.rank, msg.pid, host, identity, now, last_progress_t=now)
-            self.ranks[msg.rank] = st
-        st.identity = identity
-        st.last_seen_t = now
-        match body:
-            case m.Hello():
-                st.host = st.host if body.host is None else body.host
-                st.total_steps = body.total_steps
-                st.resume_step = body.step
-                st.last_step = max(st.last_step, body.step - 1)
-            case (
-                m.Heartbeat()
-                | m.Sync()
-                | m.CheckpointCommitted()
-                | m.CheckpointExternal()
-                | m.Exiting()
-            ):
-                if isinstance(body, m.Heartbeat) and body.longest_step_s > 0:
-                    self._add_step_time(st, body.longest_step_s)
-                if body.step > st.last_step:
-                    st.last_step = body.step
-                    st.last_progress_t = now
-                    if st.first_step_t is None:
-                        st.first_step_t = now
-                if not isinstance(body, m.Sync):
-                    st.saving_since = None
-                if isinstance(body, m.Exiting):
-                    st.phase = "exiting"  # leaving: its silence from now on is not a hang
-            case m.CheckpointBegin():
-                st.saving_since = now
-                st.saving_step = body.step
-            case m.Phase():
-                st.phase = str(body.name) if body.begin else None
-                st.last_progress_t = now  # entering or leaving a phase is a sign of life
-        return st
-
-    def started(self, world_size: int) -> bool:
-        """All ``world_size`` ranks have finished a first step."""
-        return sum(st.first_step_t is not None for st in self) >= world_size
-
-    def exact_step(self, rank: int, step: object) -> None:
-        """``rank``'s last finished step is ``step``, read from its step slot or its exit report
-        (anything but an int is ignored), when later than the heartbeats said."""
-        if not isinstance(step, int) or isinstance(step, bool):
-            return
-        for st in self:
-            if st.rank == rank and step > st.last_step:
-                st.last_step = step
-
-    def commit_seen(self, step: int) -> None:
-        """The checkpoint of ``step`` is committed, so every rank finished writing its part of it
-        (they all agree before the commit): none of them is saving that step or an earlier one
-        any more, even if its own next message never arrives (a rank stopped right after a save
-        may leave it queued in its ZeroMQ I/O thread)."""
-        for st in self.ranks.values():
-            if st.saving_since is not None and st.saving_step <= step:
-                st.saving_since = None
-
-    def save_began(self, step: int | None) -> float | None:
-        """When the first rank began saving ``step``, if some rank is still saving it. Only a save
-        of that very step counts: with async saves, or a stop's save waiting for the one in
-        flight, the ranks may already be saving a later step."""
-        began = [
-            st.saving_since
-            for st in self.ranks.values()
-            if st.saving_since is not None and st.saving_step == step
-        ]
-        return min(began) if began else None
-
-    def silences(
-        self, now: float, *, since: float, world_size: int, finishing: bool
-    ) -> list[Silence]:
-        """Every rank's silence for the hang check, ranks not heard from yet counted silent since
-        ``since`` (the attempt's start). ``finishing``: a rank already left cleanly, so the others
-        are busy ending, not hung."""
-        out = [
-            Silence(
-                rank=st.rank,
-                silent_s=now - st.last_progress_t,
-                started=st.first_step_t is not None,
-                busy=finishing or st.phase is not None or st.saving_since is not None,
-            )
-            for st in self.ranks.values()
-        ]
-        missing = set(range(world_size)) - set(self.ranks)
-        out += [Silence(r, now - since, started=False, busy=False) for r in sorted(missing)]
-        return out
-
-    def _add_step_time(self, st: RankState, seconds: float) -> None:
-        if len(st.step_times) == st.step_times.maxlen:
-            self.step_times.remove(st.step_times[0])  # the deque drops it on append
-        st.step_times.append(seconds)
-        self.step_times.add(seconds)
-
-
-def exit_from_report(msg: p.Message) -> RankExit | None:
-    """The rank exit a ``RANK_EXIT`` message reports, or None if its payload is malformed.
-
-    Payload: ``pid`` (int), ``code`` (int, or None when a signal ended it), ``signal`` (int or
-    None), ``host`` (str).
-    """
-    body = m.read(msg)
-    if not isinstance(body, m.RankExit) or body.pid is None or body.host is None:
-        return None
-    if (body.code is None) == (body.signal is None):  # exactly one of them says how it ended
-        return None
-    return RankExit(msg.rank, body.pid, exit_code=body.code, signal=body.signal, node=body.host)
-
-
-def report_from_message(msg: p.Message) -> RankReport:
-    """What a rank said of its own failure in a ``FAILURE`` message."""
-    body = m.read(msg)
-    if not isinstance(body, m.Failure):
-        raise TypeError(f"not a FAILURE message: {msg.kind.name}")
-    return RankReport(
-        rank=msg.rank, kind=body.kind, type=body.type, message=body.message, step=body.step
-    )
 
 
 class Channel(Protocol):
@@ -272,7 +79,8 @@ class HeartbeatEndpoint:
         self.dropped: collections.Counter[str] = collections.Counter()
         self.accepted = 0
         self._last_seq: dict[tuple[int, int], int] = {}
-        self._ctx = zmq.asyncio.Context()
+        self._last_batch_t = float("-inf")
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._listener: curve.Listener | None = None
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -295,46 +103,63 @@ class HeartbeatEndpoint:
             os.chmod(path, 0o600)
             self.endpoint = f"ipc://{path}"
         self._sock = sock
-        # the same socket without the asyncio wrapper: draining what is already queued through
-        # it costs a few µs a message instead of an awaited future each
-        self._drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        self._fd = int(sock.getsockopt(zmq.FD))
 
     def new_attempt(self, attempt: int) -> None:
         self.attempt = attempt
         self._last_seq.clear()
 
     async def receive(self) -> tuple[bytes, p.Message]:
-        """Wait for the next acceptable message, dropping and counting the rest.
-
-        Awaiting a frame that is already queued does not yield to the event loop: every
-        ``_BATCH`` dropped frames it is yielded to explicitly, so that a flood of garbage cannot
-        starve the daemon's other tasks (the hang check, the control socket, process exits).
-        """
-        dropped = 0
-        while True:
-            frames = await self._sock.recv_multipart(copy=True)
-            checked = self._check(frames)
-            if checked is not None:
-                return checked
-            dropped += 1
-            if dropped % _BATCH == 0:
-                await asyncio.sleep(0)
+        """Wait for the next acceptable message (:meth:`receive_batch` of one)."""
+        return (await self.receive_batch(1))[0]
 
     async def receive_batch(self, limit: int = _BATCH) -> list[tuple[bytes, p.Message]]:
-        """Wait for the next acceptable message, then look (without waiting) at up to ``limit``
-        - 1 more frames that are already queued: one wake-up of the event loop for a burst of
-        heartbeats. When frames are left, the event loop gets a turn before the batch returns."""
-        batch = [await self.receive()]
-        for _ in range(limit - 1):
-            try:
-                frames = self._drain.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+        """Wait for the next acceptable message, then take up to ``limit`` - 1 more that are
+        already queued: one wake-up of the event loop for a burst of heartbeats. Batches are
+        at least :data:`PACE_S` apart, and the event loop does not watch the socket in between:
+        a steady stream of heartbeats (thousands of ranks, or of agents, each once a second)
+        wakes the daemon a hundred times a second, not once per message; a message after a
+        quiet moment is taken at once. What fails a check is dropped and counted; every
+        ``_BATCH`` dropped frames, and when frames are left, the event loop gets a turn, so
+        that a flood of garbage cannot starve the daemon's other tasks (the hang check, the
+        control socket, process exits)."""
+        wait_s = self._last_batch_t + PACE_S - time.monotonic()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        dropped = 0
+        while True:
+            await self._readable()
+            batch: list[tuple[bytes, p.Message]] = []
+            while len(batch) < limit:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                checked = self._check(frames)
+                if checked is not None:
+                    batch.append(checked)
+                    continue
+                dropped += 1
+                if dropped % _BATCH == 0:
+                    await asyncio.sleep(0)
+            if batch:
+                self._last_batch_t = time.monotonic()
+                if len(batch) == limit:
+                    await asyncio.sleep(0)  # more may be queued: let the other tasks run first
                 return batch
-            checked = self._check(frames)
-            if checked is not None:
-                batch.append(checked)
-        await asyncio.sleep(0)  # more may be queued: let the other tasks run first
-        return batch
+
+    async def _readable(self) -> None:
+        """Return once a frame is queued. ZeroMQ's descriptor only signals that its state may
+        have changed: the events are read first (which also resets it), and the loop watches
+        the descriptor only while nothing is queued."""
+        while not int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            loop = asyncio.get_running_loop()
+            changed: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self._fd, _settle, changed)
+            try:
+                await changed
+            finally:
+                loop.remove_reader(self._fd)
 
     def _check(self, frames: list[bytes]) -> tuple[bytes, p.Message] | None:
         if len(frames) != 2:
@@ -376,6 +201,11 @@ class HeartbeatEndpoint:
         if self._listener is not None:
             self._listener.stop()
         self._ctx.term()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _routable_host() -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from supervisor.ranks.channel import Channel, RankTable
+from supervisor.ranks.channel import Channel
+from supervisor.ranks.rank_table import RankTable
 from worker_sdk.contract import messages as m
 
 __all__ = ["SaveRound", "Saves", "answer_without_round"]

@@ -27,7 +27,8 @@ from supervisor.process.evidence_window import stacks_size
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks import slow
 from supervisor.ranks.agents import AgentLook, NodeAgents, remote_ranks
-from supervisor.ranks.channel import Channel, RankTable
+from supervisor.ranks.channel import Channel
+from supervisor.ranks.rank_table import RankTable
 from supervisor.ranks.silence import Hung, SilenceWatch
 from supervisor.ranks.slow import SlowWatch
 from supervisor.record.events import EventLog

@@ -14,7 +14,6 @@ from typing import Any, Final
 
 from supervisor.record.schema import StragglerDetected
 from supervisor.rules.stragglers import StragglerWatch
-from worker_sdk.contract import messages as m
 
 __all__ = ["JUDGE_EVERY_S", "StragglerReports"]
 
@@ -33,9 +32,9 @@ class StragglerReports:
         self.node: str | None = None
         """The node of the straggler named now."""
 
-    def heard(self, rank: int, beat: m.Heartbeat, now: float) -> None:
+    def heard(self, rank: int, step: int, comm_wait_s: float | None, now: float) -> None:
         """A heartbeat of ``rank``: its step, and its wait when it carries one."""
-        self.watch.observe(rank, now, beat.step, beat.comm_wait_s)
+        self.watch.observe(rank, now, step, comm_wait_s)
 
     def due(self, now: float) -> bool:
         """Whether :meth:`judge` is due (once per :data:`JUDGE_EVERY_S`)."""

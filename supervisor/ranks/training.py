@@ -87,6 +87,11 @@ class TrainingChecks:
         """The anomaly a message of ``rank`` reports or completes, if any."""
         return anomaly_in(self.losses, rank, body)
 
+    def beat(self, rank: int, step: int, loss: float | None) -> Anomaly | None:
+        """:meth:`heard` for a heartbeat's step and loss (thousands a second)."""
+        self.losses.heard(rank, step)
+        return None if loss is None else self.losses.observe(rank, step, loss)
+
     def protect(self, found: Anomaly | None, newest_commit: int | None) -> None:
         """After a message (looked at once per round of them): keep the checkpoint the earliest
         possible onset needs (``found``: the anomaly the attempt ends with, if any)."""

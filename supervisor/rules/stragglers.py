@@ -173,7 +173,11 @@ class StragglerWatch:
         for w in self._ranks.values():  # a rank's last MIN_SAMPLES stay: slow steps
             while len(w.samples) > MIN_SAMPLES and w.samples[0][0] < start:
                 w.samples.popleft()
-        samples = {r: [x for _, x in w.samples] for r, w in self._ranks.items()}
+        samples = {  # the rule judges only ranks with enough samples
+            r: [x for _, x in w.samples]
+            for r, w in self._ranks.items()
+            if len(w.samples) >= MIN_SAMPLES
+        }
         found = judge(samples)
         if found is None:
             self._candidate = None

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from supervisor.config.load import _SECTION_KEYS, parse_config
 from supervisor.config.model import ConfigError, JobConfig
-from supervisor.ranks.channel import RankTable, exit_from_report
+from supervisor.ranks.rank_table import RankTable
+from supervisor.ranks.reports import exit_from_report
 from supervisor.record import history, summary
+from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 # RVSUP_FUZZ_EXAMPLES=5000 for a longer search than the suite's
@@ -118,7 +120,7 @@ def test_authenticated_frames_of_any_content_never_crash_the_rank_table(
         assert e.reason
         return
     table = RankTable()
-    st_ = table.observe(b"id", msg, 100.0)
+    st_ = table.fold(b"id", msg.rank, msg.pid, m.read(msg), 100.0)
     assert st_.rank == msg.rank
     exit_from_report(msg)
     table.ranks[msg.rank].to_status(101.0)

@@ -90,6 +90,9 @@ def node_name(slurmd_nodename: str | None, hostname: str) -> str:
 
 
 ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to
+# on several nodes, set by the node wrapper for the node's agent: the path of the IPC socket it
+# binds for the node's ranks (their RVSUP_ENDPOINT), in a directory the wrapper made for it
+ENV_AGENT_SOCKET: Final = "RVSUP_AGENT_SOCKET"
 ENV_SECRET_FILE: Final = "RVSUP_SECRET_FILE"  # 0600 file holding the per-job secret
 ENV_JOB: Final = "RVSUP_JOB"  # job name
 ENV_ATTEMPT: Final = "RVSUP_ATTEMPT"  # attempt number, 1-based, across allocations
@@ -204,8 +207,8 @@ class Kind(enum.IntEnum):
     # registered modules' parameters at that step: the int64 bits of a float64, or null),
     # exact (bool: the values repeat bit for bit in a run that repeats the computation)
     STEP_PRINTS = 17
-    # from a node agent (rank: agent_rank(node id)), every heartbeat interval: step: how many
-    # ranks of its node it looks after; payload: node (its name)
+    # from a node agent (rank: agent_rank(node id)), every heartbeat interval; payload: node (its
+    # name), beats (its ranks' heartbeats since its last beat: node_messages.NodeBeat)
     NODE_BEAT = 18
     # from a node agent, one per rank it was asked to look at: step: the request's number;
     # value: the window's length (s); payload: "of" (the rank) and the look's fields, as

@@ -12,7 +12,10 @@ It passes signals on to ``CMD``, and once ``CMD`` has ended it ends what is left
 torchrun's node rank in the attempt's static rendezvous is this node's ``SLURM_NODEID``
 (``PET_NODE_RANK``, the variable torchrun reads for ``--node-rank``).
 With ``--agent`` it first starts the node's agent (``python -m supervisor.agent``, the daemon's
-eyes on this node) the same way, beside ``CMD``: it ends with the group, or with the wrapper.
+part on this node) the same way, beside ``CMD``: it ends with the group, or with the wrapper.
+The ranks then talk to the daemon through the agent: ``CMD`` gets as ``RVSUP_ENDPOINT`` an IPC
+socket the agent binds in a directory made for it here (``mkdtemp``: this user's alone, 0700,
+on the node's own temporary file system), removed at the end.
 
 A wrapper killed with SIGKILL (srun's own hard stop) cannot do that: the next attempt's wrapper
 on the node first ends what is left in the groups of wrappers that are gone. Where no group can
@@ -24,10 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
+
+from worker_sdk.contract import protocol as p
+from worker_sdk.contract.private_paths import verify_private_dir
 
 from .cgroup import Group, own_group_dir, place, stale_groups, wait_placed
 from .exit_report import FORWARDED, end_like
@@ -38,6 +46,7 @@ __all__ = ["main"]
 _PREFIX = "rvsup-node-"
 AGENT_FLAG = "--agent"
 _AGENT = "supervisor.agent"  # the module run as the node's agent (rvsup's, never torch)
+_SOCKET_PARENT_MAX = 60  # sun_path holds 107 bytes: parent, "/rvsup-agent-XXXXXXXX/ranks.sock"
 
 
 def make_group() -> Path | None:
@@ -71,7 +80,14 @@ def main(argv: list[str]) -> NoReturn:
     if node_id is not None:
         os.environ.setdefault("PET_NODE_RANK", node_id)
     path = make_group()
-    agent_pid = None if not agent else start(path, [sys.executable, "-m", _AGENT])
+    agent_pid, sockets = None, None
+    if agent:
+        sockets = tempfile.mkdtemp(prefix="rvsup-agent-", dir=_socket_parent())
+        verify_private_dir(Path(sockets))  # made just now, exclusively: ours, 0700
+        ranks_socket = os.path.join(sockets, "ranks.sock")
+        env = {**os.environ, p.ENV_AGENT_SOCKET: ranks_socket}
+        agent_pid = start(path, [sys.executable, "-m", _AGENT], env)
+        os.environ[p.ENV_ENDPOINT] = f"ipc://{ranks_socket}"
     if path is None:
         os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
     pid = start(path, command)
@@ -84,10 +100,19 @@ def main(argv: list[str]) -> NoReturn:
     if agent_pid is not None:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(agent_pid, 0)
+    if sockets is not None:
+        shutil.rmtree(sockets, ignore_errors=True)
     end_like(status)
 
 
-def start(path: Path | None, command: list[str]) -> int:
+def _socket_parent() -> str | None:
+    """Where the agent's socket directory goes: the temporary directory, unless its path is
+    too long for a socket's name (then /tmp)."""
+    parent = tempfile.gettempdir()
+    return parent if len(parent) <= _SOCKET_PARENT_MAX else "/tmp"
+
+
+def start(path: Path | None, command: list[str], env: dict[str, str] | None = None) -> int:
     """Start ``command`` in the group at ``path`` (see the module docstring): placed there
     before it execs, and ended by the kernel if this wrapper dies. Without a group, it only
     gets the parent-death signal."""
@@ -102,7 +127,9 @@ def start(path: Path | None, command: list[str]) -> int:
                 print(f"rvsup: cannot start {command[0]!r}: {wrong}", file=sys.stderr)
                 os._exit(126)
             die_with_parent(parent=parent)
-            os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun, or the agent
+            if env is None:
+                os.execvp(command[0], command)  # noqa: S606 -- the attempt's torchrun
+            os.execvpe(command[0], command, env)  # noqa: S606 -- the node's agent
         except OSError as exc:
             print(f"rvsup: cannot start {command[0]!r} in {path}: {exc}", file=sys.stderr)
         os._exit(127)

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import zmq
 
+from supervisor.agent import wire
 from supervisor.ranks.agents import AgentLook, NodeAgents
-from supervisor.ranks.channel import HeartbeatEndpoint, RankState, RankTable
+from supervisor.ranks.channel import HeartbeatEndpoint
+from supervisor.ranks.rank_table import RankState, RankTable
 from supervisor.ranks.slow import MIN_WINDOW_S, SlowWatch
 from tests.helpers.stand_in_ranks import ranks
 from worker_sdk.contract import messages as m
@@ -32,11 +37,14 @@ NODE, OWN = "node2", "node1"
 
 @contextmanager
 def agent_process(
-    tmp: Path, endpoint: str, *, node_id: int = 1
+    tmp: Path, endpoint: str, *, node_id: int = 1, ranks_socket: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The agent of ``NODE`` (SLURM_NODEID ``node_id``) of attempt 1, ended at the end."""
+    """The agent of ``NODE`` (SLURM_NODEID ``node_id``) of attempt 1, ended at the end; with
+    ``ranks_socket``, the node's ranks talk to the daemon through it there."""
+    relay = {} if ranks_socket is None else {p.ENV_AGENT_SOCKET: str(ranks_socket)}
     env = {
         **os.environ,
+        **relay,
         p.ENV_ENDPOINT: endpoint,
         p.ENV_SECRET_FILE: str(tmp / "secret"),
         p.ENV_ATTEMPT: "1",
@@ -254,5 +262,51 @@ def test_the_node_wrapper_starts_the_agent_beside_its_command_and_ends_it(tmp_pa
             wrapper.kill()
             wrapper.wait()
         assert not Path(f"/proc/{agent_pid}").exists()
+
+    run(tmp_path, scenario)
+
+
+def test_the_ranks_talk_to_the_daemon_through_their_agent(tmp_path: Path) -> None:
+    """A rank connected to its node's agent: its hello reaches the daemon as the rank sent it
+    (its own MAC, through the agent's connection), its heartbeat inside the agent's next beat,
+    and the daemon's answer, sent to the agent's connection, reaches the rank."""
+
+    async def scenario(d: Daemon) -> None:
+        key = p.read_secret(str(tmp_path / "secret"))
+        sock_dir = Path(tempfile.mkdtemp(prefix="rvsup-test-"))
+        ctx = zmq.Context()
+        rank = ctx.socket(zmq.DEALER)
+        rank.setsockopt(zmq.LINGER, 0)
+        try:
+            with agent_process(tmp_path, d.endpoint.endpoint, ranks_socket=sock_dir / "r.sock"):
+                await d.hear_until(lambda: NODE in d.agents.agents)
+                assert (sock_dir / "r.sock").stat().st_mode & 0o777 == 0o600
+                rank.connect(f"ipc://{sock_dir / 'r.sock'}")
+                rank.send(m.encode(key, m.Hello(0, NODE), rank=3, attempt=1, pid=4242, seq=1))
+                beat = m.Heartbeat(9, 0.5, 2.0)
+                rank.send(m.encode(key, beat, rank=3, attempt=1, pid=4242, seq=2))
+                got: list[tuple[bytes, p.Message]] = []
+                beats: list[wire.RankBeat] = []
+                deadline = time.monotonic() + 20
+                while not beats and time.monotonic() < deadline:
+                    for identity, msg in await d.endpoint.receive_batch():
+                        if msg.rank < 0:
+                            beats += d.agents.heard(identity, msg, time.monotonic())
+                        else:
+                            got.append((identity, msg))
+                assert [(msg.kind, msg.rank, msg.pid) for _, msg in got] == [
+                    (p.Kind.HELLO, 3, 4242)
+                ]
+                assert got[0][0] == d.agents.agents[NODE].identity
+                assert [(b.rank, b.pid, b.body) for b in beats] == [(3, 4242, beat)]
+                assert 0.0 <= beats[0].age_s <= 1.0
+                d.endpoint.send(got[0][0], m.Continue(), rank=3)
+                assert rank.poll(20_000), "the daemon's answer did not reach the rank"
+                answer = p.decode(key, rank.recv())
+                assert (answer.kind, answer.rank) == (p.Kind.CONTINUE, 3)
+        finally:
+            rank.close()
+            ctx.term()
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
     run(tmp_path, scenario)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ranks.channel import RankTable
 from supervisor.ranks.coordinated import SaveRound, answer_without_round
+from supervisor.ranks.rank_table import RankTable
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
@@ -28,7 +28,7 @@ def _msg(kind: p.Kind, rank: int, step: int, seq: int = 1) -> p.Message:
 def _table(world: int) -> RankTable:
     table = RankTable()
     for r in range(world):
-        table.observe(f"id{r}".encode(), _msg(p.Kind.HELLO, r, 0), now=0.0)
+        table.fold(f"id{r}".encode(), r, 100 + r, m.Hello(0, None), now=0.0)
     return table
 
 

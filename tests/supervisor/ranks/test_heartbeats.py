@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import zmq
 
-from supervisor.ranks.channel import HeartbeatEndpoint, RankTable, exit_from_report
+from supervisor.ranks.channel import HeartbeatEndpoint
+from supervisor.ranks.rank_table import RankState, RankTable
+from supervisor.ranks.reports import exit_from_report
 from supervisor.rules.observation import RankExit
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
@@ -24,10 +26,15 @@ def _msg(kind: p.Kind, *, rank: int = 0, pid: int = 100, step: int = -1, **kw: A
     return p.Message(kind, rank, attempt=1, pid=pid, seq=1, step=step, **kw)
 
 
+def _observe(table: RankTable, identity: bytes, msg: p.Message, now: float) -> RankState:
+    """What the attempt does with a rank's message: fold it into the table."""
+    return table.fold(identity, msg.rank, msg.pid, m.read(msg), now)
+
+
 def test_hello_creates_rank() -> None:
     """HELLO records host, pid, identity, resume step and makes 'now' the start of silence."""
     table = RankTable()
-    st = table.observe(b"id0", _msg(p.Kind.HELLO, step=11, payload={"host": "n1"}), 5.0)
+    st = _observe(table, b"id0", _msg(p.Kind.HELLO, step=11, payload={"host": "n1"}), 5.0)
     assert table.ranks == {0: st}
     assert (st.rank, st.pid, st.host, st.identity) == (0, 100, "n1", b"id0")
     assert st.resume_step == 11
@@ -39,40 +46,40 @@ def test_hello_creates_rank() -> None:
 
 def test_hello_fresh_start() -> None:
     """HELLO at step 0 (no checkpoint) leaves last_step at -1."""
-    st = RankTable().observe(b"i", _msg(p.Kind.HELLO, step=0, payload={"host": "h"}), 1.0)
+    st = _observe(RankTable(), b"i", _msg(p.Kind.HELLO, step=0, payload={"host": "h"}), 1.0)
     assert st.last_step == -1
 
 
 def test_heartbeat_progress_and_no_progress() -> None:
     """A heartbeat with a higher step is progress; one with the same step only a sign of life."""
     table = RankTable()
-    table.observe(b"i", _msg(p.Kind.HELLO, step=0), 1.0)
-    st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=0, value=0.5), 2.0)
+    _observe(table, b"i", _msg(p.Kind.HELLO, step=0), 1.0)
+    st = _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=0, value=0.5), 2.0)
     assert (st.last_step, st.last_progress_t, st.first_step_t, st.last_seen_t) == (0, 2.0, 2.0, 2.0)
-    st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=0, value=0.0), 3.0)
+    st = _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=0, value=0.0), 3.0)
     assert (st.last_step, st.last_progress_t, st.last_seen_t) == (0, 2.0, 3.0)
-    st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=4, value=0.7), 4.0)
+    st = _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=4, value=0.7), 4.0)
     assert (st.last_step, st.last_progress_t, st.first_step_t) == (4, 4.0, 2.0)
-    st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=3), 5.0)  # never goes back
+    st = _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=3), 5.0)  # never goes back
     assert (st.last_step, st.last_progress_t, st.last_seen_t) == (4, 4.0, 5.0)
 
 
 def test_unknown_rank_without_hello() -> None:
     """A heartbeat from a rank never seen still creates its state (host unknown)."""
-    st = RankTable().observe(b"i", _msg(p.Kind.HEARTBEAT, rank=2, step=7), 9.0)
+    st = _observe(RankTable(), b"i", _msg(p.Kind.HEARTBEAT, rank=2, step=7), 9.0)
     assert (st.rank, st.host, st.last_step, st.last_progress_t) == (2, "?", 7, 9.0)
 
 
 def test_step_times_collected() -> None:
     """Only positive HEARTBEAT durations are kept, the newest 256 per rank, across ranks."""
     table = RankTable()
-    table.observe(b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=1, value=0.5), 1.0)
-    table.observe(b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=2, value=0.0), 2.0)
-    table.observe(b"a", _msg(p.Kind.SYNC, rank=0, step=3, value=9.0), 3.0)
-    table.observe(b"b", _msg(p.Kind.HEARTBEAT, rank=1, pid=200, step=1, value=0.25), 1.0)
+    _observe(table, b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=1, value=0.5), 1.0)
+    _observe(table, b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=2, value=0.0), 2.0)
+    _observe(table, b"a", _msg(p.Kind.SYNC, rank=0, step=3, value=9.0), 3.0)
+    _observe(table, b"b", _msg(p.Kind.HEARTBEAT, rank=1, pid=200, step=1, value=0.25), 1.0)
     assert (len(table.step_times), table.step_times.percentile(0.0)) == (2, 0.25)
     for i in range(300):
-        table.observe(b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=10 + i, value=float(i + 1)), 4.0)
+        _observe(table, b"a", _msg(p.Kind.HEARTBEAT, rank=0, step=10 + i, value=float(i + 1)), 4.0)
     kept = list(table.ranks[0].step_times)
     assert len(kept) == 256
     assert kept[-1] == 300.0 and kept[0] == 45.0
@@ -80,7 +87,7 @@ def test_step_times_collected() -> None:
     assert table.step_times.percentile(1.0) == 300.0
     assert table.step_times.percentile(0.0) == 0.25  # 0.5 and 1..44 were pushed out
     # rank 0 restarted as another process: its old samples no longer count
-    table.observe(b"c", _msg(p.Kind.HELLO, rank=0, pid=300), 5.0)
+    _observe(table, b"c", _msg(p.Kind.HELLO, rank=0, pid=300), 5.0)
     assert (len(table.step_times), table.step_times.percentile(1.0)) == (1, 0.25)
     table.clear()
     assert table.step_times.percentile(0.5) is None
@@ -98,29 +105,29 @@ def test_step_times_collected() -> None:
 def test_ckpt_begin_sets_saving_since(ending: p.Kind, clears: bool) -> None:
     """CKPT_BEGIN marks the rank as saving from 'now'; the next report (not SYNC) ends that."""
     table = RankTable()
-    table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=5), 1.0)
-    st = table.observe(b"i", _msg(p.Kind.CKPT_BEGIN, step=5), 2.0)
+    _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=5), 1.0)
+    st = _observe(table, b"i", _msg(p.Kind.CKPT_BEGIN, step=5), 2.0)
     assert st.saving_since == 2.0
     assert st.last_progress_t == 1.0
-    st = table.observe(b"i", _msg(ending, step=5), 3.0)
+    st = _observe(table, b"i", _msg(ending, step=5), 3.0)
     assert st.saving_since == (None if clears else 2.0)
 
 
 def test_phase_begin_and_end() -> None:
     """PHASE begin names the phase, PHASE end clears it; both count as a sign of progress."""
     table = RankTable()
-    table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=5), 1.0)
-    st = table.observe(b"i", _msg(p.Kind.PHASE, payload={"name": "eval", "begin": True}), 2.0)
+    _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=5), 1.0)
+    st = _observe(table, b"i", _msg(p.Kind.PHASE, payload={"name": "eval", "begin": True}), 2.0)
     assert (st.phase, st.last_progress_t, st.last_step) == ("eval", 2.0, 5)
-    st = table.observe(b"i", _msg(p.Kind.PHASE, payload={"name": "eval", "begin": False}), 3.0)
+    st = _observe(table, b"i", _msg(p.Kind.PHASE, payload={"name": "eval", "begin": False}), 3.0)
     assert (st.phase, st.last_progress_t) == (None, 3.0)
 
 
 def test_new_pid_replaces_rank_state() -> None:
     """A restarted rank (same rank, new pid) starts from a fresh state; identity follows."""
     table = RankTable()
-    table.observe(b"old", _msg(p.Kind.HEARTBEAT, step=40, value=1.0), 1.0)
-    st = table.observe(b"new", _msg(p.Kind.HELLO, pid=101, step=31, payload={"host": "n2"}), 2.0)
+    _observe(table, b"old", _msg(p.Kind.HEARTBEAT, step=40, value=1.0), 1.0)
+    st = _observe(table, b"new", _msg(p.Kind.HELLO, pid=101, step=31, payload={"host": "n2"}), 2.0)
     assert (st.pid, st.identity, st.host, st.last_step, list(st.step_times)) == (
         101,
         b"new",
@@ -128,7 +135,7 @@ def test_new_pid_replaces_rank_state() -> None:
         30,
         [],
     )
-    st = table.observe(b"again", _msg(p.Kind.HEARTBEAT, pid=101, step=31), 3.0)
+    st = _observe(table, b"again", _msg(p.Kind.HEARTBEAT, pid=101, step=31), 3.0)
     assert st.identity == b"again"
     assert len(table.ranks) == 1
     table.clear()
@@ -141,8 +148,8 @@ def test_to_status(total: object, kept: int | None) -> None:
     whole number of steps above 0."""
     table = RankTable()
     hello = _msg(p.Kind.HELLO, step=0, payload={"host": "n1", "total_steps": total})
-    table.observe(b"i", hello, 1.0)
-    st = table.observe(b"i", _msg(p.Kind.HEARTBEAT, step=3), 2.0)
+    _observe(table, b"i", hello, 1.0)
+    st = _observe(table, b"i", _msg(p.Kind.HEARTBEAT, step=3), 2.0)
     assert st.to_status(4.5) == {
         "rank": 0,
         "pid": 100,
@@ -335,8 +342,8 @@ def test_a_commit_ends_every_rank_s_save() -> None:
     rank already saving a later step."""
     table = RankTable()
     for rank in (0, 1):
-        table.observe(b"x", _msg(p.Kind.CKPT_BEGIN, rank=rank, pid=100 + rank, step=299), 1.0)
-    table.observe(b"y", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=374), 1.0)
+        _observe(table, b"x", _msg(p.Kind.CKPT_BEGIN, rank=rank, pid=100 + rank, step=299), 1.0)
+    _observe(table, b"y", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=374), 1.0)
     table.commit_seen(299)
     assert [st.saving_since for st in table] == [None, None, 1.0]
 
@@ -346,9 +353,9 @@ def test_a_save_is_timed_from_its_own_step_only() -> None:
     later step (an async save, a stop's save waiting for the one in flight) does not time S, so
     a commit seen by the watchdog is never credited with a later save's shorter duration."""
     table = RankTable()
-    table.observe(b"x", _msg(p.Kind.CKPT_BEGIN, rank=0, pid=100, step=20), 3.0)
-    table.observe(b"y", _msg(p.Kind.CKPT_BEGIN, rank=1, pid=101, step=10), 2.0)
-    table.observe(b"z", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=10), 1.5)
+    _observe(table, b"x", _msg(p.Kind.CKPT_BEGIN, rank=0, pid=100, step=20), 3.0)
+    _observe(table, b"y", _msg(p.Kind.CKPT_BEGIN, rank=1, pid=101, step=10), 2.0)
+    _observe(table, b"z", _msg(p.Kind.CKPT_BEGIN, rank=2, pid=102, step=10), 1.5)
     assert table.save_began(10) == 1.5
     assert table.save_began(20) == 3.0
     assert table.save_began(30) is None

@@ -224,12 +224,12 @@ def test_watch_keeps_enough_samples_of_slow_steps() -> None:
     assert watch.current is not None and watch.current.rank == 1
 
 
-def _heartbeat(rank: int, step: int, payload: dict[str, object]) -> tuple[int, m.Heartbeat]:
-    """A heartbeat frame's rank and what the daemon reads from it."""
+def _heartbeat(rank: int, step: int, payload: dict[str, object]) -> tuple[int, int, float | None]:
+    """A heartbeat frame's rank, and the step and wait the daemon reads from it."""
     msg = p.Message(p.Kind.HEARTBEAT, rank, 1, 100 + rank, step, step, payload=payload)
     body = m.read(msg)
     assert isinstance(body, m.Heartbeat)
-    return rank, body
+    return rank, body.step, body.comm_wait_s
 
 
 @pytest.mark.parametrize("exclude", [False, True])

@@ -44,6 +44,7 @@ EXAMPLES: list[m.Body] = [
     m.SaveAt(40, stop=True),
     m.SyncCancel(),
     m.NodeBeat("node2"),
+    m.NodeBeat("node2", "2,4321,17,0.25,120,1.5,,;3,4322,17,0.5,80,,0.01"),
     m.NodeAsk(3, "2:4321,3:4322", 0.75),
     m.NodeAsk(4, "2:4321", 0.0, dump=True, native=True),
     m.NodeLook(3, 2, 0.75, "S", 0.01, "futex_wait", "pt_main\tS\tep_poll", True, False, "..."),

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import zmq
 
-from supervisor.ranks.channel import exit_from_report
+from supervisor.ranks.reports import exit_from_report
 from tests.helpers.harness import reaped
 from worker_sdk.contract import protocol as p
 

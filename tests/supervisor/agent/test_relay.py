@@ -1,0 +1,122 @@
+"""The agent's relay (supervisor/agent/relay.py), from tables: what goes up at once, what waits
+for the beat, the order of a rank's messages, and where the daemon's answers go."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.agent import wire
+from supervisor.agent.relay import Relay
+from worker_sdk.contract import messages as m
+from worker_sdk.contract import protocol as p
+
+KEY = b"k" * 32
+
+
+class Rank:
+    """One rank's messages, numbered as its channel numbers them."""
+
+    def __init__(self, rank: int, *, pid: int = 500, attempt: int = 1, key: bytes = KEY) -> None:
+        self.rank, self.pid, self.attempt, self.key, self.seq = rank, pid, attempt, key, 0
+
+    def frame(self, body: m.Body) -> bytes:
+        self.seq += 1
+        return m.encode(
+            self.key, body, rank=self.rank, attempt=self.attempt, pid=self.pid, seq=self.seq
+        )
+
+
+def test_heartbeats_wait_for_the_beat_and_go_up_together_with_their_age() -> None:
+    """Two ranks' heartbeats are held; the beat carries both, each with how long it was held,
+    and nothing is held after it."""
+    relay = Relay(KEY, attempt=1)
+    r0, r1 = Rank(0, pid=500), Rank(1, pid=501)
+    assert relay.from_rank(b"a", r0.frame(m.Heartbeat(7, 0.25, 1.5)), now=10.0) == []
+    assert relay.from_rank(b"b", r1.frame(m.Heartbeat(7, 0.5, None, 0.01)), now=10.4) == []
+    (text,) = relay.beats(now=11.0)
+    assert wire.read_beats(text) == [
+        wire.RankBeat.of(0, 500, m.Heartbeat(7, 0.25, 1.5), 1.0),
+        wire.RankBeat.of(1, 501, m.Heartbeat(7, 0.5, None, 0.01), 0.6),
+    ]
+    assert relay.beats(now=12.0) == [""]  # the beat alone
+
+
+def test_a_ranks_messages_keep_their_order_and_none_is_lost() -> None:
+    """Anything else a rank sends goes up at once, after its held heartbeat (sent as it is);
+    a second heartbeat before the beat sends the first one on as it is."""
+    relay = Relay(KEY, attempt=1)
+    r0 = Rank(0)
+    first = r0.frame(m.Heartbeat(3, 0.1))
+    assert relay.from_rank(b"a", first, now=1.0) == []
+    begin = r0.frame(m.CheckpointBegin(3))
+    assert relay.from_rank(b"a", begin, now=1.1) == [first, begin]
+    second, third = r0.frame(m.Heartbeat(4, 0.1)), r0.frame(m.Heartbeat(5, 0.1))
+    assert relay.from_rank(b"a", second, now=1.2) == []
+    assert relay.from_rank(b"a", third, now=1.3) == [second]
+    (text,) = relay.beats(now=1.5)
+    assert [b.step for b in wire.read_beats(text)] == [5]
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        (Rank(0, key=b"x" * 32).frame(m.Heartbeat(1)), "another key"),
+        (Rank(0, attempt=2).frame(m.Heartbeat(1)), "another attempt"),
+        (m.encode(KEY, m.NodeBeat("node9"), rank=-3, attempt=1, pid=9, seq=1), "an agent's"),
+        (m.encode(KEY, m.Heartbeat(1), rank=-1, attempt=1, pid=9, seq=1), "a negative rank"),
+        (b"garbage", "not a message"),
+    ],
+)
+def test_what_is_not_this_attempts_ranks_is_dropped(frame: bytes, why: str) -> None:
+    """Frames that are not a message of one of this attempt's ranks go nowhere."""
+    relay = Relay(KEY, attempt=1)
+    assert relay.from_rank(b"a", frame, now=1.0) == [], why
+    assert relay.beats(now=2.0) == [""] and relay.dropped == 1
+
+
+def test_the_daemons_answer_goes_to_the_connection_the_rank_spoke_from() -> None:
+    """Answers go where the rank's own messages came from, not where its parent's exit report
+    did; a rank that has said nothing gets nothing."""
+    relay = Relay(KEY, attempt=1)
+    r1 = Rank(1)
+    relay.from_rank(b"rank-1", r1.frame(m.Sync(4)), now=1.0)
+    relay.from_rank(b"parent", r1.frame(m.RankExit(500, 0, None, "node2", 4)), now=1.1)
+    answer = p.decode(KEY, m.encode(KEY, m.Continue(), rank=1, attempt=1, pid=1, seq=0))
+    assert relay.to_rank(answer) == b"rank-1"
+    other = p.decode(KEY, m.encode(KEY, m.Continue(), rank=2, attempt=1, pid=1, seq=0))
+    assert relay.to_rank(other) is None
+
+
+def test_a_node_with_many_ranks_beats_in_several_messages() -> None:
+    """More heartbeats than one message holds are split, each part one authenticated frame."""
+    relay = Relay(KEY, attempt=1)
+    n = wire.BEATS_PER_MESSAGE + 5
+    for r in range(n):
+        relay.from_rank(
+            b"x", Rank(r, pid=1000 + r).frame(m.Heartbeat(10**9, 123.456, 1e-300, 0.5)), 0.0
+        )
+    texts = relay.beats(now=0.5)
+    assert [len(wire.read_beats(t)) for t in texts] == [wire.BEATS_PER_MESSAGE, 5]
+    for text in texts:
+        frame = m.encode(KEY, m.NodeBeat("node2", text), rank=-2, attempt=1, pid=9, seq=1)
+        assert len(frame) <= p.MAX_MESSAGE_BYTES
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "1,2,3,0.5,10,,",  # well formed: read
+        "1,2,3,0.5,10,,,extra",
+        "-1,2,3,0.5,10,,",
+        "1,0,3,0.5,10,,",
+        "1,2,3,nan,10,,",
+        "1,2,3,0.5,99999999,,",
+        "1,2,3,0.5,10,inf,",
+        "a,2,3,0.5,10,,",
+    ],
+)
+def test_a_malformed_beat_entry_is_left_out(entry: str) -> None:
+    """Only a well-formed entry (ranks and pids positive, finite values, a plausible age) is
+    read; the others are left out without raising."""
+    read = wire.read_beats(f"{entry};5,6,7,0.1,1,,")
+    assert [b.rank for b in read] == ([1, 5] if entry == "1,2,3,0.5,10,," else [5])
