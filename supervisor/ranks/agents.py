@@ -72,6 +72,7 @@ class NodeAgents:
     def __init__(self, channel: AgentSender, *, own_node: str, interval_s: float) -> None:
         self._channel = channel
         self.own_node = own_node
+        self.interval_s = interval_s
         self.limit_s = silence_limit(interval_s)
         self.agents: dict[str, AgentState] = {}
         self._requests = 0
@@ -104,7 +105,7 @@ class NodeAgents:
             return {}
         return {
             node: f"its node agent sent nothing for {s:.1f} s (it beats every "
-            f"{self.limit_s / 3:g} s; lost after {self.limit_s:g} s)"
+            f"{self.interval_s:g} s; lost after {self.limit_s:g} s)"
             for node, s in found.items()
         }
 

@@ -108,12 +108,26 @@ def test_a_node_is_lost_when_its_agent_falls_silent(
     """Silent for the limit (three 1 s beats, at least 3 s), an agent's node is lost, unless
     the daemon's own node's agent is as late."""
     agents = NodeAgents(Sent(), own_node="node1", interval_s=1.0)
+    fast = NodeAgents(Sent(), own_node="node1", interval_s=0.2)
+    assert fast.limit_s == 3.0 and "beats every 0.2 s" in _lost_after(fast)
     for i, (node, t) in enumerate(beats.items()):
         _beat(agents, node, i, t)
     assert agents.limit_s == silence_limit(1.0) == 3.0
     found = agents.silent(now)
     assert sorted(found) == lost
-    assert all("sent nothing for" in how for how in found.values())
+    assert all(
+        how.startswith(
+            f"its node agent sent nothing for {now - beats[node]:.1f} s (it beats"
+            " every 1 s; lost after 3 s)"
+        )
+        for node, how in found.items()
+    )
+
+
+def _lost_after(agents: NodeAgents) -> str:
+    """How a node whose agent beat once at 0 s is lost at 10 s."""
+    _beat(agents, "node2", 1, 0.0)
+    return agents.silent(10.0)["node2"]
 
 
 def test_only_the_ranks_asked_about_are_taken_from_looks() -> None:
