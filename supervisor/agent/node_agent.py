@@ -64,6 +64,7 @@ class NodeAgent:
         interval_s: float,
         ranks_socket: str | None = None,
     ) -> None:
+        self._ranks_socket = ranks_socket
         self._key = secret
         self.attempt = attempt
         self.node_id = node_id
@@ -121,6 +122,10 @@ class NodeAgent:
             self._send_body(m.NodeBeat(self.node, text))
         if self._ranks is not None:
             self._ranks.close()
+        if self._ranks_socket is not None:  # the wrapper's folder (gone with it where it can)
+            with contextlib.suppress(OSError):
+                os.unlink(self._ranks_socket)
+                os.rmdir(os.path.dirname(self._ranks_socket))
         self._sock.close()
         self._ctx.term()
 

@@ -4,9 +4,9 @@
 keeps their answers. An agent heard once that then sends nothing for :func:`silence_limit` has
 lost its node: the attempt ends in a node failure that says so, never a silent gap. Unless the
 agent of the daemon's own node is just as late: then it is the daemon that was held up (its
-loop stalled, the machine suspended), and no node is blamed. A node whose agent was never heard
-(an old wrapper, an agent that could not start) keeps the judgment without it: its ranks' busy
-or stuck look is unknown, as on a job without agents.
+loop stalled, the machine suspended), and no node is blamed. An agent that never started is
+not lost this way: its node's ranks, which talk to the daemon through it, are then not heard
+either, and ``startup_timeout`` judges their silence.
 
 :class:`AgentLook` is the hang rule's look at the ranks of the other nodes
 (:class:`supervisor.ranks.slow.RemoteLook`): it asks their agents and waits for their answers,

@@ -206,11 +206,14 @@ def test_the_agent_collects_a_stopped_ranks_stacks_for_a_declared_hang(tmp_path:
 
 def test_the_agent_answers_only_its_jobs_daemon_and_ends_on_sigterm(tmp_path: Path) -> None:
     """A request authenticated with another key is not answered (the one after it, with the
-    job's key, is); SIGTERM ends the agent with status 0."""
+    job's key, is); SIGTERM ends the agent with status 0, its ranks' socket and its folder
+    removed."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="rvsup-test-"))
     with ranks(tmp_path, ["sleep"]) as pids:
 
         async def scenario(d: Daemon) -> None:
-            with agent_process(tmp_path, d.endpoint.endpoint) as agent:
+            socket_path = sock_dir / "r.sock"
+            with agent_process(tmp_path, d.endpoint.endpoint, ranks_socket=socket_path) as agent:
                 await d.hear_until(lambda: NODE in d.agents.agents)
                 identity = d.agents.agents[NODE].identity
                 forged = m.encode(
@@ -221,10 +224,15 @@ def test_the_agent_answers_only_its_jobs_daemon_and_ends_on_sigterm(tmp_path: Pa
                 request = d.agents.ask({NODE: {r: pid for pid, r in pids.items()}}, window_s=0.1)
                 await d.hear_until(lambda: d.agents.answered(request))
                 assert not d.agents.looks(99)
+                assert socket_path.exists()
                 agent.send_signal(signal.SIGTERM)
                 assert agent.wait(timeout=10) == 0
+            assert not sock_dir.exists()
 
-        run(tmp_path, scenario)
+        try:
+            run(tmp_path, scenario)
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _state(pid: int) -> str:
