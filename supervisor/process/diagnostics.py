@@ -26,6 +26,7 @@ from worker_sdk.contract import protocol as p
 __all__ = [
     "DUMP_WAIT_S",
     "collect_stacks",
+    "note_stopped",
     "read_flights",
     "read_stacks",
     "read_steps",
@@ -69,7 +70,7 @@ async def collect_stacks(
     stopped = {pid: rank for pid, rank in ranks.items() if activity.is_stopped(pid)}
     running = {pid: rank for pid, rank in ranks.items() if pid not in stopped}
     for rank in stopped.values():
-        _note_stopped(directory, rank)
+        note_stopped(directory, rank)
     await _dump(running, directory, py_spy, native_taken)
     if stopped and py_spy is not None:
         await native.collect_stopped(stopped, directory, py_spy)
@@ -181,7 +182,8 @@ def read_steps(directory: Path, ranks: Iterable[int]) -> dict[int, int]:
     return {rank: step for rank, step in steps.items() if step is not None}
 
 
-def _note_stopped(directory: Path, rank: int) -> None:
+def note_stopped(directory: Path, rank: int) -> None:
+    """Note in ``directory`` that ``rank`` was found stopped (``rank-NNNNN.stopped``)."""
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / stopped_file(rank)).write_text(

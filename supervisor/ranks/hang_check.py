@@ -18,10 +18,10 @@ from supervisor.loops import run_beside
 from supervisor.process import native
 from supervisor.process.diagnostics import (
     DUMP_WAIT_S,
+    note_stopped,
     read_flights,
     read_stacks,
     read_stopped,
-    stopped_file,
 )
 from supervisor.process.evidence_window import stacks_size
 from supervisor.process.tree import ProcessTree
@@ -155,10 +155,7 @@ class HangCheck:
                 if look.stacks and stacks_size(self.diag_dir, rank) == sizes.get(rank, 0):
                     with open(self.diag_dir / p.stacks_file(rank), "a", encoding="utf-8") as f:
                         f.write(look.stacks)
-                if look.stopped and not (self.diag_dir / stopped_file(rank)).exists():
-                    (self.diag_dir / stopped_file(rank)).write_text(
-                        "stopped by a signal (process state T) when the hang was caught"
-                        " (seen by its node's agent)\n"
-                    )
+                if look.stopped:  # the agent's note, where it could not write it here
+                    note_stopped(self.diag_dir, rank)
                 written = written or stacks_size(self.diag_dir, rank) > 0
         return written

@@ -115,12 +115,7 @@ class RankTable:
             ):
                 if isinstance(body, m.Heartbeat) and body.longest_step_s > 0:
                     self._add_step_time(st, body.longest_step_s)
-                if body.step > st.last_step:
-                    st.last_step = body.step
-                    st.last_progress_t = max(st.last_progress_t, now)
-                    if st.first_step_t is None:
-                        st.first_step_t = now
-                        self._started += 1
+                self._finished(st, body.step, now)
                 if not isinstance(body, m.Sync):
                     st.saving_since = None
                 if isinstance(body, m.Exiting):
@@ -147,13 +142,17 @@ class RankTable:
         st.last_seen_t = now
         if longest_s > 0:
             self._add_step_time(st, longest_s)
+        self._finished(st, step, now)
+        st.saving_since = None
+
+    def _finished(self, st: RankState, step: int, now: float) -> None:
+        """``st``'s rank says it finished ``step`` (``now``): progress, if it is a new one."""
         if step > st.last_step:
             st.last_step = step
             st.last_progress_t = max(st.last_progress_t, now)
             if st.first_step_t is None:
                 st.first_step_t = now
                 self._started += 1
-        st.saving_since = None
 
     def started(self, world_size: int) -> bool:
         """All ``world_size`` ranks have finished a first step."""
