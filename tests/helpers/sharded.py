@@ -40,6 +40,12 @@ class Run:
         """Every rank's extra counter and next random draw."""
         return [json.loads(Path(f"{self.out}.rank{r}.json").read_text()) for r in range(self.world)]
 
+    def killed(self) -> dict[int, str]:
+        """The ranks that killed themselves by a FAULT, each with its own word for it
+        ("<fault> <step>", written just before its SIGKILL)."""
+        marks = {r: Path(f"{self.out}.rank{r}.killed") for r in range(self.world)}
+        return {r: p.read_text() for r, p in marks.items() if p.exists()}
+
 
 def torchrun(
     tmp: Path,

@@ -57,6 +57,15 @@ def fault() -> tuple[str, int, int] | None:
     return kind, int(rank), int(step)
 
 
+def kill_self(fault_kind: str, step: int) -> None:
+    """SIGKILL this rank, first leaving ``OUT.rank<r>.killed`` ("<fault> <step>") as its own
+    evidence: torchrun's failure summary may name another rank's end instead (gloo aborts the
+    peer of a vanished rank, and torchrun reports whichever exit it saw first)."""
+    rank = int(os.environ["RANK"])
+    Path(f"{os.environ['OUT']}.rank{rank}.killed").write_text(f"{fault_kind} {step}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def arm_kill_in_save(step: int) -> None:
     """SIGKILL this rank inside the save of ``step``, once DCP has written its files (and
     .metadata) and before the ranks agree: nothing of that step is committed."""
@@ -65,7 +74,7 @@ def arm_kill_in_save(step: int) -> None:
     def write(state: dict[str, Any], directory: Path, rank: int) -> list[int]:
         sums = real_write(state, directory, rank)
         if directory.parent.name.startswith(f".tmp-step-{step:010d}-"):
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self("killsave", step)
         return sums
 
     _dcp.write = write
@@ -82,13 +91,13 @@ def arm_kill_in_staging(step: int, current: list[int]) -> None:
             arena.bytes[: first.numel() * first.element_size()].view(first.dtype).copy_(
                 first.flatten()
             )
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self("killstage", step)
         return real_stage(payload, arena, start)
 
     _arena.stage = stage
 
 
-def kill_once_writer_paused() -> None:
+def kill_once_writer_paused(fault_kind: str, step: int) -> None:
     """Wait until this rank's writer process froze itself (tests.helpers.paused_writer), then
     SIGKILL this rank: the writer dies with it."""
     import psutil
@@ -98,7 +107,7 @@ def kill_once_writer_paused() -> None:
         for child in psutil.Process().children():
             with contextlib.suppress(psutil.Error):
                 if child.status() == psutil.STATUS_STOPPED:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    kill_self(fault_kind, step)
         time.sleep(0.01)
     raise RuntimeError("the writer never paused")
 
@@ -212,7 +221,7 @@ def main() -> None:
             wait_for_snapshot(start)
         if f is not None and f[0] == "kill" and f[1] == rank and f[2] == step:
             wait_for_snapshot(snapshot_from)
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self("kill", step)
         if step == paused_kill_step or 0 <= snapshot_from <= step:
             wait_until_memory_idle()
         time.sleep(step_sleep)
@@ -225,8 +234,8 @@ def main() -> None:
         extra["seen"] += 1
         current[0] = step
         worker_sdk.step(step, extra=extra)
-        if step == paused_kill_step:
-            kill_once_writer_paused()
+        if step == paused_kill_step and f is not None:
+            kill_once_writer_paused(f[0], step)
     dump(out, model, opt, sched, extra)
     dist.destroy_process_group()
 
