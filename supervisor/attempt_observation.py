@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.agent.wire import RankBeat
+from supervisor.agent.wire import Beat
 from supervisor.attempt_end import AttemptEnd
 from supervisor.config.model import JobConfig
 from supervisor.loops import Clock
@@ -90,7 +90,7 @@ class AttemptObservation:
             return
         body = m.read(msg)
         if isinstance(body, m.RankExit):  # from the rank's parent, not the rank: no sign of life
-            self._on_exit_report(msg, body)
+            self._on_exit_report(msg, body, now)
             return
         st = self.ranks.fold(identity, msg.rank, msg.pid, body, now)
         match body:
@@ -127,13 +127,16 @@ class AttemptObservation:
         self._on_anomaly(self.training.heard(msg.rank, body), now)
         self.training.protect(self.evidence.anomaly, self.tracker.newest_step)
 
-    def _on_beats(self, identity: bytes, beats: list[RankBeat], now: float) -> None:
-        """The heartbeats a node agent's beat carried, each heard ``age_s`` before it: as
-        :meth:`_on_heartbeat` for each, in one pass (thousands a second)."""
-        if not beats:
+    def _on_beats(self, identity: bytes, beat: Beat, now: float) -> None:
+        """What a node agent's beat carried: the heartbeats, each heard ``age_s`` before it, as
+        :meth:`_on_heartbeat` for each, in one pass (thousands a second); the exact steps read
+        from the step slots of its node's ranks."""
+        for rank, step in beat.steps.items():
+            self._exact_step(rank, step, now)
+        if not beat.ranks:
             return
         ranks, stragglers, saves, training = self.ranks, self.stragglers, self.saves, self.training
-        for rank, pid, step, longest_s, loss, wait_s, age_s in beats:
+        for rank, pid, step, longest_s, loss, wait_s, age_s in beat.ranks:
             ranks.beat(identity, rank, pid, step, longest_s, now - age_s)
             stragglers.heard(rank, step, wait_s, now)
             saves.ask(rank, now)
@@ -178,9 +181,9 @@ class AttemptObservation:
         self.end.finish(Ending.FAILED)
         return True
 
-    def _on_exit_report(self, msg: p.Message, report: m.RankExit) -> None:
+    def _on_exit_report(self, msg: p.Message, report: m.RankExit, now: float) -> None:
         """A rank's waiting parent says how the rank ended (and its last step)."""
-        self._exact_step(msg.rank, report.last_step)
+        self._exact_step(msg.rank, report.last_step, now)
         ended = exit_from_report(msg)
         if ended is not None and self.tree.record(ended):
             self._on_rank_exit(ended)
@@ -188,12 +191,13 @@ class AttemptObservation:
     def refresh_steps(self) -> None:
         """Each rank's exact last finished step, from the step slots of the ranks on this node
         (heartbeats, rate-limited, can be a second old)."""
+        now = self.clock.monotonic()
         for rank, step in read_steps(self.diag_dir, [st.rank for st in self.ranks]).items():
-            self._exact_step(rank, step)
+            self._exact_step(rank, step, now)
 
-    def _exact_step(self, rank: int, step: object) -> None:
+    def _exact_step(self, rank: int, step: object, now: float) -> None:
         if not self.evidence.steps_final:
-            self.ranks.exact_step(rank, step)
+            self.ranks.exact_step(rank, step, now)
 
     def _on_rank_exit(self, ended: RankExit) -> None:
         """A rank's end, seen here or reported by its parent (each told once)."""

@@ -7,7 +7,8 @@ and the node's ranks connect to it (an IPC socket in a 0700 directory the wrappe
 ``RVSUP_AGENT_SOCKET``). It
 
 - relays its ranks' messages both ways (:mod:`.relay`): heartbeats go up together, one
-  ``NODE_BEAT`` per heartbeat interval carrying every rank's newest, and the rest at once;
+  ``NODE_BEAT`` per heartbeat interval carrying every rank's newest (and the exact step of each
+  rank whose step slot moved), and the rest at once;
 - beats even with nothing to carry: the daemon takes an agent that falls silent for
   :func:`supervisor.ranks.agents.silence_limit` as its node lost (a node failure, never a
   silent gap);
@@ -118,8 +119,7 @@ class NodeAgent:
                 self._on_frame(self._sock.recv(zmq.NOBLOCK))
 
     def close(self) -> None:
-        for text in self._relay.beats(time.monotonic()):  # nothing a rank said is left behind
-            self._send_body(m.NodeBeat(self.node, text))
+        self._beat()  # nothing a rank said is left behind
         if self._ranks is not None:
             self._ranks.close()
         if self._ranks_socket is not None:  # the wrapper's folder (gone with it where it can)
@@ -147,8 +147,9 @@ class NodeAgent:
             self._sock.send(frame, zmq.NOBLOCK)
 
     def _beat(self) -> None:
-        for text in self._relay.beats(time.monotonic()):
-            self._send_body(m.NodeBeat(self.node, text))
+        slots = diagnostics.read_steps(self.diag_dir, self._relay.ranks)
+        for beats, steps in self._relay.beats(time.monotonic(), slots):
+            self._send_body(m.NodeBeat(self.node, beats, steps))
 
     def _send_body(self, body: m.Body) -> None:
         self._seq += 1

@@ -9,10 +9,13 @@ one message per node per interval instead of one per rank. A rank's messages kee
 anything else it sends first sends its held heartbeat on as it is, and so does a second
 heartbeat before the beat (nothing it said is lost). The daemon answers a rank through the
 agent's connection; the relay hands the answer to the connection that rank's messages came from.
+The beat also carries the exact last finished step of each rank whose step slot moved since the
+last beat (the agent reads the slots: they are on its node, and a heartbeat is rate-limited).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from supervisor.agent import wire
@@ -37,7 +40,13 @@ class Relay:
         self.attempt = attempt
         self._held: dict[int, _Held] = {}  # rank -> its newest heartbeat, not sent yet
         self._routes: dict[int, bytes] = {}  # rank -> the connection its messages come from
+        self._steps_sent: dict[int, int] = {}  # rank -> the step slot's value last sent
         self.dropped = 0
+
+    @property
+    def ranks(self) -> Collection[int]:
+        """The ranks of this node heard so far (whose step slots the agent reads)."""
+        return self._routes.keys()
 
     def from_rank(self, identity: bytes, frame: bytes, now: float) -> list[bytes]:
         """A frame from a rank of this node: the frames to send the daemon now (none: held or
@@ -62,13 +71,16 @@ class Relay:
             out.append(frame)
         return out
 
-    def beats(self, now: float) -> list[str]:
-        """The held heartbeats as ``NodeBeat.beats`` texts (one per message; none held: one
-        empty text, the beat alone), each with its age; they are no longer held."""
+    def beats(self, now: float, slots: Mapping[int, int] | None = None) -> list[tuple[str, str]]:
+        """The held heartbeats, each with its age, and the ranks' step ``slots`` (rank -> step)
+        that changed since the last beat, as ``NodeBeat`` ``(beats, steps)`` texts (one pair
+        per message: :func:`~supervisor.agent.wire.beat_texts`); they are no longer held."""
         held, self._held = self._held, {}
         beats = [h.beat._replace(age_s=max(now - h.at, 0.0)) for h in held.values()]
-        size = wire.BEATS_PER_MESSAGE
-        return [wire.beats_text(beats[i : i + size]) for i in range(0, len(beats), size)] or [""]
+        sent = self._steps_sent
+        moved = {r: s for r, s in (slots or {}).items() if sent.get(r) != s}
+        sent.update(moved)
+        return wire.beat_texts(beats, moved)
 
     def to_rank(self, msg: p.Message) -> bytes | None:
         """The connection of the rank the daemon's ``msg`` is for (None: no rank of this node

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,22 +22,32 @@ from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
 
 __all__ = [
-    "BEATS_PER_MESSAGE",
+    "BEAT_TEXT_BYTES",
+    "ENTRIES_MAX",
     "Ask",
+    "Beat",
     "Look",
     "RankBeat",
     "ask_body",
+    "beat_texts",
     "beats_text",
     "look_body",
     "read_ask",
+    "read_beat",
     "read_beats",
     "read_look",
+    "read_steps",
+    "steps_text",
 ]
 
 _THREADS_MAX = 2_000  # characters of a look's thread list
 _ROOM = 512  # bytes a look leaves for the header, the MAC and JSON's quoting of its fields
-#: Heartbeats one NODE_BEAT carries at most (~60 bytes each: one frame holds 200 with room).
-BEATS_PER_MESSAGE = 200
+#: What one NODE_BEAT's ``beats`` and ``steps`` hold together at most, in bytes (a frame holds
+#: 16 KiB: the rest is the header, the MAC, the node's name and JSON's keys). A heartbeat's
+#: entry takes 13 to ~95 bytes (its floats), a step's 4 to ~25.
+BEAT_TEXT_BYTES = 12_000
+#: The entries of either kind read from one beat at most (more than BEAT_TEXT_BYTES can hold).
+ENTRIES_MAX = 1_024
 
 
 class RankBeat(NamedTuple):
@@ -62,21 +73,80 @@ class RankBeat(NamedTuple):
         return m.Heartbeat(self.step, self.longest_step_s, self.loss, self.comm_wait_s)
 
 
-def beats_text(beats: list[RankBeat]) -> str:
-    """``NodeBeat.beats`` for ``beats`` (at most :data:`BEATS_PER_MESSAGE`)."""
-    return ";".join(
+class Beat(NamedTuple):
+    """What one agent's beat carried: its ranks' heartbeats, and the exact last finished step
+    of those whose step slot changed (rank -> step)."""
+
+    ranks: list[RankBeat]
+    steps: dict[int, int]
+
+
+def _beat_entry(b: RankBeat) -> str:
+    return (
         f"{b.rank},{b.pid},{b.step},{b.longest_step_s!r},{round(b.age_s * 1000)},"
         f"{_opt(b.loss)},{_opt(b.comm_wait_s)}"
-        for b in beats
     )
+
+
+def beats_text(beats: list[RankBeat]) -> str:
+    """``NodeBeat.beats`` for ``beats`` (all in one text: see :func:`beat_texts`)."""
+    return ";".join(map(_beat_entry, beats))
+
+
+def steps_text(steps: Mapping[int, int]) -> str:
+    """``NodeBeat.steps`` for ``steps`` (rank -> step; all in one text)."""
+    return ",".join(f"{rank}:{step}" for rank, step in steps.items())
+
+
+def beat_texts(beats: list[RankBeat], steps: Mapping[int, int]) -> list[tuple[str, str]]:
+    """``beats`` and ``steps`` as the ``(beats, steps)`` texts of as few NODE_BEATs as hold
+    them, each at most :data:`BEAT_TEXT_BYTES` (nothing: one pair of empty texts, the beat
+    alone)."""
+    entries = [(";", _beat_entry(b)) for b in beats]
+    entries += [(",", f"{rank}:{step}") for rank, step in steps.items()]
+    out: list[tuple[str, str]] = []
+    parts: dict[str, list[str]] = {";": [], ",": []}
+    size = 0
+    for sep, entry in entries:
+        if size + len(entry) + 1 > BEAT_TEXT_BYTES and size:
+            out.append((";".join(parts[";"]), ",".join(parts[","])))
+            parts, size = {";": [], ",": []}, 0
+        parts[sep].append(entry)
+        size += len(entry) + 1
+    if size or not out:
+        out.append((";".join(parts[";"]), ",".join(parts[","])))
+    return out
+
+
+def read_beat(body: m.NodeBeat) -> Beat:
+    """What a NODE_BEAT carried (malformed entries left out)."""
+    return Beat(
+        read_beats(body.beats) if body.beats else [],
+        read_steps(body.steps) if body.steps else {},
+    )
+
+
+def read_steps(text: str) -> dict[int, int]:
+    """The steps in ``NodeBeat.steps``; a malformed entry is left out (at most
+    :data:`ENTRIES_MAX` are read)."""
+    out: dict[int, int] = {}
+    for entry in text.split(",", ENTRIES_MAX)[:ENTRIES_MAX]:
+        rank, _, step = entry.partition(":")
+        try:
+            r, s = int(rank), int(step)
+        except ValueError:
+            continue
+        if r >= 0 and s >= -1:
+            out[r] = s
+    return out
 
 
 def read_beats(text: str) -> list[RankBeat]:
     """The heartbeats in ``NodeBeat.beats``; a malformed entry is left out (at most
-    :data:`BEATS_PER_MESSAGE` are read)."""
+    :data:`ENTRIES_MAX` are read)."""
     out = []
     isfinite = math.isfinite
-    for entry in text.split(";", BEATS_PER_MESSAGE)[:BEATS_PER_MESSAGE]:
+    for entry in text.split(";", ENTRIES_MAX)[:ENTRIES_MAX]:
         parts = entry.split(",")
         if len(parts) != 7:
             continue

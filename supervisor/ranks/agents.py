@@ -79,9 +79,9 @@ class NodeAgents:
         self._asked: dict[int, set[int]] = {}  # request -> the ranks asked about
         self._looks: dict[int, dict[int, wire.Look]] = {}  # request -> rank -> look
 
-    def heard(self, identity: bytes, msg: p.Message, now: float) -> list[wire.RankBeat]:
-        """An agent's message (``msg.rank`` < 0), authenticated; the heartbeats of its node's
-        ranks that a beat carries."""
+    def heard(self, identity: bytes, msg: p.Message, now: float) -> wire.Beat:
+        """An agent's message (``msg.rank`` < 0), authenticated; what a beat carries of its
+        node's ranks (nothing for any other message)."""
         body = m.read(msg)
         if isinstance(body, m.NodeBeat) and body.node:
             st = self.agents.get(body.node)
@@ -89,12 +89,12 @@ class NodeAgents:
                 st = AgentState(body.node, -1 - msg.rank, identity, msg.pid, now)
                 self.agents[body.node] = st
             st.identity, st.last_t = identity, now
-            return wire.read_beats(body.beats) if body.beats else []
+            return wire.read_beat(body)
         if isinstance(body, m.NodeLook):
             look = wire.read_look(body)
             if look is not None and look.evidence.rank in self._asked.get(look.request, ()):
                 self._looks[look.request][look.evidence.rank] = look
-        return []
+        return wire.Beat([], {})
 
     def silent(self, now: float) -> dict[str, str]:
         """The nodes whose agent fell silent, each with how that was established (empty while

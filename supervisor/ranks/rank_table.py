@@ -158,14 +158,15 @@ class RankTable:
         """All ``world_size`` ranks have finished a first step."""
         return self._started >= world_size
 
-    def exact_step(self, rank: int, step: object) -> None:
-        """``rank``'s last finished step is ``step``, read from its step slot or its exit report
-        (anything but an int is ignored), when later than the heartbeats said."""
+    def exact_step(self, rank: int, step: object, now: float) -> None:
+        """``rank``'s last finished step is ``step``, read ``now`` from its step slot or its exit
+        report (anything but an int is ignored): progress, when later than its heartbeats said
+        (a heartbeat of an earlier step, rate-limited, may come after it and is then none)."""
         if not isinstance(step, int) or isinstance(step, bool):
             return
-        for st in self:
-            if st.rank == rank and step > st.last_step:
-                st.last_step = step
+        st = self.ranks.get(rank)
+        if st is not None:
+            self._finished(st, step, now)
 
     def commit_seen(self, step: int) -> None:
         """The checkpoint of ``step`` is committed, so every rank finished writing its part of it

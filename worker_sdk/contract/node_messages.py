@@ -28,11 +28,14 @@ class NodeBeat:
     """``node``'s agent is alive (every heartbeat interval), with the heartbeats its node's
     ranks sent it since its last beat: ``beats`` holds one entry per rank, separated by ";",
     each "RANK,PID,STEP,LONGEST_S,AGE_MS,LOSS,COMM_WAIT_S" (the heartbeat's fields, LOSS and
-    COMM_WAIT_S empty when it had none; AGE_MS how long the agent held it)."""
+    COMM_WAIT_S empty when it had none; AGE_MS how long the agent held it); and ``steps``, the
+    ranks whose step slot (``protocol.step_slot_file``) changed since its last beat, as
+    "RANK:STEP" entries separated by "," (each rank's exact last finished step)."""
 
     KIND: ClassVar = Kind.NODE_BEAT
     node: str
     beats: str = ""
+    steps: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ def read_node(msg: Message) -> NodeBeat | NodeAsk | NodeLook | None:
     """The node message ``msg`` carries; None when it is of another kind."""
     d, kind = msg.payload, msg.kind
     if kind is Kind.NODE_BEAT:
-        return NodeBeat(_str(d.get("node")), _str(d.get("beats")))
+        return NodeBeat(_str(d.get("node")), _str(d.get("beats")), _str(d.get("steps")))
     if kind is Kind.NODE_ASK:
         dump, native = bool(msg.flags & LOOK_DUMP), bool(msg.flags & LOOK_NATIVE)
         return NodeAsk(msg.step, _str(d.get("ranks")), msg.value, dump, native)
@@ -101,8 +104,8 @@ def node_fields(
 ) -> tuple[Kind, int, float, int, dict[str, Any]]:
     """What goes on the wire for ``body``: kind, step, value, flags, payload."""
     match body:
-        case NodeBeat(node, beats):
-            return Kind.NODE_BEAT, -1, 0.0, 0, {"node": node, "beats": beats}
+        case NodeBeat(node, beats, steps):
+            return Kind.NODE_BEAT, -1, 0.0, 0, {"node": node, "beats": beats, "steps": steps}
         case NodeAsk(request, ranks, window_s, dump, native):
             flags = (LOOK_DUMP if dump else 0) | (LOOK_NATIVE if native else 0)
             return Kind.NODE_ASK, request, window_s, flags, {"ranks": ranks}

@@ -276,8 +276,9 @@ def test_the_node_wrapper_starts_the_agent_beside_its_command_and_ends_it(tmp_pa
 
 def test_the_ranks_talk_to_the_daemon_through_their_agent(tmp_path: Path) -> None:
     """A rank connected to its node's agent: its hello reaches the daemon as the rank sent it
-    (its own MAC, through the agent's connection), its heartbeat inside the agent's next beat,
-    and the daemon's answer, sent to the agent's connection, reaches the rank."""
+    (its own MAC, through the agent's connection), its heartbeat inside the agent's next beat
+    with the step in its step slot, and the daemon's answer, sent to the agent's connection,
+    reaches the rank."""
 
     async def scenario(d: Daemon) -> None:
         key = p.read_secret(str(tmp_path / "secret"))
@@ -291,15 +292,20 @@ def test_the_ranks_talk_to_the_daemon_through_their_agent(tmp_path: Path) -> Non
                 assert (sock_dir / "r.sock").stat().st_mode & 0o777 == 0o600
                 rank.connect(f"ipc://{sock_dir / 'r.sock'}")
                 rank.send(m.encode(key, m.Hello(0, NODE), rank=3, attempt=1, pid=4242, seq=1))
+                slot = tmp_path / p.step_slot_file(3)  # the rank's step slot on its node
+                slot.write_bytes((11).to_bytes(8, "little", signed=True))
                 beat = m.Heartbeat(9, 0.5, 2.0)
                 rank.send(m.encode(key, beat, rank=3, attempt=1, pid=4242, seq=2))
                 got: list[tuple[bytes, p.Message]] = []
                 beats: list[wire.RankBeat] = []
+                steps: dict[int, int] = {}
                 deadline = time.monotonic() + 20
-                while not beats and time.monotonic() < deadline:
+                while not (beats and steps) and time.monotonic() < deadline:
                     for identity, msg in await d.endpoint.receive_batch():
                         if msg.rank < 0:
-                            beats += d.agents.heard(identity, msg, time.monotonic())
+                            heard = d.agents.heard(identity, msg, time.monotonic())
+                            beats += heard.ranks
+                            steps.update(heard.steps)
                         else:
                             got.append((identity, msg))
                 assert [(msg.kind, msg.rank, msg.pid) for _, msg in got] == [
@@ -308,6 +314,7 @@ def test_the_ranks_talk_to_the_daemon_through_their_agent(tmp_path: Path) -> Non
                 assert got[0][0] == d.agents.agents[NODE].identity
                 assert [(b.rank, b.pid, b.body) for b in beats] == [(3, 4242, beat)]
                 assert 0.0 <= beats[0].age_s <= 1.0
+                assert steps == {3: 11}  # the exact step, read by the agent from the slot
                 d.endpoint.send(got[0][0], m.Continue(), rank=3)
                 assert rank.poll(20_000), "the daemon's answer did not reach the rank"
                 answer = p.decode(key, rank.recv())

@@ -33,12 +33,13 @@ def test_heartbeats_wait_for_the_beat_and_go_up_together_with_their_age() -> Non
     r0, r1 = Rank(0, pid=500), Rank(1, pid=501)
     assert relay.from_rank(b"a", r0.frame(m.Heartbeat(7, 0.25, 1.5)), now=10.0) == []
     assert relay.from_rank(b"b", r1.frame(m.Heartbeat(7, 0.5, None, 0.01)), now=10.4) == []
-    (text,) = relay.beats(now=11.0)
+    ((text, steps),) = relay.beats(now=11.0)
+    assert steps == ""
     assert wire.read_beats(text) == [
         wire.RankBeat.of(0, 500, m.Heartbeat(7, 0.25, 1.5), 1.0),
         wire.RankBeat.of(1, 501, m.Heartbeat(7, 0.5, None, 0.01), 0.6),
     ]
-    assert relay.beats(now=12.0) == [""]  # the beat alone
+    assert relay.beats(now=12.0) == [("", "")]  # the beat alone
 
 
 def test_a_ranks_messages_keep_their_order_and_none_is_lost() -> None:
@@ -53,7 +54,7 @@ def test_a_ranks_messages_keep_their_order_and_none_is_lost() -> None:
     second, third = r0.frame(m.Heartbeat(4, 0.1)), r0.frame(m.Heartbeat(5, 0.1))
     assert relay.from_rank(b"a", second, now=1.2) == []
     assert relay.from_rank(b"a", third, now=1.3) == [second]
-    (text,) = relay.beats(now=1.5)
+    ((text, _),) = relay.beats(now=1.5)
     assert [b.step for b in wire.read_beats(text)] == [5]
 
 
@@ -71,7 +72,7 @@ def test_what_is_not_this_attempts_ranks_is_dropped(frame: bytes, why: str) -> N
     """Frames that are not a message of one of this attempt's ranks go nowhere."""
     relay = Relay(KEY, attempt=1)
     assert relay.from_rank(b"a", frame, now=1.0) == [], why
-    assert relay.beats(now=2.0) == [""] and relay.dropped == 1
+    assert relay.beats(now=2.0) == [("", "")] and relay.dropped == 1
 
 
 def test_the_daemons_answer_goes_to_the_connection_the_rank_spoke_from() -> None:
@@ -88,18 +89,33 @@ def test_the_daemons_answer_goes_to_the_connection_the_rank_spoke_from() -> None
 
 
 def test_a_node_with_many_ranks_beats_in_several_messages() -> None:
-    """More heartbeats than one message holds are split, each part one authenticated frame."""
+    """More heartbeats and steps than one message holds, each entry as long as its values
+    make it, are split: every one arrives, each part one authenticated frame."""
     relay = Relay(KEY, attempt=1)
-    n = wire.BEATS_PER_MESSAGE + 5
+    n = 400
     for r in range(n):
-        relay.from_rank(
-            b"x", Rank(r, pid=1000 + r).frame(m.Heartbeat(10**9, 123.456, 1e-300, 0.5)), 0.0
-        )
-    texts = relay.beats(now=0.5)
-    assert [len(wire.read_beats(t)) for t in texts] == [wire.BEATS_PER_MESSAGE, 5]
-    for text in texts:
-        frame = m.encode(KEY, m.NodeBeat("node2", text), rank=-2, attempt=1, pid=9, seq=1)
+        beat = m.Heartbeat(10**12, 0.30000000000000004, -1.2345678901234567e-300, 1 / 3)
+        relay.from_rank(b"x", Rank(100_000 + r, pid=4_000_000 + r).frame(beat), 0.0)
+    slots = {100_000 + r: 10**12 + r for r in range(n)}
+    texts = relay.beats(now=59.0, slots=slots)
+    assert len(texts) > 1
+    assert sum(len(wire.read_beats(b)) for b, _ in texts) == n
+    assert {r: s for _, t in texts for r, s in wire.read_steps(t).items()} == slots
+    for beats, steps in texts:
+        frame = m.encode(KEY, m.NodeBeat("x" * 64, beats, steps), rank=-2, attempt=1, pid=9, seq=1)
         assert len(frame) <= p.MAX_MESSAGE_BYTES
+
+
+def test_a_step_slot_goes_up_when_it_moved() -> None:
+    """The beat carries each heard rank's step slot once per value: a slot that did not move
+    since the last beat is not sent again."""
+    relay = Relay(KEY, attempt=1)
+    relay.from_rank(b"a", Rank(0).frame(m.Hello(0, "node2")), now=1.0)
+    relay.from_rank(b"b", Rank(1).frame(m.Hello(0, "node2")), now=1.0)
+    assert sorted(relay.ranks) == [0, 1]
+    assert relay.beats(now=2.0, slots={0: 4, 1: -1}) == [("", "0:4,1:-1")]
+    assert relay.beats(now=3.0, slots={0: 4, 1: 2}) == [("", "1:2")]
+    assert relay.beats(now=4.0, slots={0: 4, 1: 2}) == [("", "")]
 
 
 @pytest.mark.parametrize(
@@ -120,3 +136,16 @@ def test_a_malformed_beat_entry_is_left_out(entry: str) -> None:
     read; the others are left out without raising."""
     read = wire.read_beats(f"{entry};5,6,7,0.1,1,,")
     assert [b.rank for b in read] == ([1, 5] if entry == "1,2,3,0.5,10,," else [5])
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        ("3:17,4:-1", {3: 17, 4: -1}),
+        ("3:17,x:1,5:,:2,-1:4,6:-2,7:8:9", {3: 17}),
+        ("", {}),
+    ],
+)
+def test_malformed_step_entries_are_left_out(text: str, read: dict[int, int]) -> None:
+    """Only "RANK:STEP" with a rank of 0 or more and a step of -1 (none yet) or more is read."""
+    assert wire.read_steps(text) == read

@@ -57,6 +57,26 @@ def test_started_counts_each_rank_once_and_forgets_a_replaced_one() -> None:
     assert table.started(2)
 
 
+def test_an_exact_step_ahead_of_the_heartbeats_is_progress() -> None:
+    """A step read from the rank's step slot (or its exit report) past what its heartbeats said
+    is progress, first step included; the rate-limited heartbeat of an earlier step that
+    arrives after it takes nothing back; what is not an int is ignored."""
+    table = _table(1)
+    table.beat(b"a", 0, 100, 3, 0.0, 1.0)
+    table.exact_step(0, 7, 2.0)
+    st = table.ranks[0]
+    assert (st.last_step, st.last_progress_t) == (7, 2.0)
+    table.beat(b"a", 0, 100, 5, 0.0, 2.5)
+    assert (st.last_step, st.last_progress_t) == (7, 2.0)
+    for junk in (True, "9", 9.0, None):
+        table.exact_step(0, junk, 3.0)
+    table.exact_step(1, 9, 3.0)  # a rank not in the table
+    assert (st.last_step, st.last_progress_t) == (7, 2.0)
+    fresh = _table(1)
+    fresh.exact_step(0, 0, 4.0)
+    assert fresh.started(1) and fresh.ranks[0].first_step_t == 4.0
+
+
 def test_a_ranks_last_progress_never_goes_back() -> None:
     """A heartbeat an agent held (its moment earlier than the message before it) does not set
     a rank's last progress back."""
