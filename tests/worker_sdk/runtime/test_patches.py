@@ -76,14 +76,16 @@ def test_the_loader_window_puts_dataloader_iter_back_at_close() -> None:
             return super().__iter__()
 
     before = DataLoader.__dict__["__iter__"], OwnIter.__dict__["__iter__"]
+    # another test of this process may hold a window of its own open: only ours are counted
+    others = list(patches.active())
     window = LoaderWindow(rng.capture(), [])
     window.install()
     assert DataLoader.__dict__["__iter__"] is not before[0]
     assert OwnIter.__dict__["__iter__"] is not before[1]
-    assert len([p for p in patches.active() if p.name == "__iter__"]) >= 2
+    assert len([p for p in patches.active() if p.name == "__iter__" and p not in others]) >= 2
     window.close()
     assert (DataLoader.__dict__["__iter__"], OwnIter.__dict__["__iter__"]) == before
-    assert not [p for p in patches.active() if p.name == "__iter__"]
+    assert list(patches.active()) == others
 
 
 @pytest.mark.usefixtures("one_process_group")
