@@ -262,4 +262,5 @@ class Attempt(AttemptObservation):
             progressed=self.checkpoints.progressed(newest),
             diagnostics=diagnostics,
             lost=lost,
+            node_oom_kills=self.hang_check.agents.oom_kills(),
         )

@@ -116,6 +116,7 @@ def result_of(
     progressed: bool,
     diagnostics: str | None,
     lost: Mapping[str, str],
+    node_oom_kills: Mapping[str, tuple[int, str]],
 ) -> AttemptResult:
     """The result of an attempt that ended so, from its evidence and its process tree's record
     (``last_steps``: each rank's last finished step; ``rank_nodes``: the ranks' hosts)."""
@@ -132,6 +133,7 @@ def result_of(
         stderr_tail=tree.stderr_tail() if ending is not Ending.SUCCEEDED else "",
         oom_kills=oom_kills,
         oom_kills_host_wide=oom_kills_host_wide,
+        node_oom_kills=node_oom_kills,
         lost_nodes=dict(lost),
         hang_culprits=verdict.culprits,
         hang_evidence="; ".join(filter(None, [slow_note, verdict.detail])),

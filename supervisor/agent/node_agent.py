@@ -11,7 +11,9 @@ and the node's ranks connect to it (an IPC socket in a 0700 directory the wrappe
   rank whose step slot moved), and the rest at once;
 - beats even with nothing to carry: the daemon takes an agent that falls silent for
   :func:`supervisor.ranks.agents.silence_limit` as its node lost (a node failure, never a
-  silent gap);
+  silent gap); every beat says the node's health (:mod:`.node_health`: the OOM kills of its
+  processes, the memory available), and a rank's exit report is followed by a beat at once, so
+  that a rank the kernel's OOM killer killed is known as such before the daemon judges;
 - answers the daemon's ``NODE_ASK``: it looks at the ranks named there (their process state,
   CPU time, wait channels, Python stacks: :mod:`supervisor.process.evidence_window`) over the
   window asked for and sends a ``NODE_LOOK`` for each, so the busy-or-stuck judgment of a
@@ -37,6 +39,7 @@ from types import FrameType
 import zmq
 
 from supervisor.agent import wire
+from supervisor.agent.node_health import NodeHealth, node_counter
 from supervisor.agent.relay import Relay
 from supervisor.process import activity, diagnostics, evidence_window, native
 from supervisor.rules.stuck import RankEvidence
@@ -86,6 +89,7 @@ class NodeAgent:
         sock.connect(endpoint)
         self._sock = sock
         self._relay = Relay(secret, attempt)
+        self.health = NodeHealth(node_counter())
         self._ranks: zmq.Socket[bytes] | None = None
         if ranks_socket is not None:  # the node's ranks talk to the daemon through this agent
             ranks = self._ctx.socket(zmq.ROUTER)
@@ -115,6 +119,8 @@ class NodeAgent:
             ready = dict(self._poller.poll(int(wait_s * 1000)))
             if self._ranks is not None and self._ranks in ready:
                 self._from_ranks(self._ranks)
+                if self._relay.exit_passed:  # right behind it: the node's OOM kills
+                    next_beat = time.monotonic()
             if self._sock in ready:
                 self._on_frame(self._sock.recv(zmq.NOBLOCK))
 
@@ -148,8 +154,12 @@ class NodeAgent:
 
     def _beat(self) -> None:
         slots = diagnostics.read_steps(self.diag_dir, self._relay.ranks)
+        health = self.health.read()
+        kills = -1 if health.oom_kills is None else health.oom_kills
+        available = -1 if health.memory_available is None else health.memory_available
         for beats, steps in self._relay.beats(time.monotonic(), slots):
-            self._send_body(m.NodeBeat(self.node, beats, steps))
+            body = m.NodeBeat(self.node, beats, steps, kills, health.oom_host_wide, available)
+            self._send_body(body)
 
     def _send_body(self, body: m.Body) -> None:
         self._seq += 1

@@ -42,6 +42,7 @@ class Relay:
         self._routes: dict[int, bytes] = {}  # rank -> the connection its messages come from
         self._steps_sent: dict[int, int] = {}  # rank -> the step slot's value last sent
         self.dropped = 0
+        self.exit_passed = False  # a rank's exit report went up since the last beat
 
     @property
     def ranks(self) -> Collection[int]:
@@ -59,7 +60,9 @@ class Relay:
         if msg.attempt != self.attempt or msg.rank < 0 or msg.kind >= p.Kind.NODE_BEAT:
             self.dropped += 1
             return []
-        if msg.kind is not p.Kind.RANK_EXIT:  # sent by the rank's parent: not its connection
+        if msg.kind is p.Kind.RANK_EXIT:  # sent by the rank's parent: not its connection
+            self.exit_passed = True
+        else:
             self._routes[msg.rank] = identity
         held = self._held.pop(msg.rank, None)
         out = [] if held is None else [held.frame]
@@ -76,6 +79,7 @@ class Relay:
         that changed since the last beat, as ``NodeBeat`` ``(beats, steps)`` texts (one pair
         per message: :func:`~supervisor.agent.wire.beat_texts`); they are no longer held."""
         held, self._held = self._held, {}
+        self.exit_passed = False
         beats = [h.beat._replace(age_s=max(now - h.at, 0.0)) for h in held.values()]
         sent = self._steps_sent
         moved = {r: s for r, s in (slots or {}).items() if sent.get(r) != s}

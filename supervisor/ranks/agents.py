@@ -63,6 +63,9 @@ class AgentState:
     identity: bytes
     pid: int
     last_t: float
+    oom_kills: int = -1  # its node's, since the agent started (-1: not known)
+    oom_host_wide: str = ""  # why they are the host's count ("": the node's processes')
+    memory_available: int = -1  # bytes (-1: not known)
 
 
 class NodeAgents:
@@ -89,12 +92,25 @@ class NodeAgents:
                 st = AgentState(body.node, -1 - msg.rank, identity, msg.pid, now)
                 self.agents[body.node] = st
             st.identity, st.last_t = identity, now
+            st.oom_kills, st.oom_host_wide = body.oom_kills, body.oom_host_wide
+            st.memory_available = body.memory_available
             return wire.read_beat(body)
         if isinstance(body, m.NodeLook):
             look = wire.read_look(body)
             if look is not None and look.evidence.rank in self._asked.get(look.request, ()):
                 self._looks[look.request][look.evidence.rank] = look
         return wire.Beat([], {})
+
+    def oom_kills(self) -> dict[str, tuple[int, str]]:
+        """The nodes whose agent counted OOM kills since it started, each with their count and
+        why it is the host's ("" when it is the node's processes'). The daemon's own count is of
+        its own group: under Slurm the ranks of its node are in that node's wrapper's group, which
+        its node's agent counts."""
+        return {
+            node: (st.oom_kills, st.oom_host_wide)
+            for node, st in self.agents.items()
+            if st.oom_kills > 0
+        }
 
     def silent(self, now: float) -> dict[str, str]:
         """The nodes whose agent fell silent, each with how that was established (empty while

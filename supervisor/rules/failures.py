@@ -160,13 +160,53 @@ def _node_failure(obs: Observation, last_step: int | None) -> Failure:
     return Failure(FailureKind.NODE_FAILURE, _stable(ranks), codes, sigs, last_step, detail, nodes)
 
 
+def _node_kills(obs: Observation) -> dict[str, tuple[int, str]]:
+    """The other nodes' OOM kills to take: a host-wide count only for a node where a rank died
+    of SIGKILL (it counts every process of that host)."""
+    sigkilled = {
+        obs.rank_nodes.get(e.rank)
+        for e in obs.exits
+        if e.rank is not None and signal_of(e) == signal.SIGKILL
+    }
+    return {
+        node: (kills, why)
+        for node, (kills, why) in obs.node_oom_kills.items()
+        if kills > 0 and (not why or node in sigkilled)
+    }
+
+
+def _kills_text(obs: Observation, nodes: dict[str, tuple[int, str]]) -> str:
+    """Who the OOM killer killed, the daemon's count first, then each other node's."""
+    said = []
+    if obs.oom_kills > 0:
+        count, processes = obs.oom_kills, "process" if obs.oom_kills == 1 else "processes"
+        if obs.oom_kills_host_wide:
+            said.append(f"the host OOM killer killed {count} {processes}")
+        else:
+            said.append(f"the OOM killer killed {count} of the job's processes")
+    for node, (count, why) in nodes.items():
+        processes = "process" if count == 1 else "processes"
+        if why:
+            said.append(f"the host OOM killer of {node} killed {count} {processes}")
+        else:
+            said.append(f"the OOM killer killed {count} of the job's processes on {node}")
+    return "; ".join(said)
+
+
 def _oom(obs: Observation, last_step: int | None) -> Failure | None:
     oom_reports = [r for r in obs.reports if r.kind == "oom"]
     oom_exits = [e for e in obs.exits if e.exit_code == EXIT_OOM]
-    host_killed = [e for e in obs.exits if obs.oom_kills > 0 and signal_of(e) == signal.SIGKILL]
+    nodes = _node_kills(obs)
+    host_killed = [
+        e
+        for e in obs.exits
+        if signal_of(e) == signal.SIGKILL
+        and (obs.oom_kills > 0 or (e.rank is not None and obs.rank_nodes.get(e.rank) in nodes))
+    ]
     in_stderr = any(marker in obs.stderr_tail for marker in OOM_MARKERS)
     launcher_oom = obs.launcher_exit == EXIT_OOM
-    if not (oom_reports or oom_exits or obs.oom_kills > 0 or in_stderr or launcher_oom):
+    killed = obs.oom_kills > 0 or bool(nodes)
+    if not (oom_reports or oom_exits or killed or in_stderr or launcher_oom):
         return None
     ranks = _unique(
         [r.rank for r in oom_reports]
@@ -184,17 +224,16 @@ def _oom(obs: Observation, last_step: int | None) -> Failure | None:
         detail = (
             f"{rank_text(first_exit)} exited with code {EXIT_OOM} (out of memory){_at_step(where)}"
         )
-    elif obs.oom_kills > 0:
-        count, processes = obs.oom_kills, "process" if obs.oom_kills == 1 else "processes"
-        if obs.oom_kills_host_wide:
-            detail = f"the host OOM killer killed {count} {processes}"
-        else:
-            detail = f"the OOM killer killed {count} of the job's processes"
+    elif killed:
+        detail = _kills_text(obs, nodes)
         if host_killed:
             detail += f" ({rank_text(host_killed[0])} killed by SIGKILL)"
         detail += _at_step(last_step)
-        if obs.oom_kills_host_wide:
+        if obs.oom_kills > 0 and obs.oom_kills_host_wide:
             detail += f"; counted host-wide ({obs.oom_kills_host_wide})"
+        for node, (_, why) in nodes.items():
+            if why:
+                detail += f"; counted host-wide on {node} ({why})"
     elif in_stderr:
         detail = f"out of memory reported in the ranks' stderr{_at_step(last_step)}"
     else:

@@ -171,6 +171,10 @@ class Observation:
     oom_kills_host_wide: str = ""
     """Empty, or why ``oom_kills`` is the host's count instead (every job's kills; taken only
     when a rank died of SIGKILL)."""
+    node_oom_kills: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    """OOM kills on the other nodes, as their agents counted them during the attempt: node ->
+    (kills, "" or why they are that host's count, taken only when a rank of that node died of
+    SIGKILL)."""
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
     """Nodes whose srun task or slurmd went away -> how that was established (``"slurmd at
     10.0.0.2:6818 refused the connection"``; "" when not said), in the order they were found."""

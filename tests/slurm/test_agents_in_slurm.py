@@ -1,7 +1,7 @@
 """The node agents in a real Slurm allocation: the busy-or-stuck judgment and the culprits of a
 hang on a node the daemon does not run on, and an agent's loss as its node's.
 
-One 2 x 2 job of the trainer in a 3-node allocation (node3 the spare), three faults in turn:
+One 2 x 2 job of the trainer in a 3-node allocation (node3 the spare), four faults in turn:
 
 1. attempt 1, step 5: local rank 0 of every node prepares its node's data (node2's part 30 s,
    node1's 5 s) while the other ranks wait in a barrier: no hang, one slow phase (before the
@@ -9,7 +9,11 @@ One 2 x 2 job of the trainer in a 3-node allocation (node3 the spare), three fau
 2. attempt 1, step 25: rank 3 (node2) stops itself (SIGSTOP): a hang named on node2, with the
    stacks node2's agent collected;
 3. attempt 2, step 35: rank 2 kills node2's agent: a node failure naming node2, and the job
-   goes on on node1 and node3 to the uninterrupted job's final state, bit for bit.
+   goes on on node1 and node3;
+4. attempt 3, step 40: rank 3 (node3 now) is killed by the kernel's OOM killer in a memory cgroup
+   of its own below its node's: an OOM named on node3, counted by node3's agent (before the
+   agents counted, a remote rank's SIGKILL was a crash), and the job ends as the uninterrupted
+   one did, bit for bit.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from tests.slurm.node_loss import START_S, run_to_end
 
 pytestmark = pytest.mark.slurm
 
-FAULTS = "prep:*:5:1,sigstop:3:25:1,killagent:2:35:2"
+FAULTS = "prep:*:5:1,sigstop:3:25:1,killagent:2:35:2,hostoom:3:40:3"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +42,7 @@ def agents_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFac
         env={
             "FAULT": FAULTS,
             "PREP_S": "node2:30,*:5",
+            "OOM_LIMIT_BYTES": str(400 * 2**20),
             "STEP_SLEEP": "0.05",
             # from step 30 on, steps of 0.3 s: the agent's silence (3 s) is found long before
             # the end
@@ -46,7 +51,7 @@ def agents_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFac
         },
     )
     job_id = submit(slurm_cluster, job, "--nodes=3", "--nodelist=node1,node2,node3", "--no-kill")
-    run_to_end(slurm_cluster, job, job_id, timeout=3 * START_S + 120)
+    run_to_end(slurm_cluster, job, job_id, timeout=4 * START_S + 120)
     return job
 
 
@@ -80,14 +85,31 @@ def test_a_killed_agent_loses_its_node_and_the_job_goes_on_without_it(
     agents_job: TrainerJob, reference: TrainerJob
 ) -> None:
     """node2's agent killed in attempt 2: a node failure naming node2, established by the
-    agent's silence; attempt 3 runs on node1 and node3 and the job ends as the uninterrupted
-    one did."""
+    agent's silence; the later attempts run on node1 and node3 and the job ends as the
+    uninterrupted one did."""
     job = agents_job
     failures = job.named("failure_detected")
-    assert [f["kind"] for f in failures] == ["hang", "node_failure"], job.output_text()[-3000:]
+    kinds = [f["kind"] for f in failures]
+    assert kinds == ["hang", "node_failure", "oom"], job.output_text()[-3000:]
     lost = failures[1]
     assert lost["attempt"] == 2 and lost["nodes"] == ["node2"], lost
     assert "node agent sent nothing" in lost["detail"], lost["detail"]
-    assert attempt_nodes(job) == [["node1", "node2"], ["node1", "node2"], ["node1", "node3"]]
+    assert attempt_nodes(job) == [
+        ["node1", "node2"],
+        ["node1", "node2"],
+        ["node1", "node3"],
+        ["node1", "node3"],
+    ]
     assert job.named("job_succeeded")
     assert_same_state(load_final(reference.final), load_final(job.final))
+
+
+def test_a_rank_the_oom_killer_killed_on_another_node_is_an_oom(agents_job: TrainerJob) -> None:
+    """Rank 3, killed by the kernel's OOM killer on node3 in attempt 3, is an OOM named on
+    node3: node3's agent counted the kill in its node's memory group and beat right after the
+    rank's exit report."""
+    oom = agents_job.named("failure_detected")[2]
+    assert (oom["attempt"], oom["kind"], oom["ranks"][0]) == (3, "oom", 3), oom
+    assert oom["nodes"] == ["node3"], oom
+    assert "the OOM killer killed 1 of the job's processes on node3" in oom["detail"], oom
+    assert "rank 3 killed by SIGKILL" in oom["detail"], oom

@@ -30,12 +30,19 @@ class NodeBeat:
     each "RANK,PID,STEP,LONGEST_S,AGE_MS,LOSS,COMM_WAIT_S" (the heartbeat's fields, LOSS and
     COMM_WAIT_S empty when it had none; AGE_MS how long the agent held it); and ``steps``, the
     ranks whose step slot (``protocol.step_slot_file``) changed since its last beat, as
-    "RANK:STEP" entries separated by "," (each rank's exact last finished step)."""
+    "RANK:STEP" entries separated by "," (each rank's exact last finished step). And its node's
+    health: the kernel's OOM kills of the node's processes since the agent started (-1: not
+    known), ``oom_host_wide`` empty when they are counted in the node's own memory cgroup, else
+    why the host's counter (every process's kills) is read; the memory available (bytes, -1:
+    not known)."""
 
     KIND: ClassVar = Kind.NODE_BEAT
     node: str
     beats: str = ""
     steps: str = ""
+    oom_kills: int = -1
+    oom_host_wide: str = ""
+    memory_available: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +81,23 @@ def _str(value: object, default: str = "") -> str:
     return value if isinstance(value, str) else default
 
 
+def _count(value: object) -> int:
+    """A count of 0 or more; -1 for anything else (not known)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+
+
 def read_node(msg: Message) -> NodeBeat | NodeAsk | NodeLook | None:
     """The node message ``msg`` carries; None when it is of another kind."""
     d, kind = msg.payload, msg.kind
     if kind is Kind.NODE_BEAT:
-        return NodeBeat(_str(d.get("node")), _str(d.get("beats")), _str(d.get("steps")))
+        return NodeBeat(
+            _str(d.get("node")),
+            _str(d.get("beats")),
+            _str(d.get("steps")),
+            _count(d.get("oom_kills")),
+            _str(d.get("oom_host_wide")),
+            _count(d.get("memory_available")),
+        )
     if kind is Kind.NODE_ASK:
         dump, native = bool(msg.flags & LOOK_DUMP), bool(msg.flags & LOOK_NATIVE)
         return NodeAsk(msg.step, _str(d.get("ranks")), msg.value, dump, native)
@@ -104,8 +123,21 @@ def node_fields(
 ) -> tuple[Kind, int, float, int, dict[str, Any]]:
     """What goes on the wire for ``body``: kind, step, value, flags, payload."""
     match body:
-        case NodeBeat(node, beats, steps):
-            return Kind.NODE_BEAT, -1, 0.0, 0, {"node": node, "beats": beats, "steps": steps}
+        case NodeBeat():
+            return (
+                Kind.NODE_BEAT,
+                -1,
+                0.0,
+                0,
+                {
+                    "node": body.node,
+                    "beats": body.beats,
+                    "steps": body.steps,
+                    "oom_kills": body.oom_kills,
+                    "oom_host_wide": body.oom_host_wide,
+                    "memory_available": body.memory_available,
+                },
+            )
         case NodeAsk(request, ranks, window_s, dump, native):
             flags = (LOOK_DUMP if dump else 0) | (LOOK_NATIVE if native else 0)
             return Kind.NODE_ASK, request, window_s, flags, {"ranks": ranks}

@@ -93,6 +93,9 @@ ENV_ENDPOINT: Final = "RVSUP_ENDPOINT"  # ZeroMQ endpoint the ranks connect to
 # on several nodes, set by the node wrapper for the node's agent: the path of the IPC socket it
 # binds for the node's ranks (their RVSUP_ENDPOINT), in a directory the wrapper made for it
 ENV_AGENT_SOCKET: Final = "RVSUP_AGENT_SOCKET"
+# the node wrapper's cgroups (v2, and the v1 memory group where v2 has no memory controller),
+# rvsup-node-PID: the node's processes are in them, its agent counts their OOM kills there
+NODE_GROUP_PREFIX: Final = "rvsup-node-"
 ENV_SECRET_FILE: Final = "RVSUP_SECRET_FILE"  # 0600 file holding the per-job secret
 ENV_JOB: Final = "RVSUP_JOB"  # job name
 ENV_ATTEMPT: Final = "RVSUP_ATTEMPT"  # attempt number, 1-based, across allocations

@@ -20,6 +20,12 @@ on the node's own temporary file system), removed at the end.
 A wrapper killed with SIGKILL (srun's own hard stop) cannot do that: the next attempt's wrapper
 on the node first ends what is left in the groups of wrappers that are gone. Where no group can
 be made, it execs ``CMD`` as it is (Slurm's own tracking of the step is all there is).
+
+Where the node's group has no memory controller (cgroup v1 hosts), the wrapper first places
+itself in a cgroup v1 memory group of the same name under its own, so that everything it starts
+is in it: the node's agent counts the kernel's OOM kills of the node's processes there
+(``supervisor.agent``), as the daemon does for its own node. Empty ones left by wrappers that
+are gone are removed first.
 Standard library only.
 """
 
@@ -37,13 +43,20 @@ from typing import NoReturn
 from worker_sdk.contract import protocol as p
 from worker_sdk.contract.private_paths import verify_private_dir
 
-from .cgroup import Group, own_group_dir, place, stale_groups, wait_placed
+from .cgroup import (
+    Group,
+    own_group_dir,
+    own_memory_v1_dir,
+    place,
+    stale_groups,
+    wait_placed,
+)
 from .exit_report import FORWARDED, end_like
 from .pdeathsig import die_with_parent
 
 __all__ = ["main"]
 
-_PREFIX = "rvsup-node-"
+GROUP_PREFIX = p.NODE_GROUP_PREFIX
 AGENT_FLAG = "--agent"
 _AGENT = "supervisor.agent"  # the module run as the node's agent (rvsup's, never torch)
 _SOCKET_PARENT_MAX = 60  # sun_path holds 107 bytes: parent, "/rvsup-agent-XXXXXXXX/ranks.sock"
@@ -54,14 +67,43 @@ def make_group() -> Path | None:
     own = own_group_dir()
     if own is None:
         return None
-    for group in stale_groups(Path(own), _PREFIX):
+    for group in stale_groups(Path(own), GROUP_PREFIX):
         group.end()
-    path = Path(own) / f"{_PREFIX}{os.getpid()}"
+    path = Path(own) / f"{GROUP_PREFIX}{os.getpid()}"
     try:
         path.mkdir()
     except OSError:
         return None
     return path
+
+
+def make_memory_group() -> tuple[Path, str] | None:
+    """A cgroup v1 memory group for the node's processes, this wrapper placed in it, and the
+    group it was in (see the module docstring); None: no v1 memory controller, or no group may
+    be made or joined there."""
+    own = own_memory_v1_dir()
+    if own is None:
+        return None
+    for gone in stale_groups(Path(own), GROUP_PREFIX):
+        gone.remove()  # empty: what was in it ended with its node's attempt
+    path = Path(own) / f"{GROUP_PREFIX}{os.getpid()}"
+    try:
+        path.mkdir(exist_ok=True)  # left by a wrapper gone with our pid: ours now
+        place(os.getpid(), str(path))
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        return None
+    return path, own
+
+
+def leave_memory_group(made: tuple[Path, str] | None) -> None:
+    """Back to the group this wrapper was in, and its memory group removed (once empty)."""
+    if made is not None:
+        path, own = made
+        with contextlib.suppress(OSError):
+            place(os.getpid(), own)
+        Group(path).remove()
 
 
 def main(argv: list[str]) -> NoReturn:
@@ -80,6 +122,7 @@ def main(argv: list[str]) -> NoReturn:
     if node_id is not None:
         os.environ.setdefault("PET_NODE_RANK", node_id)
     path = make_group()
+    memory = None if path and (path / "memory.events").exists() else make_memory_group()
     agent_pid, sockets = None, None
     if agent:
         sockets = tempfile.mkdtemp(prefix="rvsup-agent-", dir=_socket_parent())
@@ -102,6 +145,7 @@ def main(argv: list[str]) -> NoReturn:
             os.waitpid(agent_pid, 0)
     if sockets is not None:
         shutil.rmtree(sockets, ignore_errors=True)
+    leave_memory_group(memory)
     end_like(status)
 
 

@@ -10,9 +10,10 @@ environment, working directory, limits and standard streams, and gets back a for
 becomes the rank exactly as a cold ``exec`` would have made it (:func:`_become`), then runs the
 script or module in a fresh ``__main__``. Before the child may run, the zygote places it into its
 client's cgroup (v2; the attempt's: ``worker_sdk.spawn.cgroup``'s rule, the one that starts a
-process places it), so that the rank and all it starts belong to the attempt, not to the zygote;
-the child checks it is there before it becomes the rank. A rank that cannot be placed there is
-refused (it starts cold, placed in the attempt's group by the supervisor).
+process places it), so that the rank and all it starts belong to the attempt, not to the zygote,
+and into its client's cgroup v1 memory group where that is not the zygote's (a node wrapper's,
+where its agent counts the node's OOM kills); the child checks it is there before it becomes
+the rank. A rank that cannot be placed there is refused (it starts cold, where its client is).
 
 When a request cannot be served like a cold start (another interpreter, an option the fork
 cannot honour, a different import-time environment) or the imports were not safe, the reply is
@@ -80,6 +81,7 @@ class Served:
     startup_env: dict[str, str]  # the zygote's environment before it imported anything
     added_env: dict[str, str]  # what the imports set (torch sets TORCHINDUCTOR_CACHE_DIR)
     cgroup: str | None = None  # the zygote's own cgroup v2 directory
+    memory_cgroup: str | None = None  # the zygote's own cgroup v1 memory group directory
 
 
 def main(argv: Sequence[str]) -> int:
@@ -102,7 +104,10 @@ def main(argv: Sequence[str]) -> int:
     _say({"unsafe": unsafe, "seconds": seconds} if unsafe else {"ready": seconds})
     gc.collect()
     gc.freeze()  # forked ranks share the imported heap instead of copying it on the first GC
-    job = _serve(listener, Served(unsafe, startup_env, added, cgroups.own_group_dir()))
+    served = Served(
+        unsafe, startup_env, added, cgroups.own_group_dir(), cgroups.own_memory_v1_dir()
+    )
+    job = _serve(listener, served)
     if job is None:
         return 0
     child.fork_writer(job, base_path)  # where the memory tier is on
@@ -270,16 +275,20 @@ def _answer(conn: socket.socket, served: Served) -> Any:
             os.close(go_w)
             try:
                 _wait_for_go(go_r)
-                here = cgroups.own_group_dir()
-                if request.get("place") and here != request["place"]:
-                    raise RuntimeError(f"placed in {here}, not in {request['place']}")
+                for key, where in (
+                    ("place", cgroups.own_group_dir),
+                    ("place_memory", cgroups.own_memory_v1_dir),
+                ):
+                    here = where()
+                    if request.get(key) and here != request[key]:
+                        raise RuntimeError(f"placed in {here}, not in {request[key]}")
                 child.become(request, fds, zygote, served.added_env)
             except BaseException:  # noqa: BLE001 -- a child that cannot become the rank ends
                 traceback.print_exc()
                 os._exit(127)
             return child.Job(program, request["cwd"])
         os.close(go_r)
-        unplaced = _place(pid, request.get("place"))
+        unplaced = _place(pid, request.get("place")) or _place(pid, request.get("place_memory"))
         if unplaced is not None:
             os.close(go_w)  # it ends without running
             os.waitpid(pid, 0)
@@ -366,6 +375,12 @@ def _check(request: dict[str, Any], fds: list[int], served: Served) -> Any:
     if place is False:
         return f"the rank cannot be placed in its client's cgroup ({request['cgroup']})"
     request["place"] = place
+    memory = cgroups.placement(request.get("memory_cgroup"), served.memory_cgroup)
+    if memory is False:
+        return (
+            f"the rank cannot be placed in its client's memory group ({request['memory_cgroup']})"
+        )
+    request["place_memory"] = memory
     import resource
 
     for name, (_soft, hard) in request["rlimits"].items():

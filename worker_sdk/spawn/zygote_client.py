@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import zygote_wire as wire
-from .cgroup import own_group_dir
+from .cgroup import own_group_dir, own_memory_v1_dir
 from .exit_report import FORWARDED, ReportTo, connect, end_like, send_report
 from .zygote_child import SHIELDED
 
@@ -54,6 +54,8 @@ def request_of(argv: Sequence[str]) -> dict[str, object]:
         "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "ignored": sorted(int(s) for s in SHIELDED if signal.getsignal(s) == signal.SIG_IGN),
         "cgroup": own_group_dir(),  # the forked rank is placed in it before it runs (the attempt's)
+        # and in this v1 memory group (a node wrapper's, where the node's OOM kills are counted)
+        "memory_cgroup": own_memory_v1_dir(),
     }
 
 

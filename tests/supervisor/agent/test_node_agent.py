@@ -25,6 +25,7 @@ from supervisor.ranks.agents import AgentLook, NodeAgents
 from supervisor.ranks.channel import HeartbeatEndpoint
 from supervisor.ranks.rank_table import RankState, RankTable
 from supervisor.ranks.slow import MIN_WINDOW_S, SlowWatch
+from tests.helpers.memory_cgroup import limited
 from tests.helpers.stand_in_ranks import ranks
 from worker_sdk.contract import messages as m
 from worker_sdk.contract import protocol as p
@@ -37,10 +38,17 @@ NODE, OWN = "node2", "node1"
 
 @contextmanager
 def agent_process(
-    tmp: Path, endpoint: str, *, node_id: int = 1, ranks_socket: Path | None = None
+    tmp: Path,
+    endpoint: str,
+    *,
+    node_id: int = 1,
+    ranks_socket: Path | None = None,
+    group: Path | None = None,
+    interval_s: float = INTERVAL_S,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The agent of ``NODE`` (SLURM_NODEID ``node_id``) of attempt 1, ended at the end; with
-    ``ranks_socket``, the node's ranks talk to the daemon through it there."""
+    ``ranks_socket``, the node's ranks talk to the daemon through it there; with ``group``,
+    it runs in that cgroup (placed there before it starts); it beats every ``interval_s``."""
     relay = {} if ranks_socket is None else {p.ENV_AGENT_SOCKET: str(ranks_socket)}
     env = {
         **os.environ,
@@ -49,16 +57,40 @@ def agent_process(
         p.ENV_SECRET_FILE: str(tmp / "secret"),
         p.ENV_ATTEMPT: "1",
         p.ENV_DIAGNOSTICS_DIR: str(tmp),
-        p.ENV_HEARTBEAT_INTERVAL: repr(INTERVAL_S),
+        p.ENV_HEARTBEAT_INTERVAL: repr(interval_s),
         "SLURM_NODEID": str(node_id),
         "SLURMD_NODENAME": NODE,
     }
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.agent"], env=env)
+    proc = subprocess.Popen(_in_group(group, [sys.executable, "-m", "supervisor.agent"]), env=env)
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def rank_side(tmp: Path) -> Iterator[tuple[bytes, Path, zmq.Socket[bytes]]]:
+    """What a rank of the agent's node has: the job's key, a private folder for the agent's
+    ranks socket, and an unconnected DEALER; all gone at the end."""
+    key = p.read_secret(str(tmp / "secret"))
+    sock_dir = Path(tempfile.mkdtemp(prefix="rvsup-test-"))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        yield key, sock_dir, sock
+    finally:
+        sock.close()
+        ctx.term()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _in_group(group: Path | None, argv: list[str]) -> list[str]:
+    """``argv``, run in the cgroup ``group`` (None: where it is started)."""
+    if group is None:
+        return argv
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *argv]
 
 
 class Daemon:
@@ -71,9 +103,11 @@ class Daemon:
         self.endpoint.new_attempt(1)
         self.agents = NodeAgents(self.endpoint, own_node=OWN, interval_s=INTERVAL_S)
         self.table = RankTable()
+        self.passed_on: list[p.Message] = []
 
     async def hear_until(self, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
-        """Take the agents' messages until ``done()``."""
+        """Take the agents' messages until ``done()`` (the ranks' they pass on are kept in
+        :attr:`passed_on`)."""
         deadline = time.monotonic() + timeout_s
         while not done():
             left = deadline - time.monotonic()
@@ -83,6 +117,9 @@ class Daemon:
             except TimeoutError:
                 continue
             for identity, msg in batch:
+                if msg.rank >= 0:
+                    self.passed_on.append(msg)
+                    continue
                 assert msg.rank == p.agent_rank(1)
                 self.agents.heard(identity, msg, time.monotonic())
 
@@ -117,6 +154,42 @@ def test_the_agent_beats_and_its_node_is_lost_once_it_falls_silent(tmp_path: Pat
         assert "node agent sent nothing for 3.1 s" in lost[NODE]
 
     run(tmp_path, scenario)
+
+
+def test_the_agent_counts_its_nodes_oom_kills_and_beats_at_once_after_an_exit(
+    tmp_path: Path,
+) -> None:
+    """In the node's memory group (``rvsup-node-PID``, limited here), a process the kernel's
+    OOM killer kills is counted in the agent's next beat, with the memory available; a rank's
+    exit report passed on is followed by a beat at once, long before the next one is due."""
+    with limited(256 << 20, "node") as group:
+
+        async def scenario(d: Daemon) -> None:
+            with (
+                rank_side(tmp_path) as (key, sock_dir, parent),
+                agent_process(
+                    tmp_path,
+                    d.endpoint.endpoint,
+                    ranks_socket=sock_dir / "r.sock",
+                    group=group,
+                    interval_s=60.0,  # its first beat at once, the next a minute later
+                ),
+            ):
+                await d.hear_until(lambda: NODE in d.agents.agents)
+                agent = d.agents.agents[NODE]
+                assert (agent.oom_kills, agent.oom_host_wide) == (0, "")
+                assert agent.memory_available > 0
+                hog = subprocess.run(
+                    _in_group(group, [sys.executable, "-c", "b'x' * (1 << 30)"]), check=False
+                )
+                assert hog.returncode == -signal.SIGKILL
+                parent.connect(f"ipc://{sock_dir / 'r.sock'}")
+                report = m.RankExit(4242, None, signal.SIGKILL, NODE, 7)
+                parent.send(m.encode(key, report, rank=3, attempt=1, pid=4242, seq=1))
+                await d.hear_until(lambda: agent.oom_kills == 1, timeout_s=10.0)
+                assert [msg.kind for msg in d.passed_on] == [p.Kind.RANK_EXIT]
+
+        run(tmp_path, scenario)
 
 
 def test_the_daemons_own_lateness_loses_no_node(tmp_path: Path) -> None:
@@ -281,47 +354,38 @@ def test_the_ranks_talk_to_the_daemon_through_their_agent(tmp_path: Path) -> Non
     reaches the rank."""
 
     async def scenario(d: Daemon) -> None:
-        key = p.read_secret(str(tmp_path / "secret"))
-        sock_dir = Path(tempfile.mkdtemp(prefix="rvsup-test-"))
-        ctx = zmq.Context()
-        rank = ctx.socket(zmq.DEALER)
-        rank.setsockopt(zmq.LINGER, 0)
-        try:
-            with agent_process(tmp_path, d.endpoint.endpoint, ranks_socket=sock_dir / "r.sock"):
-                await d.hear_until(lambda: NODE in d.agents.agents)
-                assert (sock_dir / "r.sock").stat().st_mode & 0o777 == 0o600
-                rank.connect(f"ipc://{sock_dir / 'r.sock'}")
-                rank.send(m.encode(key, m.Hello(0, NODE), rank=3, attempt=1, pid=4242, seq=1))
-                slot = tmp_path / p.step_slot_file(3)  # the rank's step slot on its node
-                slot.write_bytes((11).to_bytes(8, "little", signed=True))
-                beat = m.Heartbeat(9, 0.5, 2.0)
-                rank.send(m.encode(key, beat, rank=3, attempt=1, pid=4242, seq=2))
-                got: list[tuple[bytes, p.Message]] = []
-                beats: list[wire.RankBeat] = []
-                steps: dict[int, int] = {}
-                deadline = time.monotonic() + 20
-                while not (beats and steps) and time.monotonic() < deadline:
-                    for identity, msg in await d.endpoint.receive_batch():
-                        if msg.rank < 0:
-                            heard = d.agents.heard(identity, msg, time.monotonic())
-                            beats += heard.ranks
-                            steps.update(heard.steps)
-                        else:
-                            got.append((identity, msg))
-                assert [(msg.kind, msg.rank, msg.pid) for _, msg in got] == [
-                    (p.Kind.HELLO, 3, 4242)
-                ]
-                assert got[0][0] == d.agents.agents[NODE].identity
-                assert [(b.rank, b.pid, b.body) for b in beats] == [(3, 4242, beat)]
-                assert 0.0 <= beats[0].age_s <= 1.0
-                assert steps == {3: 11}  # the exact step, read by the agent from the slot
-                d.endpoint.send(got[0][0], m.Continue(), rank=3)
-                assert rank.poll(20_000), "the daemon's answer did not reach the rank"
-                answer = p.decode(key, rank.recv())
-                assert (answer.kind, answer.rank) == (p.Kind.CONTINUE, 3)
-        finally:
-            rank.close()
-            ctx.term()
-            shutil.rmtree(sock_dir, ignore_errors=True)
+        with (
+            rank_side(tmp_path) as (key, sock_dir, rank),
+            agent_process(tmp_path, d.endpoint.endpoint, ranks_socket=sock_dir / "r.sock"),
+        ):
+            await d.hear_until(lambda: NODE in d.agents.agents)
+            assert (sock_dir / "r.sock").stat().st_mode & 0o777 == 0o600
+            rank.connect(f"ipc://{sock_dir / 'r.sock'}")
+            rank.send(m.encode(key, m.Hello(0, NODE), rank=3, attempt=1, pid=4242, seq=1))
+            slot = tmp_path / p.step_slot_file(3)  # the rank's step slot on its node
+            slot.write_bytes((11).to_bytes(8, "little", signed=True))
+            beat = m.Heartbeat(9, 0.5, 2.0)
+            rank.send(m.encode(key, beat, rank=3, attempt=1, pid=4242, seq=2))
+            got: list[tuple[bytes, p.Message]] = []
+            beats: list[wire.RankBeat] = []
+            steps: dict[int, int] = {}
+            deadline = time.monotonic() + 20
+            while not (beats and steps) and time.monotonic() < deadline:
+                for identity, msg in await d.endpoint.receive_batch():
+                    if msg.rank < 0:
+                        heard = d.agents.heard(identity, msg, time.monotonic())
+                        beats += heard.ranks
+                        steps.update(heard.steps)
+                    else:
+                        got.append((identity, msg))
+            assert [(msg.kind, msg.rank, msg.pid) for _, msg in got] == [(p.Kind.HELLO, 3, 4242)]
+            assert got[0][0] == d.agents.agents[NODE].identity
+            assert [(b.rank, b.pid, b.body) for b in beats] == [(3, 4242, beat)]
+            assert 0.0 <= beats[0].age_s <= 1.0
+            assert steps == {3: 11}  # the exact step, read by the agent from the slot
+            d.endpoint.send(got[0][0], m.Continue(), rank=3)
+            assert rank.poll(20_000), "the daemon's answer did not reach the rank"
+            answer = p.decode(key, rank.recv())
+            assert (answer.kind, answer.rank) == (p.Kind.CONTINUE, 3)
 
     run(tmp_path, scenario)

@@ -147,6 +147,8 @@ PLACERS = {
     ("supervisor/process/launcher.py", "bootstrap"),  # the daemon: launchers, standby, zygote
     ("worker_sdk/spawn/zygote.py", "_place"),  # the zygote: the ranks it forks
     ("worker_sdk/spawn/node_group.py", "start"),  # a node's wrapper: its torchrun and agent
+    ("worker_sdk/spawn/node_group.py", "make_memory_group"),  # the wrapper itself: v1 memory
+    ("worker_sdk/spawn/node_group.py", "leave_memory_group"),  # and back, at its end
 }
 
 

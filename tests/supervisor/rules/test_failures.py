@@ -182,6 +182,52 @@ ROWS = {
         exit_codes=(137,),
         signals=("SIGKILL",),
     ),
+    # another node's agent counted the kill in its node's group: the rank it killed is named
+    "oom-killer-on-another-node": Row(
+        Observation(
+            exits=(sig(3, 9, "node2"), sig(0, 15, "node1")),
+            node_oom_kills={"node2": (1, "")},
+            rank_nodes={0: "node1", 3: "node2"},
+            last_steps={3: 40},
+        ),
+        K.OOM,
+        (3,),
+        "the OOM killer killed 1 of the job's processes on node2 (rank 3 killed by SIGKILL) at"
+        " step 40",
+        signals=("SIGKILL",),
+        last_step=40,
+        nodes=("node2",),
+    ),
+    "host-oom-killer-on-another-node": Row(
+        Observation(
+            exits=(sig(3, 9, "node2"),),
+            node_oom_kills={"node2": (2, "no memory cgroup")},
+            rank_nodes={3: "node2"},
+            last_steps={3: 40},
+        ),
+        K.OOM,
+        (3,),
+        "the host OOM killer of node2 killed 2 processes (rank 3 killed by SIGKILL) at step 40;"
+        " counted host-wide on node2 (no memory cgroup)",
+        signals=("SIGKILL",),
+        last_step=40,
+        nodes=("node2",),
+    ),
+    # a host-wide count of a node where no rank died of SIGKILL is another job's kill
+    "host-oom-killer-of-another-nodes-other-job": Row(
+        Observation(
+            exits=(sig(0, 9, "node1"),),
+            node_oom_kills={"node2": (1, "no memory cgroup")},
+            rank_nodes={0: "node1", 3: "node2"},
+            last_steps={0: 40},
+        ),
+        K.CRASH,
+        (0,),
+        "rank 0 killed by SIGKILL at step 40",
+        signals=("SIGKILL",),
+        last_step=40,
+        nodes=("node1",),
+    ),
     "oom-in-stderr-beats-hang": Row(
         Observation(
             silent_ranks=(1,),

@@ -45,6 +45,7 @@ EXAMPLES: list[m.Body] = [
     m.SyncCancel(),
     m.NodeBeat("node2"),
     m.NodeBeat("node2", "2,4321,17,0.25,120,1.5,,;3,4322,17,0.5,80,,0.01"),
+    m.NodeBeat("node2", "", "2:17,3:-1", 2, "no memory cgroup", 17_179_869_184),
     m.NodeAsk(3, "2:4321,3:4322", 0.75),
     m.NodeAsk(4, "2:4321", 0.0, dump=True, native=True),
     m.NodeLook(3, 2, 0.75, "S", 0.01, "futex_wait", "pt_main\tS\tep_poll", True, False, "..."),

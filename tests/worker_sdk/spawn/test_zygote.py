@@ -22,6 +22,7 @@ import pytest
 from supervisor.process.zygote import Zygote
 from supervisor.record.schema import ColdStart
 from tests.helpers.harness import reaped, wait_for
+from tests.helpers.memory_cgroup import limited
 from worker_sdk.spawn import zygote_wire as wire
 from worker_sdk.spawn.zygote_client import request_of
 
@@ -145,6 +146,31 @@ def test_a_forked_rank_gets_what_a_cold_exec_gives(
     assert zygote.cold_starts() == []
 
 
+def test_a_forked_rank_is_in_its_clients_memory_group(
+    tmp_path: Path, env: dict[str, str], zygote: Zygote
+) -> None:
+    """A client in another cgroup v1 memory group than the zygote's (a node wrapper's): the
+    forked rank is placed in the client's, where a cold one would be, so that the node's OOM
+    kills are counted where its agent reads them."""
+    with limited(1 << 40, "client") as group:
+        if not (group / "memory.limit_in_bytes").exists():
+            pytest.skip("no cgroup v1 memory controller here")
+        (tmp_path / "m.py").write_text(
+            "from worker_sdk.spawn.cgroup import own_memory_v1_dir; print(own_memory_v1_dir())\n"
+        )
+
+        def join() -> None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        argv = [sys.executable, "m.py"]
+        with reaped(client(zygote, argv, env, tmp_path, preexec_fn=join)) as proc:
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "starts cold" not in err
+        assert out.strip() == str(group)
+    assert zygote.cold_starts() == []
+
+
 @pytest.mark.parametrize(
     ("script", "expected_rc"),
     [
@@ -181,17 +207,17 @@ def test_signals_reach_the_rank_and_a_killed_client_takes_it_along(
     with reaped(client(zygote, [sys.executable, "sleep.py"], env1, tmp_path)) as proc:
         rank = forked_rank(zygote, "sleep.py")
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        proc.communicate(timeout=30)
         assert proc.returncode == -signal.SIGTERM
         assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
     env2 = dict(env, PROBE_ID="kill")
     with reaped(client(zygote, [sys.executable, "sleep.py"], env2, tmp_path)) as proc:
         rank = forked_rank(zygote, "sleep.py")
         proc.kill()
-        proc.communicate(timeout=10)
-        rank.wait(timeout=5)
+        proc.communicate(timeout=30)
+        rank.wait(timeout=30)  # bounds, not expectations: a loaded machine is slow to reap
     assert zygote.pid is not None
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert psutil.Process(zygote.pid).children() == []
