@@ -18,7 +18,8 @@ and the node's ranks connect to it (an IPC socket in a 0700 directory the wrappe
   CPU time, wait channels, Python stacks: :mod:`supervisor.process.evidence_window`) over the
   window asked for and sends a ``NODE_LOOK`` for each, so the busy-or-stuck judgment of a
   silence sees every node's ranks; for a declared hang it collects their stacks as the daemon
-  does for its own (:func:`supervisor.process.diagnostics.collect_stacks`) and sends them.
+  does for its own (:func:`supervisor.process.diagnostics.collect_stacks`) and sends them, the
+  native ones too when asked (where py-spy is installed).
 
 Single threaded, two ZeroMQ sockets; it never imports torch. It acts only on the processes of
 its own user, and only when the daemon asks, with the job's key.
@@ -209,11 +210,21 @@ class NodeAgent:
         asyncio.run(diagnostics.collect_stacks(pids, self.diag_dir, py_spy))
         for rank in pids.values():
             stacks = evidence_window.stacks_since(self.diag_dir, rank, sizes[rank])
+            native_stacks = _read(self.diag_dir / native.native_file(rank)) if py_spy else ""
             evidence = RankEvidence(rank, state="T" if rank in stopped else None)
-            self._send_look(wire.Look(ask.request, evidence, rank in stopped, stacks))
+            look = wire.Look(ask.request, evidence, rank in stopped, stacks, native_stacks)
+            self._send_look(look)
 
     def _send_look(self, look: wire.Look) -> None:
         self._send_body(wire.look_body(look))
+
+
+def _read(path: Path) -> str:
+    """A file's text ("" when it cannot be read)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _ours(pid: int) -> bool:

@@ -190,12 +190,14 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Look:
     """What an agent saw of one rank: the evidence, whether it was stopped (state T) when the
-    stacks of a declared hang were collected, and the stacks it wrote."""
+    stacks of a declared hang were collected, the stacks it wrote, and its native stacks (or
+    why there are none; "" when not asked for)."""
 
     request: int
     evidence: RankEvidence
     stopped: bool
     stacks: str
+    native: str = ""
 
 
 def ask_body(ask: Ask) -> m.NodeAsk:
@@ -232,10 +234,16 @@ def look_body(look: Look) -> m.NodeLook:
     )
     room = p.MAX_MESSAGE_BYTES - p.HEADER.size - p.MAC_BYTES - _ROOM
     room -= len(json.dumps(m.fields(body)[4], separators=(",", ":")))
-    stacks = look.stacks
-    while stacks and len(json.dumps(stacks)) > room:
-        stacks = stacks[: len(stacks) * 3 // 4]
-    return dataclasses.replace(body, stacks=stacks)
+    native = _fit(look.native, room // 2)  # the Python stacks first: the rule reads them
+    stacks = _fit(look.stacks, room - len(json.dumps(native)))
+    return dataclasses.replace(body, stacks=stacks, native=native)
+
+
+def _fit(text: str, room: int) -> str:
+    """``text``, cut short until it takes at most ``room`` bytes in JSON."""
+    while text and len(json.dumps(text)) > room:
+        text = text[: len(text) * 3 // 4]
+    return text
 
 
 def read_look(body: m.NodeLook) -> Look | None:
@@ -252,7 +260,7 @@ def read_look(body: m.NodeLook) -> Look | None:
         stack_read=body.stack_read,
         threads=tuple(_threads(body.threads)),
     )
-    return Look(body.request, evidence, body.stopped, body.stacks)
+    return Look(body.request, evidence, body.stopped, body.stacks, body.native)
 
 
 def _threads(text: str) -> list[ThreadState]:

@@ -145,9 +145,9 @@ class HangCheck:
                     self.agents.heard(identity, msg, time.monotonic())
 
     def _record(self, looks: Mapping[int, wire.Look], sizes: Mapping[int, int]) -> bool:
-        """The stacks the agents sent, written where the ranks' own files would be unless the
-        ranks wrote them there themselves (a run directory every node shares); whether any
-        stacks are in the directory."""
+        """The stacks the agents sent (Python, and native), written where the ranks' own files
+        would be unless the ranks or the agents wrote them there themselves (a run directory
+        every node shares); whether any stacks are in the directory."""
         written = False
         for rank, look in looks.items():
             with contextlib.suppress(OSError):
@@ -155,6 +155,9 @@ class HangCheck:
                 if look.stacks and stacks_size(self.diag_dir, rank) == sizes.get(rank, 0):
                     with open(self.diag_dir / p.stacks_file(rank), "a", encoding="utf-8") as f:
                         f.write(look.stacks)
+                native_path = self.diag_dir / native.native_file(rank)
+                if look.native and not native_path.exists():
+                    native_path.write_text(look.native, encoding="utf-8")
                 if look.stopped:  # the agent's note, where it could not write it here
                     note_stopped(self.diag_dir, rank)
                 written = written or stacks_size(self.diag_dir, rank) > 0

@@ -62,7 +62,8 @@ class NodeAsk:
 class NodeLook:
     """What the agent saw of rank ``of`` for ``request`` over ``window_s``: its state letter,
     CPU time used, main thread's wait channel, other threads ("NAME\\tSTATE\\tWCHAN" lines),
-    whether its stacks were asked for, whether it was stopped, and the stacks it wrote."""
+    whether its stacks were asked for, whether it was stopped, the stacks it wrote, and its
+    native stacks (py-spy's, or why there are none) when they were asked for."""
 
     KIND: ClassVar = Kind.NODE_LOOK
     request: int
@@ -75,6 +76,7 @@ class NodeLook:
     stack_read: bool = False
     stopped: bool = False
     stacks: str = ""
+    native: str = ""
 
 
 def _str(value: object, default: str = "") -> str:
@@ -115,6 +117,7 @@ def read_node(msg: Message) -> NodeBeat | NodeAsk | NodeLook | None:
         d.get("stack_read") is True,
         d.get("stopped") is True,
         _str(d.get("stacks")),
+        _str(d.get("native")),
     )
 
 
@@ -151,5 +154,6 @@ def node_fields(
                 "stack_read": body.stack_read,
                 "stopped": body.stopped,
                 "stacks": body.stacks,
+                "native": body.native,
             }
             return Kind.NODE_LOOK, body.request, body.window_s, 0, payload

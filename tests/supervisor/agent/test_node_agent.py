@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from supervisor.agent import wire
+from supervisor.process.native import find_py_spy
 from supervisor.ranks.agents import AgentLook, NodeAgents
 from supervisor.ranks.channel import HeartbeatEndpoint
 from supervisor.ranks.rank_table import RankState, RankTable
@@ -258,14 +259,18 @@ def test_a_rank_working_on_another_node_makes_the_silence_busy(tmp_path: Path) -
 
 def test_the_agent_collects_a_stopped_ranks_stacks_for_a_declared_hang(tmp_path: Path) -> None:
     """Asked to collect for a hang, the agent says which rank is stopped and sends the stacks
-    it made that rank write (continued for the moment of its dump, then stopped again)."""
+    it made that rank write (continued for the moment of its dump, then stopped again); asked
+    for native stacks too, it sends py-spy's (or why there are none) where py-spy is here."""
     with ranks(tmp_path, ["stop", "sleep"]) as pids:
 
         async def scenario(d: Daemon) -> None:
             with agent_process(tmp_path, d.endpoint.endpoint):
                 await d.hear_until(lambda: NODE in d.agents.agents)
                 request = d.agents.ask(
-                    {NODE: {r: pid for pid, r in pids.items()}}, window_s=0.0, dump=True
+                    {NODE: {r: pid for pid, r in pids.items()}},
+                    window_s=0.0,
+                    dump=True,
+                    native=True,
                 )
                 await d.hear_until(lambda: d.agents.answered(request))
             looks = d.agents.looks(request)
@@ -273,6 +278,11 @@ def test_the_agent_collects_a_stopped_ranks_stacks_for_a_declared_hang(tmp_path:
             assert "Current thread" in looks[0].stacks or "Thread 0x" in looks[0].stacks
             assert "time.sleep" in looks[1].stacks or "<module>" in looks[1].stacks
             assert all(_state(pid) == "T" for pid, r in pids.items() if r == 0)
+            if find_py_spy() is not None:
+                assert "sleep" in looks[1].native or "no native stacks" in looks[1].native
+                assert looks[0].native  # the stopped one: its Python stacks, or why none
+            else:
+                assert looks[1].native == ""
 
         run(tmp_path, scenario)
 

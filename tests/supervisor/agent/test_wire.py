@@ -50,14 +50,22 @@ def test_a_look_comes_back_as_the_evidence_it_carries() -> None:
     )
 
 
-def test_a_look_with_huge_stacks_is_cut_to_fit_one_frame() -> None:
+@pytest.mark.parametrize(
+    "native", ["", "Thread 7 (idle): native\n    epoll_wait (libc.so.6)\n" * 2]
+)
+def test_a_look_with_huge_stacks_is_cut_to_fit_one_frame(native: str) -> None:
     """Stacks far larger than a message are cut (their head kept) so that the look still
-    travels as one authenticated frame."""
+    travels as one authenticated frame; native stacks travel with them (at most half the
+    room: the Python stacks, which the rule reads, come first)."""
     huge = DUMP + 'Thread 0x1 (most recent call first):\n  File "x.py", line 1 in f\n' * 5000
-    body = wire.look_body(wire.Look(1, RankEvidence(0, state="S"), True, huge))
+    body = wire.look_body(wire.Look(1, RankEvidence(0, state="S"), True, huge, native))
     assert body.stacks and huge.startswith(body.stacks) and len(body.stacks) < len(huge)
     read = m.read(_through(body))
     assert isinstance(read, m.NodeLook) and read.stacks == body.stacks and read.stopped
+    assert read.native == native
+    both = wire.look_body(wire.Look(1, RankEvidence(0), False, huge, huge))
+    assert both.native and huge.startswith(both.native) and len(both.stacks) >= len(both.native)
+    assert m.read(_through(both)) == both
 
 
 @pytest.mark.parametrize(
