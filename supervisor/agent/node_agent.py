@@ -22,7 +22,8 @@ and the node's ranks connect to it (an IPC socket in a 0700 directory the wrappe
   native ones too when asked (where py-spy is installed).
 
 Single threaded, two ZeroMQ sockets; it never imports torch. It acts only on the processes of
-its own user, and only when the daemon asks, with the job's key.
+its own user, and only when the daemon asks, with the job's key, in a message numbered past
+the last one it took (a replayed request is dropped).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class NodeAgent:
         self.interval_s = interval_s
         self.pid = os.getpid()
         self._seq = 0
+        self._asked_seq = 0  # the daemon's newest request taken: an older number is a replay
         self._window: tuple[wire.Ask, evidence_window.Window, float] | None = None
         self.stopping = False
         self._ctx = zmq.Context(io_threads=1)
@@ -183,8 +185,9 @@ class NodeAgent:
                 with contextlib.suppress(zmq.ZMQError):
                     self._ranks.send_multipart([to, frame], zmq.NOBLOCK)
             return
-        if msg.rank != p.agent_rank(self.node_id):
+        if msg.rank != p.agent_rank(self.node_id) or msg.seq <= self._asked_seq:
             return
+        self._asked_seq = msg.seq
         body = m.read(msg)
         ask = wire.read_ask(body) if isinstance(body, m.NodeAsk) else None
         if ask is None:

@@ -79,6 +79,7 @@ class HeartbeatEndpoint:
         self.dropped: collections.Counter[str] = collections.Counter()
         self.accepted = 0
         self._last_seq: dict[tuple[int, int], int] = {}
+        self._sent = 0  # the sequence number of the last message sent (an agent drops replays)
         self._last_batch_t = float("-inf")
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._listener: curve.Listener | None = None
@@ -189,8 +190,12 @@ class HeartbeatEndpoint:
         return identity, msg
 
     def send(self, identity: bytes, body: m.Body, *, rank: int) -> None:
-        """Send to one rank; never blocks (a full or vanished peer drops the message)."""
-        frame = m.encode(self._key, body, rank=rank, attempt=self.attempt, pid=os.getpid(), seq=0)
+        """Send to one rank; never blocks (a full or vanished peer drops the message). Every
+        message is numbered, one more than the last."""
+        self._sent += 1
+        frame = m.encode(
+            self._key, body, rank=rank, attempt=self.attempt, pid=os.getpid(), seq=self._sent
+        )
         try:
             self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
         except zmq.ZMQError:

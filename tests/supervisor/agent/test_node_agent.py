@@ -105,6 +105,7 @@ class Daemon:
         self.agents = NodeAgents(self.endpoint, own_node=OWN, interval_s=INTERVAL_S)
         self.table = RankTable()
         self.passed_on: list[p.Message] = []
+        self.look_requests: list[int] = []
 
     async def hear_until(self, done: Callable[[], bool], timeout_s: float = 20.0) -> None:
         """Take the agents' messages until ``done()`` (the ranks' they pass on are kept in
@@ -122,6 +123,8 @@ class Daemon:
                     self.passed_on.append(msg)
                     continue
                 assert msg.rank == p.agent_rank(1)
+                if msg.kind is p.Kind.NODE_LOOK:
+                    self.look_requests.append(msg.step)  # the request a look answers
                 self.agents.heard(identity, msg, time.monotonic())
 
 
@@ -288,8 +291,9 @@ def test_the_agent_collects_a_stopped_ranks_stacks_for_a_declared_hang(tmp_path:
 
 
 def test_the_agent_answers_only_its_jobs_daemon_and_ends_on_sigterm(tmp_path: Path) -> None:
-    """A request authenticated with another key is not answered (the one after it, with the
-    job's key, is); SIGTERM ends the agent with status 0, its ranks' socket and its folder
+    """A request authenticated with another key is not answered, nor one with the job's key
+    that repeats the number of a request already taken (a replay); the ones after each, from
+    the daemon, are; SIGTERM ends the agent with status 0, its ranks' socket and its folder
     removed."""
     sock_dir = Path(tempfile.mkdtemp(prefix="rvsup-test-"))
     with ranks(tmp_path, ["sleep"]) as pids:
@@ -299,14 +303,17 @@ def test_the_agent_answers_only_its_jobs_daemon_and_ends_on_sigterm(tmp_path: Pa
             with agent_process(tmp_path, d.endpoint.endpoint, ranks_socket=socket_path) as agent:
                 await d.hear_until(lambda: NODE in d.agents.agents)
                 identity = d.agents.agents[NODE].identity
-                forged = m.encode(
-                    p.new_secret(), m.NodeAsk(99, ",".join(f"0:{pid}" for pid in pids), 0.0, dump=True),
-                    rank=p.agent_rank(1), attempt=1, pid=1, seq=0,
-                )  # fmt: skip
-                d.endpoint._sock.send_multipart([identity, forged])
-                request = d.agents.ask({NODE: {r: pid for pid, r in pids.items()}}, window_s=0.1)
-                await d.hear_until(lambda: d.agents.answered(request))
-                assert not d.agents.looks(99)
+                key = p.read_secret(str(tmp_path / "secret"))
+                by_rank = {r: pid for pid, r in pids.items()}
+                for sent_by, number in ((p.new_secret(), 99), (key, 77)):  # a stranger, a replay
+                    forged = m.encode(
+                        sent_by, m.NodeAsk(number, ",".join(f"0:{pid}" for pid in pids), 0.0, dump=True),
+                        rank=p.agent_rank(1), attempt=1, pid=1, seq=1,
+                    )  # fmt: skip
+                    d.endpoint._sock.send_multipart([identity, forged])
+                    request = d.agents.ask({NODE: by_rank}, window_s=0.1)  # numbered past it
+                    await d.hear_until(lambda: d.agents.answered(request))  # noqa: B023
+                assert d.look_requests == [1, 2]  # neither 99 nor 77
                 assert socket_path.exists()
                 agent.send_signal(signal.SIGTERM)
                 assert agent.wait(timeout=10) == 0
