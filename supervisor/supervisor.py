@@ -368,6 +368,7 @@ class Supervisor:
             "ranks": [st.to_status(now) for st in sorted(self.ranks, key=lambda s: s.rank)],
             "straggler": None if cur is None else cur.stragglers.status(now),
             "busy": None if cur is None else cur.hang_check.slow.status(now),
+            "agents": None if cur is None else cur.hang_check.agents.status(now),
             "exclude_at_restart": {
                 **self.straggler_nodes,
                 **({} if cur is None else cur.stragglers.to_exclude),

@@ -75,6 +75,7 @@ def render(answer: dict[str, Any], rows: Sequence[AttemptRow], rate: float | Non
     ]
     lines += _busy_lines(answer)
     lines += _straggler_lines(answer)
+    lines += _agent_lines(answer)
     lines += [
         f"checkpoint of step {failed['step']} failed on rank {failed['rank']} "
         f"(not committed, the previous one is kept): {failed['reason']}"
@@ -116,6 +117,21 @@ def _straggler_lines(answer: dict[str, Any]) -> list[str]:
         f"excluded at the next restart: {node} ({why})"
         for node, why in sorted((answer.get("exclude_at_restart") or {}).items())
     ]
+    return lines
+
+
+def _agent_lines(answer: dict[str, Any]) -> list[str]:
+    """The node agents of a multi-node attempt: how many, their oldest beat, the least memory
+    available, and one line per node whose processes the OOM killer killed."""
+    a = answer.get("agents")
+    if not a:
+        return []
+    least = a.get("least_memory")
+    memory = f"; least memory available: {least[0]}, {least[1] / 2**30:.1f} GiB" if least else ""
+    lines = [f"node agents: {a['count']}, oldest beat {a['oldest_beat_s']:.1f}s ago{memory}"]
+    for node, (kills, why) in sorted((a.get("oom_kills") or {}).items()):
+        counted = f" (the host's count: {why})" if why else ""
+        lines.append(f"OOM kills on {node} this attempt: {kills}{counted}")
     return lines
 
 

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from supervisor.agent import wire
 from supervisor.ranks.rank_table import RankTable
@@ -110,6 +110,20 @@ class NodeAgents:
             node: (st.oom_kills, st.oom_host_wide)
             for node, st in self.agents.items()
             if st.oom_kills > 0
+        }
+
+    def status(self, now: float) -> dict[str, Any] | None:
+        """The agents for ``rvsup status`` (None: there are none): how many beat, the oldest
+        beat's age, the node with the least memory available, and the nodes with OOM kills."""
+        if not self.agents:
+            return None
+        known = [st for st in self.agents.values() if st.memory_available >= 0]
+        least = min(known, key=lambda st: st.memory_available, default=None)
+        return {
+            "count": len(self.agents),
+            "oldest_beat_s": round(max(now - st.last_t for st in self.agents.values()), 3),
+            "least_memory": None if least is None else [least.node, least.memory_available],
+            "oom_kills": {node: list(counted) for node, counted in self.oom_kills().items()},
         }
 
     def silent(self, now: float) -> dict[str, str]:

@@ -155,3 +155,20 @@ def test_only_the_ranks_asked_about_are_taken_from_looks() -> None:
     look = wire.look_body(wire.Look(request, RankEvidence(5, state="R"), False, ""))
     agents.heard(b"node2", _through(look, seq=5), 1.0)
     assert agents.answered(request)
+
+
+def test_the_agents_status_says_their_beats_memory_and_oom_kills() -> None:
+    """For ``rvsup status``: none without agents; with them, how many, the oldest beat, the
+    node with the least memory available (one that said none is left out), the OOM kills."""
+    agents = NodeAgents(Sent(), own_node="node1", interval_s=1.0)
+    assert agents.status(0.0) is None
+    for node_id, node, kills, memory in ((0, "node1", 0, 8 << 30), (1, "node2", 2, 3 << 30)):
+        body = m.NodeBeat(node, oom_kills=kills, oom_host_wide="", memory_available=memory)
+        agents.heard(node.encode(), _through(body, rank=p.agent_rank(node_id), pid=9), 10.0)
+    agents.heard(b"n3", _through(m.NodeBeat("node3"), rank=p.agent_rank(2), pid=9), 10.5)
+    assert agents.status(11.0) == {
+        "count": 3,
+        "oldest_beat_s": 1.0,
+        "least_memory": ["node2", 3 << 30],
+        "oom_kills": {"node2": [2, ""]},
+    }

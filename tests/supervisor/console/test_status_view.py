@@ -175,3 +175,37 @@ def test_busy_line(extra: dict[str, Any], expected: list[str]) -> None:
     has been no step, and when it becomes a hang under which bound."""
     lines = render({**answer(50, 48), **extra}, [], None)
     assert [ln for ln in lines if ln.startswith("busy,")] == expected
+
+
+AGENTS = {"count": 2, "oldest_beat_s": 0.31, "least_memory": ["n2", 3 * 2**30], "oom_kills": {}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({}, []),
+        ({"agents": None}, []),
+        (
+            {"agents": AGENTS},
+            ["node agents: 2, oldest beat 0.3s ago; least memory available: n2, 3.0 GiB"],
+        ),
+        (
+            {"agents": {**AGENTS, "least_memory": None, "oom_kills": {"n2": [1, ""]}}},
+            ["node agents: 2, oldest beat 0.3s ago", "OOM kills on n2 this attempt: 1"],
+        ),
+        (
+            {"agents": {**AGENTS, "oom_kills": {"n3": [2, "no memory cgroup"]}}},
+            [
+                "node agents: 2, oldest beat 0.3s ago; least memory available: n2, 3.0 GiB",
+                "OOM kills on n3 this attempt: 2 (the host's count: no memory cgroup)",
+            ],
+        ),
+    ],
+    ids=["old-daemon", "one-node", "agents", "oom-killed", "host-wide"],
+)
+def test_agent_lines(extra: dict[str, Any], expected: list[str]) -> None:
+    """On several nodes: how many agents beat and the oldest beat, the node with the least
+    memory available, and each node whose processes the OOM killer killed, with how it was
+    counted."""
+    lines = render({**answer(50, 48), **extra}, [], None)
+    assert [ln for ln in lines if ln.startswith(("node agents", "OOM kills"))] == expected
