@@ -6,7 +6,10 @@ connection, says HELLO, then sends one HEARTBEAT per second (its step grows by o
 sends spread evenly over the second. With FAKE_PER_AGENT=k, the ranks are simulated behind node
 agents of k ranks each, as on a multi-node job: one connection per agent, each rank's HELLO sent
 through it as the agent relays it, then one NODE_BEAT per agent per second carrying its k ranks'
-heartbeats (supervisor/agent/), the agents' beats spread evenly over the second. When
+heartbeats (supervisor/agent/), the agents' beats spread evenly over the second; with
+FAKE_TRAINING=1 each of those heartbeats carries a loss and an all-reduce wait, as a DDP script
+that passes its loss sends (the loss falls smoothly, the waits differ a little by rank: no
+anomaly, no straggler to name). When
 ``$BENCH_RECORD_DIR/go-silent`` appears, rank N // 2 stops; ``silent.json`` records the time of
 its last heartbeat. ``ready.json`` is written once every rank said HELLO.
 """
@@ -41,6 +44,7 @@ def main() -> None:
     endpoint = os.environ[p.ENV_ENDPOINT]
     pid, host = os.getpid(), socket.gethostname()
     per_agent = int(os.environ.get("FAKE_PER_AGENT", "0"))
+    training = os.environ.get("FAKE_TRAINING") == "1"
     senders = n if per_agent <= 0 else -(-n // per_agent)
     ctx = zmq.Context(io_threads=1)
     ctx.set(zmq.MAX_SOCKETS, senders + 64)
@@ -63,7 +67,12 @@ def main() -> None:
             sock.send(frame, zmq.NOBLOCK)
 
     def beat(agent: int, ranks: list[int]) -> None:
-        beats = [wire.RankBeat(r, pid, steps[r], 0.02, None, None, 0.0) for r in ranks]
+        beats = [
+            wire.RankBeat(r, pid, steps[r], 0.02, *_training(r, steps[r]), 0.0)
+            if training
+            else wire.RankBeat(r, pid, steps[r], 0.02, None, None, 0.0)
+            for r in ranks
+        ]
         body = m.NodeBeat(f"sim-{agent:05d}", wire.beats_text(beats))
         agent_seq[agent] += 1
         frame = m.encode(
@@ -106,6 +115,12 @@ def main() -> None:
             info = {"rank": silent_rank, "last_heartbeat_t": last_sent[silent_rank]}
             (record_dir / "silent.json").write_text(json.dumps(info))
         time.sleep(TICK_S)
+
+
+def _training(rank: int, step: int) -> tuple[float, float]:
+    """A rank's loss and all-reduce wait at ``step``: the loss falls smoothly from 2.0, the
+    same for every rank but its last digits; the waits are 5 to 6.2 ms."""
+    return 2.0 / (1.0 + step / 100.0) + (rank % 7) * 1e-6, 0.005 + (rank % 13) * 1e-4
 
 
 if __name__ == "__main__":

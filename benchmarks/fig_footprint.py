@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from supervisor.rules.stragglers import MIN_SAMPLES
+
 from . import records
 from .profiles import Context
 from .table import Cell, Table, Target
@@ -195,12 +197,16 @@ class _ScaleRvsup(Rvsup):
         )
 
 
-def _scale_once(ctx: Context, n: int, per_agent: int) -> tuple[Usage, float | None, str]:
-    workdir = ctx.scratch / "scale" / f"{n}-{per_agent}"
+def _scale_once(
+    ctx: Context, n: int, per_agent: int, training: bool
+) -> tuple[Usage, float | None, str]:
+    workdir = ctx.scratch / "scale" / f"{n}-{per_agent}{'-training' if training else ''}"
     shutil.rmtree(workdir, ignore_errors=True)
     tool = _ScaleRvsup()
     spec = Spec(steps=1, ckpt_every=0, max_restarts=0)
     env = {"FAKE_RANKS": str(n), "FAKE_PER_AGENT": str(per_agent)}
+    if training:
+        env["FAKE_TRAINING"] = "1"
     with tool.launch(spec, workdir, env) as run:
         ready = run.record_dir / "ready.json"
         deadline = time.monotonic() + 120
@@ -209,6 +215,8 @@ def _scale_once(ctx: Context, n: int, per_agent: int) -> tuple[Usage, float | No
         if not ready.exists():
             return Usage(), None, "the simulator never became ready"
         time.sleep(2.0 + n / 8192)  # HELLOs and the first round of heartbeats absorbed
+        if training:  # the straggler rule judges a rank once it has MIN_SAMPLES waits
+            time.sleep(MIN_SAMPLES + 2.0)
         daemon = psutil.Process(run.proc.pid)
         usage = sample({"daemon": daemon}, time.monotonic() + ctx.profile.scale_window_s)["daemon"]
         (run.record_dir / "go-silent").write_text("")
@@ -224,21 +232,27 @@ def _scale_once(ctx: Context, n: int, per_agent: int) -> tuple[Usage, float | No
 
 def scale(ctx: Context) -> Table:
     p = ctx.profile
-    runs = [(n, 0, f"{n} ranks") for n in p.scale_ranks]
-    runs += [(n, AGENT_RANKS, f"{n} ranks, {n // AGENT_RANKS} agents") for n in p.scale_agents]
+    runs = [(n, 0, f"{n} ranks", False) for n in p.scale_ranks]
+    runs += [
+        (n, AGENT_RANKS, f"{n} ranks, {n // AGENT_RANKS} agents", False) for n in p.scale_agents
+    ]
+    runs += [
+        (n, AGENT_RANKS, f"{n} ranks, {n // AGENT_RANKS} agents, losses + waits", True)
+        for n in p.scale_training
+    ]
     cpu: dict[str, Cell | str] = {}
     rss: dict[str, Cell | str] = {}
     per_rank: dict[str, Cell | str] = {}
     latency: dict[str, Cell | str] = {}
     smallest = min(p.scale_ranks)
     base: list[float] = []  # the smallest run's RSS: the daemon with (almost) no ranks
-    for n, per_agent, col in runs:
+    for n, per_agent, col, training in runs:
         usages: list[Usage] = []
         detects: list[float] = []
         problems: list[str] = []
         for i in range(p.n_windows):
             ctx.log(f"scale {col} {i + 1}/{p.n_windows}")
-            usage, detect, problem = _scale_once(ctx, n, per_agent)
+            usage, detect, problem = _scale_once(ctx, n, per_agent, training)
             usages.append(usage)
             if detect is not None:
                 detects.append(detect)
@@ -257,17 +271,21 @@ def scale(ctx: Context) -> Table:
         "scale",
         f"9b. A real rvsup daemon with simulated ranks (1 heartbeat/s each: one connection per"
         f" rank, or behind node agents of {AGENT_RANKS} ranks, one beat/s each, as on several"
-        f" nodes; CPU over {p.scale_window_s:g} s; hang_timeout = {SCALE_HANG_S:g} s)",
-        [col for _, _, col in runs],
+        f" nodes, and there with each heartbeat's loss and all-reduce wait, which the loss"
+        f" and straggler rules read; CPU over {p.scale_window_s:g} s;"
+        f" hang_timeout = {SCALE_HANG_S:g} s)",
+        [col for _, _, col, _ in runs],
     )
     t.row("daemon CPU (% of one core)", cpu)
     t.row("daemon RSS", rss)
     t.row("daemon RSS per rank", per_rank)
     t.row("one rank goes silent -> hang detected", latency)
-    for col, what in (
-        (runs[len(p.scale_ranks) - 1][2], f"{max(p.scale_ranks)} simulated ranks"),
-        (runs[-1][2], f"{max(p.scale_agents)} simulated ranks behind agents"),
-    ):
+    biggest_of = [(runs[len(p.scale_ranks) - 1][2], f"{max(p.scale_ranks)} simulated ranks")]
+    for sizes, kind in ((p.scale_agents, ""), (p.scale_training, ", losses and waits")):
+        if sizes:
+            col = next(c for n, _, c, t in runs if n == max(sizes) and t == bool(kind))
+            biggest_of.append((col, f"{max(sizes)} simulated ranks behind agents{kind}"))
+    for col, what in biggest_of:
         biggest = cpu.get(col)
         if isinstance(biggest, Cell) and biggest.median is not None:
             t.targets.append(
@@ -285,4 +303,9 @@ def scale(ctx: Context) -> Table:
             )
         )
     t.notes.append("the simulator runs on the same cores as the daemon")
+    if p.scale_training:
+        t.notes.append(
+            f"losses + waits: CPU measured from {MIN_SAMPLES + 2:g} s after the first"
+            " heartbeats on, once the straggler rule judges every rank"
+        )
     return t

@@ -29,6 +29,8 @@ class Profile:
     ckpt_reps: int
     scale_ranks: tuple[int, ...]
     scale_agents: tuple[int, ...]  # ranks simulated behind node agents of AGENT_RANKS each
+    # the same, each heartbeat with a loss and an all-reduce wait (a DDP script passing its loss)
+    scale_training: tuple[int, ...]
     scale_window_s: float
     footprint_steps: int
     n_windows: int  # repetitions of the footprint and scale measurements
@@ -52,6 +54,7 @@ FULL = Profile(
     ckpt_reps=5,
     scale_ranks=(64, 512, 4096),
     scale_agents=(4096, 16384),
+    scale_training=(16384,),
     scale_window_s=20.0,
     footprint_steps=800,
     n_windows=5,
@@ -73,6 +76,7 @@ QUICK = Profile(
     ckpt_reps=3,
     scale_ranks=(64, 512, 4096),
     scale_agents=(4096, 16384),
+    scale_training=(16384,),
     scale_window_s=10.0,
     footprint_steps=500,
     n_windows=1,
@@ -93,7 +97,8 @@ SMOKE = Profile(
     ckpt_sizes_mb=(10,),
     ckpt_reps=1,
     scale_ranks=(16,),
-    scale_agents=(16,),
+    scale_agents=(),  # the training column's path is the agents' with more in each beat
+    scale_training=(16,),
     scale_window_s=3.0,
     footprint_steps=120,
     n_windows=1,

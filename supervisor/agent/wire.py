@@ -37,7 +37,6 @@ __all__ = [
     "read_beats",
     "read_look",
     "read_steps",
-    "steps_text",
 ]
 
 _THREADS_MAX = 2_000  # characters of a look's thread list
@@ -93,22 +92,18 @@ def beats_text(beats: list[RankBeat]) -> str:
     return ";".join(map(_beat_entry, beats))
 
 
-def steps_text(steps: Mapping[int, int]) -> str:
-    """``NodeBeat.steps`` for ``steps`` (rank -> step; all in one text)."""
-    return ",".join(f"{rank}:{step}" for rank, step in steps.items())
-
-
 def beat_texts(beats: list[RankBeat], steps: Mapping[int, int]) -> list[tuple[str, str]]:
     """``beats`` and ``steps`` as the ``(beats, steps)`` texts of as few NODE_BEATs as hold
-    them, each at most :data:`BEAT_TEXT_BYTES` (nothing: one pair of empty texts, the beat
-    alone)."""
+    them, each at most :data:`BEAT_TEXT_BYTES` and :data:`ENTRIES_MAX` entries of a kind
+    (nothing: one pair of empty texts, the beat alone)."""
     entries = [(";", _beat_entry(b)) for b in beats]
     entries += [(",", f"{rank}:{step}") for rank, step in steps.items()]
     out: list[tuple[str, str]] = []
     parts: dict[str, list[str]] = {";": [], ",": []}
     size = 0
     for sep, entry in entries:
-        if size + len(entry) + 1 > BEAT_TEXT_BYTES and size:
+        full = size + len(entry) + 1 > BEAT_TEXT_BYTES or len(parts[sep]) == ENTRIES_MAX
+        if full and size:
             out.append((";".join(parts[";"]), ",".join(parts[","])))
             parts, size = {";": [], ",": []}, 0
         parts[sep].append(entry)

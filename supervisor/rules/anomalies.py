@@ -35,6 +35,7 @@ The rules:
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -100,6 +101,22 @@ class _RankLosses:
     accepted: deque[float]
     high: list[tuple[int, float]] = field(default_factory=list)
     last_normal: int | None = None
+    ordered: list[float] = field(default_factory=list)  # ``accepted``, sorted: its median at once
+
+    def accept(self, value: float) -> None:
+        if len(self.accepted) == self.accepted.maxlen:  # the oldest leaves the window
+            del self.ordered[bisect.bisect_left(self.ordered, self.accepted[0])]
+        self.accepted.append(value)
+        bisect.insort(self.ordered, value)
+
+    def surely_below(self, value: float, factor: float) -> bool:
+        """Whether ``value`` is below any threshold :func:`baseline` can give: the median plus
+        ``factor`` times its floor (the spread is never below it). Most values are, and then
+        the spread need not be computed (the daemon reads thousands a second)."""
+        ordered, n = self.ordered, len(self.ordered)
+        i = n // 2
+        median = ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+        return value <= median + factor * _RELATIVE_FLOOR * abs(median)
 
 
 class LossWatch:
@@ -155,8 +172,9 @@ class LossWatch:
         r = self._ranks.get(rank)
         if r is None:
             r = self._ranks[rank] = _RankLosses(deque(maxlen=self.policy.window))
-        if len(r.accepted) >= min_values(self.policy):
-            median, threshold = baseline(r.accepted, self.policy.spike_factor)
+        factor = self.policy.spike_factor
+        if len(r.accepted) >= min_values(self.policy) and not r.surely_below(value, factor):
+            median, threshold = baseline(r.ordered, factor)
             if value > threshold:
                 r.high.append((step, value))
                 if len(r.high) < self.policy.patience:
@@ -164,7 +182,7 @@ class LossWatch:
                 onset = self._onset(rank, r.high[0][0])
                 return Anomaly(FailureKind.LOSS_SPIKE, rank, step, onset, value, median)
         r.high.clear()
-        r.accepted.append(value)
+        r.accept(value)
         r.last_normal = step
         return None
 

@@ -156,6 +156,11 @@ class StragglerWatch:
         self._last_seen = 0.0
         self._candidate: tuple[int, float] | None = None  # (rank, since when the rule finds it)
 
+    @property
+    def ranks_heard(self) -> int:
+        """How many ranks' heartbeats it has seen."""
+        return len(self._ranks)
+
     def observe(self, rank: int, now: float, step: int, wait_s: float | None) -> None:
         """A heartbeat of ``rank`` at ``step``, with its wait per step when it carried one."""
         w = self._ranks.setdefault(rank, _RankWindow())

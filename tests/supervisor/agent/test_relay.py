@@ -106,6 +106,15 @@ def test_a_node_with_many_ranks_beats_in_several_messages() -> None:
         assert len(frame) <= p.MAX_MESSAGE_BYTES
 
 
+def test_more_steps_than_one_beat_reads_are_split() -> None:
+    """Short step entries (a few bytes each) are split at the count a beat is read up to, so
+    that none is left unread."""
+    steps = dict.fromkeys(range(3 * wire.ENTRIES_MAX), -1)
+    texts = wire.beat_texts([], steps)
+    assert len(texts) == 3
+    assert {r: s for _, t in texts for r, s in wire.read_steps(t).items()} == steps
+
+
 def test_a_step_slot_goes_up_when_it_moved() -> None:
     """The beat carries each heard rank's step slot once per value: a slot that did not move
     since the last beat is not sent again."""

@@ -6,6 +6,8 @@ import math
 import random
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from supervisor.rules.anomalies import (
     AnomalyPolicy,
@@ -271,3 +273,51 @@ def test_earliest_onset_holds_at_a_found_anomaly_and_restarts_with_the_attempt()
     assert watch.earliest_onset(1, found) == 12
     watch.begin_attempt(30)
     assert watch.earliest_onset(1) == 30
+
+
+def _plain_rule(policy: AnomalyPolicy, losses: list[float]) -> list[int]:
+    """The rule as the module docstring states it, computed afresh for every value: the steps
+    at which a spike is found."""
+    accepted: list[float] = []
+    high = 0
+    found = []
+    for step, value in enumerate(losses):
+        window = accepted[-policy.window :]
+        if len(window) >= max(4, min(policy.window, 10)):
+            _, threshold = baseline(window, policy.spike_factor)
+            if value > threshold:
+                high += 1
+                if high >= policy.patience:
+                    found.append(step)
+                continue
+        high = 0
+        accepted.append(value)
+    return found
+
+
+@given(
+    st.lists(
+        st.one_of(  # flat runs with small steps up (a spread near its floor), and noise
+            st.sampled_from([1.0, 1.0, 1.01, 0.99, 1.005, 1.02, 1.2, 1.5, 40.0, -1.0]),
+            st.floats(0.5, 2.0),
+            st.floats(-3.0, 3.0),
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    st.sampled_from([(10.0, 50, 3), (2.0, 8, 1), (10.0, 4, 2)]),
+)
+@example([1.0] * 10 + [1.02], (2.0, 8, 1))  # flat: a spike just above the floor
+@example([1.0, 1.01] * 6 + [1.2] * 3, (10.0, 50, 3))
+@example([1.0] * 12 + [1.009, 1.011], (1.0, 8, 1))  # at either side of median x (1 + floor)
+@settings(max_examples=300, deadline=None)
+def test_the_watch_finds_the_spikes_the_plain_rule_finds(
+    losses: list[float], knobs: tuple[float, int, int]
+) -> None:
+    """The watch keeps each rank's window sorted and skips the spread for a value surely
+    below the threshold: it finds exactly the spikes of the rule computed afresh each time."""
+    factor, window, patience = knobs
+    policy = AnomalyPolicy(spike_factor=factor, window=window, patience=patience)
+    watch = LossWatch(policy)
+    found = [s for s, v in enumerate(losses) if watch.observe(0, s, v) is not None]
+    assert found == _plain_rule(policy, losses)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ranks.stragglers import JUDGE_EVERY_S, StragglerReports
+from supervisor.ranks.stragglers import JUDGE_EVERY_S, StragglerReports, judge_every_s
 from supervisor.rules.stragglers import (
     CONFIRM_S,
     MIN_SAMPLES,
@@ -274,3 +274,18 @@ def test_reports_judge_at_most_once_a_second() -> None:
     assert event.rank == 1 and event.node is None
     first_judged = (MIN_SAMPLES - 1) * 0.1
     assert first_judged + CONFIRM_S <= named_t <= first_judged + CONFIRM_S + 2 * JUDGE_EVERY_S
+
+
+@pytest.mark.parametrize(
+    ("ranks", "every_s"), [(1, 1.0), (4096, 1.0), (8192, 2.0), (16384, 4.0), (40960, 10.0)]
+)
+def test_many_ranks_are_judged_less_often(ranks: int, every_s: float) -> None:
+    """Once a second up to 4,096 ranks heard, then once per 4,096 ranks' worth of seconds (a
+    judgement costs about 15 µs per rank): the next judgement is that far off."""
+    assert judge_every_s(ranks) == every_s
+    reports = StragglerReports(exclude=False)
+    for rank in range(ranks):
+        reports.heard(rank, 1, 0.01, 0.0)
+    reports.judge(10.0, {})
+    assert not reports.due(10.0 + every_s - 0.01)
+    assert reports.due(10.0 + every_s)
