@@ -117,28 +117,14 @@ def job_memory(groups: JobGroups | None) -> tuple[OomCounter, Callable[[], None]
     daemons that are gone are removed first); else the host's counter, saying why."""
     if groups is not None and (groups.root / "memory.events").exists():
         return OomCounter.of_job(groups.root, None, ""), _nothing
-    own = _cgroup.own_memory_v1_dir()
-    if own is None:
+    made = _cgroup.join_memory_group("rvsup-")
+    if made is None:
         why = "no memory controller in the job's cgroup v2 group, no cgroup v1 memory controller"
         return OomCounter.of_job(None, None, why), _nothing
-    for gone in _cgroup.stale_groups(Path(own), "rvsup-"):
-        gone.remove()  # what is still in one is its job's, ended by that job's next start
-    path = Path(own) / f"rvsup-{os.getpid()}"
-    try:
-        path.mkdir(exist_ok=True)  # left by a daemon gone with our pid: ours now
-        _cgroup.place(os.getpid(), str(path))
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-        why = f"cannot use a cgroup v1 memory group under {own}: {exc.strerror or exc}"
-        return OomCounter.of_job(None, None, why), _nothing
-
-    def leave() -> None:
-        with contextlib.suppress(OSError):
-            _cgroup.place(os.getpid(), own)
-        Group(path).remove()
-
-    return OomCounter.of_job(None, path, ""), leave
+    if isinstance(made, str):
+        return OomCounter.of_job(None, None, made), _nothing
+    path, own = made
+    return OomCounter.of_job(None, path, ""), lambda: _cgroup.leave_memory_group(path, own)
 
 
 def _nothing() -> None:

@@ -27,6 +27,8 @@ from pathlib import Path
 __all__ = [
     "Group",
     "group_dir",
+    "join_memory_group",
+    "leave_memory_group",
     "mount_points",
     "own_group",
     "own_group_dir",
@@ -224,3 +226,32 @@ def stale_groups(parent: Path, prefix: str) -> list[Group]:
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             out.append(Group(path))
     return out
+
+
+def join_memory_group(prefix: str) -> tuple[Path, str] | str | None:
+    """A cgroup v1 memory group ``PREFIX-PID`` (this pid) made under this process's own, with
+    this process placed in it, so that whatever it starts is in it too (empty groups of the
+    same prefix whose process is gone are removed first); and the group it was in. None: no v1
+    memory controller; a text: why no group could be made or joined there."""
+    own = own_memory_v1_dir()
+    if own is None:
+        return None
+    for gone in stale_groups(Path(own), prefix):
+        gone.remove()  # what is still in one is ended by its owner's next start
+    path = Path(own) / f"{prefix}{os.getpid()}"
+    try:
+        path.mkdir(exist_ok=True)  # left by a process gone with our pid: ours now
+        place(os.getpid(), str(path))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        return f"cannot use a cgroup v1 memory group under {own}: {exc.strerror or exc}"
+    return path, own
+
+
+def leave_memory_group(path: Path, own: str) -> None:
+    """Back to the group ``own`` this process was in, and its memory group ``path`` removed (once
+    empty: what it started has ended)."""
+    with contextlib.suppress(OSError):
+        place(os.getpid(), own)
+    Group(path).remove()

@@ -45,8 +45,9 @@ from worker_sdk.contract.private_paths import verify_private_dir
 
 from .cgroup import (
     Group,
+    join_memory_group,
+    leave_memory_group,
     own_group_dir,
-    own_memory_v1_dir,
     place,
     stale_groups,
     wait_placed,
@@ -77,35 +78,6 @@ def make_group() -> Path | None:
     return path
 
 
-def make_memory_group() -> tuple[Path, str] | None:
-    """A cgroup v1 memory group for the node's processes, this wrapper placed in it, and the
-    group it was in (see the module docstring); None: no v1 memory controller, or no group may
-    be made or joined there."""
-    own = own_memory_v1_dir()
-    if own is None:
-        return None
-    for gone in stale_groups(Path(own), GROUP_PREFIX):
-        gone.remove()  # empty: what was in it ended with its node's attempt
-    path = Path(own) / f"{GROUP_PREFIX}{os.getpid()}"
-    try:
-        path.mkdir(exist_ok=True)  # left by a wrapper gone with our pid: ours now
-        place(os.getpid(), str(path))
-    except OSError:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-        return None
-    return path, own
-
-
-def leave_memory_group(made: tuple[Path, str] | None) -> None:
-    """Back to the group this wrapper was in, and its memory group removed (once empty)."""
-    if made is not None:
-        path, own = made
-        with contextlib.suppress(OSError):
-            place(os.getpid(), own)
-        Group(path).remove()
-
-
 def main(argv: list[str]) -> NoReturn:
     """Run ``CMD`` in the node's group of the attempt (see the module docstring)."""
     agent = len(argv) > 1 and argv[1] == AGENT_FLAG
@@ -122,7 +94,7 @@ def main(argv: list[str]) -> NoReturn:
     if node_id is not None:
         os.environ.setdefault("PET_NODE_RANK", node_id)
     path = make_group()
-    memory = None if path and (path / "memory.events").exists() else make_memory_group()
+    memory = None if path and (path / "memory.events").exists() else join_memory_group(GROUP_PREFIX)
     agent_pid, sockets = None, None
     if agent:
         sockets = tempfile.mkdtemp(prefix="rvsup-agent-", dir=_socket_parent())
@@ -145,7 +117,8 @@ def main(argv: list[str]) -> NoReturn:
             os.waitpid(agent_pid, 0)
     if sockets is not None:
         shutil.rmtree(sockets, ignore_errors=True)
-    leave_memory_group(memory)
+    if isinstance(memory, tuple):
+        leave_memory_group(*memory)
     end_like(status)
 
 

@@ -142,13 +142,12 @@ def test_stale_groups_are_those_of_dead_owners(tmp_path: Path) -> None:
 # Who places processes into groups: each one the process that starts it, nothing else.
 PLACERS = {
     ("supervisor/process/cgroup.py", "create"),  # the daemon itself, in and back: its probe
-    ("supervisor/process/cgroup.py", "job_memory"),  # the daemon itself: its v1 memory group
-    ("supervisor/process/cgroup.py", "leave"),  # and back, at the job's end
+    # a process itself, into its v1 memory group and back: the daemon's, a node's wrapper's
+    ("worker_sdk/spawn/cgroup.py", "join_memory_group"),
+    ("worker_sdk/spawn/cgroup.py", "leave_memory_group"),
     ("supervisor/process/launcher.py", "bootstrap"),  # the daemon: launchers, standby, zygote
     ("worker_sdk/spawn/zygote.py", "_place"),  # the zygote: the ranks it forks
     ("worker_sdk/spawn/node_group.py", "start"),  # a node's wrapper: its torchrun and agent
-    ("worker_sdk/spawn/node_group.py", "make_memory_group"),  # the wrapper itself: v1 memory
-    ("worker_sdk/spawn/node_group.py", "leave_memory_group"),  # and back, at its end
 }
 
 
