@@ -208,7 +208,7 @@ class NodeAgent:
 
     def _answer_dump(self, ask: wire.Ask, pids: dict[int, int]) -> None:
         stopped = {rank for pid, rank in pids.items() if activity.is_stopped(pid)}
-        sizes = {rank: evidence_window.stacks_size(self.diag_dir, rank) for rank in pids.values()}
+        sizes = {rank: diagnostics.stacks_size(self.diag_dir, rank) for rank in pids.values()}
         py_spy = native.find_py_spy() if ask.native else None
         asyncio.run(diagnostics.collect_stacks(pids, self.diag_dir, py_spy))
         for rank in pids.values():

@@ -32,6 +32,7 @@ __all__ = [
     "read_steps",
     "read_stopped",
     "request_flight",
+    "stacks_size",
 ]
 
 DUMP_WAIT_S = 1.0  # the longest the ranks get to write their stacks
@@ -94,7 +95,7 @@ async def _dump(
     if not ranks:
         return
     files = {pid: directory / p.stacks_file(rank) for pid, rank in ranks.items()}
-    sizes = {pid: _size(path) for pid, path in files.items()}
+    sizes = {pid: stacks_size(directory, rank) for pid, rank in ranks.items()}
     _signal_all(ranks, p.DUMP_SIGNAL)
     if continued:
         _signal_all(ranks, signal.SIGCONT)
@@ -115,7 +116,7 @@ async def _dump(
         await asyncio.sleep(0.01)
         now = time.monotonic()
         for pid in list(waiting):
-            size = _size(files[pid])
+            size = stacks_size(directory, ranks[pid])
             if size != sizes[pid]:
                 sizes[pid], grew_at[pid] = size, now
             elif pid in grew_at and now - grew_at[pid] >= _SETTLE_S:
@@ -201,8 +202,9 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _size(path: Path) -> int:
+def stacks_size(directory: Path, rank: int) -> int:
+    """The size of ``rank``'s stacks file in ``directory`` (0: none yet)."""
     try:
-        return path.stat().st_size
+        return (directory / p.stacks_file(rank)).stat().st_size
     except OSError:
         return 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.process import activity
+from supervisor.process.diagnostics import stacks_size
 from supervisor.rules import culprits
 from supervisor.rules.stuck import RankEvidence
 from worker_sdk.contract import protocol as p
@@ -31,7 +32,6 @@ __all__ = [
     "evidence",
     "open_window",
     "stacks_since",
-    "stacks_size",
 ]
 
 STACKS_CAP_BYTES = 16 << 20  # a rank's stacks file this large is not added to: /proc alone judges
@@ -100,14 +100,6 @@ def close(diag_dir: Path, window: Window, now: float) -> list[Look]:
 def evidence(diag_dir: Path, window: Window, now: float) -> list[RankEvidence]:
     """The ranks' evidence over the window (:func:`close` without the stacks' text)."""
     return [look.evidence for look in close(diag_dir, window, now)]
-
-
-def stacks_size(diag_dir: Path, rank: int) -> int:
-    """The size of ``rank``'s stacks file (0: none yet)."""
-    try:
-        return (diag_dir / p.stacks_file(rank)).stat().st_size
-    except OSError:
-        return 0
 
 
 def stacks_since(diag_dir: Path, rank: int, offset: int) -> str:

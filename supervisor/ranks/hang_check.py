@@ -22,8 +22,8 @@ from supervisor.process.diagnostics import (
     read_flights,
     read_stacks,
     read_stopped,
+    stacks_size,
 )
-from supervisor.process.evidence_window import stacks_size
 from supervisor.process.tree import ProcessTree
 from supervisor.ranks import slow
 from supervisor.ranks.agents import AgentLook, NodeAgents, remote_ranks
