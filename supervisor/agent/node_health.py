@@ -14,13 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.process.health_probe import read_memory_available
 from supervisor.process.oom_count import OomCounter
 from worker_sdk.contract.protocol import NODE_GROUP_PREFIX
 from worker_sdk.spawn.cgroup import own_group_dir, own_memory_v1_dir
 
-__all__ = ["Health", "NodeHealth", "memory_available", "node_counter"]
-
-_MEMINFO = Path("/proc/meminfo")
+__all__ = ["Health", "NodeHealth", "node_counter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +44,6 @@ def node_counter() -> OomCounter:
     return OomCounter.of_job(None, None, "no memory cgroup of the node's processes")
 
 
-def memory_available(meminfo: str) -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo``'s text, in bytes; None when it has none."""
-    for line in meminfo.splitlines():
-        name, _, value = line.partition(":")
-        if name == "MemAvailable":
-            number, _, unit = value.strip().partition(" ")
-            if number.isdigit():
-                return int(number) * (1024 if unit.strip() == "kB" else 1)
-    return None
-
-
 class NodeHealth:
     """The node's health as its agent reads it at every beat (two small files)."""
 
@@ -66,8 +54,4 @@ class NodeHealth:
     def read(self) -> Health:
         count = self.counter.read()
         kills = None if count is None or self._baseline is None else count - self._baseline
-        try:
-            available = memory_available(_MEMINFO.read_text())
-        except OSError:
-            available = None
-        return Health(kills, self.counter.host_wide, available)
+        return Health(kills, self.counter.host_wide, read_memory_available())

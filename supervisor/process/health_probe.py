@@ -52,15 +52,24 @@ def _checkpoint(path: str) -> tuple[str, int | None]:
     return "", _free(path)
 
 
-def _memory_available() -> int | None:
+def memory_available(meminfo: str) -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``'s text, in bytes; None when it has none."""
+    for line in meminfo.splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemAvailable":
+            number, _, unit = value.strip().partition(" ")
+            if number.isdigit():
+                return int(number) * (1024 if unit.strip() == "kB" else 1)
+    return None
+
+
+def read_memory_available() -> int | None:
+    """This machine's ``MemAvailable`` in bytes (None: it cannot be read)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as file:
-            for line in file:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+            return memory_available(file.read())
+    except (OSError, ValueError):
         return None
-    return None
 
 
 def _gpus() -> tuple[int | None, str]:
@@ -125,7 +134,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_error": error,
         "checkpoint_free": free,
         "shm_free": _free("/dev/shm"),
-        "memory_available": _memory_available(),
+        "memory_available": read_memory_available(),
         "gpus": gpus,
         "gpus_skipped": gpus_skipped,
     }

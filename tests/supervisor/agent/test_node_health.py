@@ -1,5 +1,6 @@
 """The node's health as its agent reads it (supervisor/agent/node_health.py), from tables: the
-memory available in /proc/meminfo's text, and the OOM kills counted since the agent started."""
+memory available in /proc/meminfo's text (the health probe's reader, which the agent uses), and
+the OOM kills counted since the agent started."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.agent.node_health import NodeHealth, memory_available
+from supervisor.agent.node_health import NodeHealth
+from supervisor.process.health_probe import memory_available
 from supervisor.process.oom_count import OomCounter
 
 MEMINFO = "MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"
