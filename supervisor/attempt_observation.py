@@ -142,15 +142,18 @@ class AttemptObservation:
             saves.ask(rank, now)
             if (anomaly := training.beat(rank, step, loss)) is not None:
                 self._on_anomaly(anomaly, now)
-        if self.job.state is JobState.STARTING and ranks.started(self.world_size):
-            self.job.transition(JobState.RUNNING)
+        self._running_once_all_stepped()
         training.protect(self.evidence.anomaly, self.tracker.newest_step)
 
     def _on_heartbeat(self, rank: int, body: m.Heartbeat, now: float) -> None:
         self.stragglers.heard(rank, body.step, body.comm_wait_s, now)
+        self._running_once_all_stepped()
+        self.saves.ask(rank, now)
+
+    def _running_once_all_stepped(self) -> None:
+        """A starting job is running once every rank has finished a first step."""
         if self.job.state is JobState.STARTING and self.ranks.started(self.world_size):
             self.job.transition(JobState.RUNNING)
-        self.saves.ask(rank, now)
 
     def _on_loaded(self, body: m.Loaded) -> None:
         """What the ranks resumed from (logged once); the loss rules date onsets from its step,
