@@ -215,8 +215,8 @@ def _scale_once(
         if not ready.exists():
             return Usage(), None, "the simulator never became ready"
         time.sleep(2.0 + n / 8192)  # HELLOs and the first round of heartbeats absorbed
-        if training:  # the straggler rule judges a rank once it has MIN_SAMPLES waits
-            time.sleep(MIN_SAMPLES + 2.0)
+        if training and not ctx.profile.smoke:  # the straggler rule judges a rank once it has
+            time.sleep(MIN_SAMPLES + 2.0)  # MIN_SAMPLES waits (the smoke only runs the column)
         daemon = psutil.Process(run.proc.pid)
         usage = sample({"daemon": daemon}, time.monotonic() + ctx.profile.scale_window_s)["daemon"]
         (run.record_dir / "go-silent").write_text("")
@@ -303,7 +303,7 @@ def scale(ctx: Context) -> Table:
             )
         )
     t.notes.append("the simulator runs on the same cores as the daemon")
-    if p.scale_training:
+    if p.scale_training and not p.smoke:
         t.notes.append(
             f"losses + waits: CPU measured from {MIN_SAMPLES + 2:g} s after the first"
             " heartbeats on, once the straggler rule judges every rank"

@@ -32,7 +32,7 @@ from supervisor.record.entries import Entry
 from supervisor.record.schema import JobStopped
 from supervisor.rules.budget import budget_of
 from supervisor.rules.states import ExitCode
-from supervisor.service import control, stop_signals
+from supervisor.service import control, heap, stop_signals
 
 __all__ = [
     "build_parser",
@@ -75,8 +75,7 @@ def _torchrun_note(cfg: JobConfig) -> str:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    # already installed by the entry point (supervisor.entry); here when main() is called directly
-    stops = stop_signals.installed()
+    stops = stop_signals.installed()  # already, by supervisor.entry (unless main() is called)
     try:
         cfg = _load(args.job)
         issues = preflight(cfg)
@@ -87,6 +86,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         from supervisor.config.metrics import MetricsStartError
         from supervisor.daemon import AlreadyRunningError, run_daemon
 
+        heap.settle()  # everything the daemon runs is imported by now
         try:
             console = None if args.quiet else sys.stderr
             return asyncio.run(run_daemon(cfg, console=console, stops=stops))

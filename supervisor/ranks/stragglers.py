@@ -3,9 +3,10 @@
 :class:`StragglerReports` feeds every heartbeat to :class:`supervisor.rules.stragglers.StragglerWatch`,
 judges the windows once a second (:data:`JUDGE_EVERY_S`; a judgement sorts a window per rank),
 and turns a newly named straggler into the history's ``straggler_detected``. A judgement costs
-about 15 µs per rank (243 ms at 16,384 ranks with 20 samples each, measured on this project's
-2-vCPU machine): above :data:`RANKS_PER_SECOND` ranks the windows are judged once per that
-many ranks' worth of seconds instead (every 4 s at 16,384), which keeps it near 6 % of a core; a
+about 5 µs per rank (72 ms at 16,384 ranks with 20 samples each, timed in-process on this
+project's 2-vCPU machine; 243 ms while each sample was an object of its own): above
+:data:`RANKS_PER_SECOND` ranks the windows are judged once per that many ranks' worth of
+seconds instead (every 4 s at 16,384), which keeps it near 2 % of a core; a
 straggler is then named after two judgements :data:`~supervisor.rules.stragglers.CONFIRM_S`
 apart, about 8 s after it is first found there instead of 5 s. With
 ``[health] exclude_stragglers`` on, the straggler's node is also kept in :attr:`to_exclude`,

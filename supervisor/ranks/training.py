@@ -26,8 +26,7 @@ def anomaly_in(losses: LossWatch, rank: int, body: m.Body) -> Anomaly | None:
         case m.ReplicasDiverged(step, ranks, since):
             return losses.diverged(ranks or (rank,), step, _onset(step, since))
         case m.Heartbeat(step, _, loss):
-            losses.heard(rank, step)
-            return None if loss is None else losses.observe(rank, step, loss)
+            return losses.heartbeat(rank, step, loss)
     return None
 
 
@@ -89,8 +88,7 @@ class TrainingChecks:
 
     def beat(self, rank: int, step: int, loss: float | None) -> Anomaly | None:
         """:meth:`heard` for a heartbeat's step and loss (thousands a second)."""
-        self.losses.heard(rank, step)
-        return None if loss is None else self.losses.observe(rank, step, loss)
+        return self.losses.heartbeat(rank, step, loss)
 
     def protect(self, found: Anomaly | None, newest_commit: int | None) -> None:
         """After a message (looked at once per round of them): keep the checkpoint the earliest

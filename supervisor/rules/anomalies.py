@@ -124,6 +124,7 @@ class LossWatch:
 
     def __init__(self, policy: AnomalyPolicy) -> None:
         self.policy = policy
+        self._min_values = min_values(policy)
         self._ranks: dict[int, _RankLosses] = {}
         self._first_step = 0
         self._heard: dict[int, int] = {}  # rank -> step of its last heartbeat this attempt
@@ -145,6 +146,12 @@ class LossWatch:
     def heard(self, rank: int, step: int) -> None:
         """A heartbeat of ``rank`` at ``step`` (with a loss or not)."""
         self._heard[rank] = step
+
+    def heartbeat(self, rank: int, step: int, loss: float | None) -> Anomaly | None:
+        """A heartbeat of ``rank`` at ``step``, with its loss when it carried one (:meth:`heard`
+        and :meth:`observe`); the anomaly it completes, if any."""
+        self._heard[rank] = step
+        return None if loss is None else self.observe(rank, step, loss)
 
     def earliest_onset(self, world_size: int, found: Anomaly | None = None) -> int | None:
         """The earliest step the onset of an anomaly not yet found (or of ``found``, this
@@ -173,7 +180,7 @@ class LossWatch:
         if r is None:
             r = self._ranks[rank] = _RankLosses(deque(maxlen=self.policy.window))
         factor = self.policy.spike_factor
-        if len(r.accepted) >= min_values(self.policy) and not r.surely_below(value, factor):
+        if len(r.accepted) >= self._min_values and not r.surely_below(value, factor):
             median, threshold = baseline(r.ordered, factor)
             if value > threshold:
                 r.high.append((step, value))
@@ -181,7 +188,8 @@ class LossWatch:
                     return None
                 onset = self._onset(rank, r.high[0][0])
                 return Anomaly(FailureKind.LOSS_SPIKE, rank, step, onset, value, median)
-        r.high.clear()
+        if r.high:
+            r.high.clear()
         r.accept(value)
         r.last_normal = step
         return None

@@ -31,10 +31,12 @@ another rank becomes it, and forgets it once the rule has found none for a whole
 
 from __future__ import annotations
 
+import bisect
 import statistics
-from collections import deque
+from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "CONFIRM_S",
@@ -42,11 +44,13 @@ __all__ = [
     "MIN_SAMPLES",
     "MIN_SHARE",
     "WINDOW_S",
+    "Columns",
     "Named",
     "Sample",
     "Straggler",
     "StragglerWatch",
     "judge",
+    "judge_columns",
 ]
 
 WINDOW_S = 20.0
@@ -64,8 +68,7 @@ MIN_LOST_S = 0.005
 _BUSY_FLOOR = 0.01  # of the step: the least compute time per step ``slower`` divides by
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
     """One heartbeat's figures of a rank."""
 
     wait_s: float
@@ -75,10 +78,21 @@ class Sample:
     steps: int = 1
     """The steps since its previous heartbeat."""
 
-    @property
-    def busy_s(self) -> float:
-        """Its compute time per step: the step less the wait."""
-        return max(0.0, self.step_s - self.wait_s)
+
+class Columns(NamedTuple):
+    """A rank's samples as columns, oldest first (what :class:`StragglerWatch` keeps: thousands
+    of ranks' windows, each a few contiguous arrays of numbers rather than an object per
+    sample, are sorted in C and never walked by the garbage collector)."""
+
+    waits: Sequence[float]
+    step_s: Sequence[float]
+    steps: Sequence[float]
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Columns:
+        return cls(
+            [x.wait_s for x in samples], [x.step_s for x in samples], [x.steps for x in samples]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +120,20 @@ class Straggler:
 def judge(samples: Mapping[int, Sequence[Sample]]) -> Straggler | None:
     """The straggler among ranks whose recent samples are ``samples``; None when there is none
     (module docstring)."""
-    judged = {r: v for r, v in samples.items() if len(v) >= MIN_SAMPLES}
+    return judge_columns({r: Columns.of(v) for r, v in samples.items()})
+
+
+def judge_columns(columns: Mapping[int, Columns]) -> Straggler | None:
+    """:func:`judge` of the ranks' samples as columns."""
+    judged = {r: c for r, c in columns.items() if len(c.waits) >= MIN_SAMPLES}
     if len(judged) < 2:
         return None
-    waits = {r: statistics.median(x.wait_s for x in v) for r, v in judged.items()}
-    step_s = statistics.median(statistics.median(x.step_s for x in v) for v in judged.values())
+    waits: dict[int, float] = {}
+    steps: list[float] = []
+    for r, c in judged.items():  # thousands of ranks: each column sorted in C
+        waits[r] = _median_of(sorted(c.waits))
+        steps.append(_median_of(sorted(c.step_s)))
+    step_s = statistics.median(steps)
     if not step_s > 0:
         return None
     rank = min(waits, key=lambda r: (waits[r], r))
@@ -119,17 +142,45 @@ def judge(samples: Mapping[int, Sequence[Sample]]) -> Straggler | None:
     lost_per_step = others_wait - waits[rank]
     if lost_per_step < MIN_LOST_S or lost_per_step < MIN_SHARE * step_s:
         return None
-    busy = {r: statistics.median(x.busy_s for x in v) for r, v in judged.items()}
+    busy = {  # compute time per step: the step less the wait
+        r: statistics.median(max(0.0, s - w) for w, s in zip(c.waits, c.step_s, strict=True))
+        for r, c in judged.items()
+    }
     busy_others = max(statistics.median(busy[r] for r in others), _BUSY_FLOOR * step_s)
-    waited = {r: sum(x.wait_s * x.steps for x in v) for r, v in judged.items()}
+    waited = {  # each sample's wait times its steps
+        r: sum(w * n for w, n in zip(c.waits, c.steps, strict=True)) for r, c in judged.items()
+    }
     lost = max(0.0, statistics.median(waited[r] for r in others) - waited[rank])
     return Straggler(rank, waits[rank], others_wait, step_s, busy[rank] / busy_others, lost)
 
 
-@dataclass(slots=True)
+def _median_of(ordered: Sequence[float]) -> float:
+    """The median of ``ordered`` (sorted, not empty), as :func:`statistics.median` gives it."""
+    n = len(ordered)
+    i = n // 2
+    return ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+
+
 class _RankWindow:
-    last: tuple[float, int] | None = None  # (time, step) of its previous heartbeat
-    samples: deque[tuple[float, Sample]] = field(default_factory=deque)  # (time, sample)
+    """A rank's samples as columns (:class:`Columns`), with when each was heard."""
+
+    __slots__ = ("at", "last_step", "last_t", "step_s", "steps", "waits")
+
+    def __init__(self) -> None:
+        self.last_t: float | None = None  # time and step of its previous heartbeat
+        self.last_step = 0
+        self.at, self.waits, self.step_s, self.steps = (array("d") for _ in range(4))
+
+    def drop_before(self, start: float) -> None:
+        """Drop the samples heard before ``start``, but the newest :data:`MIN_SAMPLES`."""
+        old = min(bisect.bisect_left(self.at, start), len(self.at) - MIN_SAMPLES)
+        if old > 0:
+            for column in (self.at, self.waits, self.step_s, self.steps):
+                del column[:old]
+
+    @property
+    def columns(self) -> Columns:
+        return Columns(self.waits, self.step_s, self.steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,27 +214,28 @@ class StragglerWatch:
 
     def observe(self, rank: int, now: float, step: int, wait_s: float | None) -> None:
         """A heartbeat of ``rank`` at ``step``, with its wait per step when it carried one."""
-        w = self._ranks.setdefault(rank, _RankWindow())
-        last, w.last = w.last, (now, step)
-        if last is None or wait_s is None or not wait_s >= 0:
+        w = self._ranks.get(rank)
+        if w is None:
+            w = self._ranks[rank] = _RankWindow()
+        last_t, last_step = w.last_t, w.last_step
+        w.last_t, w.last_step = now, step
+        if last_t is None or wait_s is None or not wait_s >= 0:
             return
-        steps, seconds = step - last[1], now - last[0]
-        if steps > 0 and seconds > 0:
-            w.samples.append((now, Sample(wait_s, seconds / steps, steps)))
+        steps, seconds = step - last_step, now - last_t
+        if steps > 0 and seconds > 0:  # a sample into each column
+            w.at.append(now)
+            w.waits.append(wait_s)
+            w.step_s.append(seconds / steps)
+            w.steps.append(steps)
 
     def judge(self, now: float) -> Named | None:
         """Judge the window ending at ``now``: a :class:`Named` when a straggler is named that
         was not the one named before."""
         start = now - self.window_s
         for w in self._ranks.values():  # a rank's last MIN_SAMPLES stay: slow steps
-            while len(w.samples) > MIN_SAMPLES and w.samples[0][0] < start:
-                w.samples.popleft()
-        samples = {  # the rule judges only ranks with enough samples
-            r: [x for _, x in w.samples]
-            for r, w in self._ranks.items()
-            if len(w.samples) >= MIN_SAMPLES
-        }
-        found = judge(samples)
+            w.drop_before(start)
+        judged = {r: w for r, w in self._ranks.items() if len(w.at) >= MIN_SAMPLES}
+        found = judge_columns({r: w.columns for r, w in judged.items()})
         if found is None:
             self._candidate = None
             if self.current is not None and now - self._last_seen >= self.window_s:
@@ -197,6 +249,5 @@ class StragglerWatch:
         if before is not None and before.rank == found.rank:
             return None
         self.since = now
-        judged = [w.samples for w in self._ranks.values() if len(w.samples) >= MIN_SAMPLES]
-        oldest = min(v[0][0] for v in judged)
-        return Named(found, now - oldest, min(len(v) for v in judged))
+        oldest = min(w.at[0] for w in judged.values())
+        return Named(found, now - oldest, min(len(w.at) for w in judged.values()))

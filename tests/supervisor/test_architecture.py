@@ -21,6 +21,7 @@ RULES = sorted((ROOT / "supervisor" / "rules").glob("*.py"))
 _PURE_IMPORTS = frozenset(
     {
         "__future__",
+        "array",  # a rank's window of waits, as numbers in a row
         "bisect",  # a rank's window of losses kept sorted
         "collections",  # deque: the losses a rank reported
         "collections.abc",
