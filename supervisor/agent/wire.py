@@ -232,6 +232,7 @@ def look_body(look: Look) -> m.NodeLook:
         threads,
         e.stack_read,
         look.stopped,
+        collective=e.collective,
     )
     room = p.MAX_MESSAGE_BYTES - p.HEADER.size - p.MAC_BYTES - _ROOM
     room -= len(json.dumps(m.fields(body)[4], separators=(",", ":")))
@@ -260,6 +261,7 @@ def read_look(body: m.NodeLook) -> Look | None:
         frames=tuple(culprits.main_thread(body.stacks)),
         stack_read=body.stack_read,
         threads=tuple(_threads(body.threads)),
+        collective=body.collective,
     )
     return Look(body.request, evidence, body.stopped, body.stacks, body.native)
 

@@ -4,10 +4,13 @@ judged by (:func:`supervisor.rules.stuck.judge_silence`).
 At the window's start each rank's process is sampled (:mod:`.activity`) and asked for its
 Python stacks (faulthandler's dump on ``protocol.DUMP_SIGNAL``, only of ranks that handle that
 signal, and not into a stacks file grown past :data:`STACKS_CAP_BYTES`, which a job that keeps
-coming close to its timeout would otherwise fill); at its end each is sampled again and what it
-added to its stacks file is read. The daemon looks at the ranks of its own node this way
-(:mod:`supervisor.ranks.slow`); a node agent at the ranks of its node
-(:mod:`supervisor.agent`), which sends the result to the daemon.
+coming close to its timeout would otherwise fill) and, where it serves one, for its flight
+recorder (:func:`~supervisor.process.diagnostics.request_flight`); at its end each is sampled
+again, what it added to its stacks file is read, and the collective a new flight-recorder dump
+shows under way (:func:`~supervisor.rules.culprits.under_way`): a rank whose host spins waiting
+for a collective is in one, though its stack is at the user's line. The daemon looks at the
+ranks of its own node this way (:mod:`supervisor.ranks.slow`); a node agent at the ranks of its
+node (:mod:`supervisor.agent`), which sends the result to the daemon.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.process import activity
-from supervisor.process.diagnostics import stacks_size
+from supervisor.process.diagnostics import request_flight, stacks_size
 from supervisor.rules import culprits
 from supervisor.rules.stuck import RankEvidence
 from worker_sdk.contract import protocol as p
@@ -45,6 +48,7 @@ class Window:
     pids: dict[int, int]
     before: dict[int, activity.ProcSample]  # pid -> sample at t0
     offsets: dict[int, int]  # rank -> size of its stacks file before the dump (asked ones)
+    flights: dict[int, tuple[int, int] | None]  # rank -> its flight dump's (inode, mtime) before
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +64,18 @@ def open_window(diag_dir: Path, pids: Mapping[int, int], now: float) -> Window:
     """Sample every rank and ask those that can answer for their stacks."""
     before = {pid: s for pid in pids if (s := activity.read(pid)) is not None}
     offsets: dict[int, int] = {}
+    flights: dict[int, tuple[int, int] | None] = {}
     for pid, rank in pids.items():
         size = stacks_size(diag_dir, rank)
         if pid in before and size < STACKS_CAP_BYTES and activity.catches(pid, p.DUMP_SIGNAL):
             offsets[rank] = size
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, p.DUMP_SIGNAL)
-    return Window(now, dict(pids), before, offsets)
+        if pid in before:
+            dumped = _flight_id(diag_dir, rank)
+            if request_flight(diag_dir, rank):
+                flights[rank] = dumped
+    return Window(now, dict(pids), before, offsets, flights)
 
 
 def close(diag_dir: Path, window: Window, now: float) -> list[Look]:
@@ -90,6 +99,7 @@ def close(diag_dir: Path, window: Window, now: float) -> list[Look]:
                     frames=tuple(culprits.main_thread(text)),
                     stack_read=offset is not None,
                     threads=last.threads,
+                    collective=_under_way(diag_dir, rank, window),
                 ),
                 text,
             )
@@ -100,6 +110,27 @@ def close(diag_dir: Path, window: Window, now: float) -> list[Look]:
 def evidence(diag_dir: Path, window: Window, now: float) -> list[RankEvidence]:
     """The ranks' evidence over the window (:func:`close` without the stacks' text)."""
     return [look.evidence for look in close(diag_dir, window, now)]
+
+
+def _flight_id(diag_dir: Path, rank: int) -> tuple[int, int] | None:
+    """Which flight-recorder dump of ``rank`` is in place (a new one is renamed over it)."""
+    try:
+        st = os.stat(diag_dir / p.flight_file(rank))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _under_way(diag_dir: Path, rank: int, window: Window) -> str:
+    """The collective the dump ``rank`` wrote since the window opened shows under way ("" when
+    it was not asked, wrote none yet, or shows none)."""
+    if rank not in window.flights or _flight_id(diag_dir, rank) in (None, window.flights[rank]):
+        return ""
+    try:
+        text = (diag_dir / p.flight_file(rank)).read_text(errors="replace")
+    except OSError:
+        return ""
+    return culprits.under_way(text)
 
 
 def stacks_since(diag_dir: Path, rank: int, offset: int) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "judge",
     "main_thread",
     "stack_verdict",
+    "under_way",
     "where",
 ]
 
@@ -177,9 +178,13 @@ def flight_status(text: str) -> dict[str, FlightStatus]:
     """Per process group (its id), what one rank's flight-recorder dump says; empty for a dump
     that is not torch's JSON."""
     try:
-        doc = json.loads(text)
+        return _status_of(json.loads(text))
     except ValueError:
         return {}
+
+
+def _status_of(doc: object) -> dict[str, FlightStatus]:
+    """:func:`flight_status` of the parsed dump."""
     if not isinstance(doc, dict) or not isinstance(doc.get("pg_status"), dict):
         return {}
     names: dict[tuple[str, int], str] = {}
@@ -200,6 +205,34 @@ def flight_status(text: str) -> dict[str, FlightStatus]:
         if enqueued is not None and completed is not None:
             out[str(gid)] = FlightStatus(enqueued, completed, names.get((str(gid), enqueued), ""))
     return out
+
+
+def under_way(text: str) -> str:
+    """The collective one rank's flight-recorder dump shows under way: enqueued, not completed
+    (nor retired, nor at or below its group's last completed one), and running, as gloo's is once
+    enqueued (it has no device queue) and an NCCL one is once the recorder saw its kernel begin
+    (its state ``started``; one still queued behind a long kernel is not under way). Said as
+    ``gloo:all_reduce (collective 21 of group 0)``; "" when none, or for a dump that is not
+    torch's JSON. A rank whose host waits for it (CUDA's wait spins, ``Work.is_completed()`` in
+    a loop) shows no collective in its Python stack."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return ""
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    done = {gid: st.completed for gid, st in _status_of(doc).items()}
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, dict) or entry.get("retired") is True:
+            continue
+        state, name = entry.get("state"), str(entry.get("profiling_name", ""))
+        if state == "completed" or not (state == "started" or name.startswith("gloo:")):
+            continue
+        group, seq = entry.get("process_group"), _int(entry.get("collective_seq_id"))
+        gid = str(group[0]) if isinstance(group, list) and group else "?"
+        if seq is not None and gid in done and seq <= done[gid]:
+            continue
+        return f"{name} (collective {'?' if seq is None else seq} of group {gid})"
+    return ""
 
 
 def flight_verdict(flights: Mapping[int, str]) -> Verdict | None:

@@ -10,7 +10,9 @@ CPU time, the kernel's wait channel of its main thread, its main thread's Python
 activity        evidence                                                     counts as
 =============== ============================================================ ==========
 stopped         state ``T`` (SIGSTOP, SIGTSTP)                               stuck
-collective      main thread inside a collective (c10d, DDP, autograd)        waiting
+collective      main thread inside a collective (c10d, DDP, autograd), or    waiting
+                the flight recorder shows one under way (its host spins in
+                CUDA's wait for an NCCL kernel that began, or polls a work)
 working         outside collectives, CPU time advanced (>= 5 % of a core)    busy
 storage         outside collectives, state ``D``, no CPU (a write or an      busy, idle
                 ``fsync`` to slow storage)
@@ -120,6 +122,7 @@ class RankEvidence:
     frames: tuple[Frame, ...] = ()  # the main thread's Python stack, innermost first
     stack_read: bool = False  # a stack was asked for and read (frames may still be empty)
     threads: tuple[ThreadState, ...] = ()  # its other threads (none read: empty)
+    collective: str = ""  # the collective its flight recorder shows under way ("" none, unread)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,7 @@ def activity(e: RankEvidence) -> Activity:
         return Activity.UNKNOWN
     if e.state == "T":  # not "t", a tracing stop: py-spy reading it
         return Activity.STOPPED
-    if collective_of(e.frames) is not None:
+    if collective_of(e.frames) is not None or e.collective:
         return Activity.COLLECTIVE
     if e.cpu_s is not None and e.window_s > 0 and e.cpu_s >= WORKING_SHARE * e.window_s:
         return Activity.WORKING
@@ -173,7 +176,15 @@ def judge_silence(evidence: Sequence[RankEvidence]) -> Busy | Stuck:
         waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]
         if waiting:
             verb = "waits" if len(waiting) == 1 else "wait"
-            return Stuck((), f"{_ranks(waiting)} {verb} in collectives and nothing else runs")
+            recorded = [
+                f"rank {e.rank} at {where(e.frames) if e.frames else 'an unknown line'}: "
+                f"{e.collective} under way"
+                for e, _ in seen
+                if e.collective and collective_of(e.frames) is None
+            ]
+            flight = f"; flight recorder: {', '.join(recorded)}" if recorded else ""
+            detail = f"{_ranks(waiting)} {verb} in collectives and nothing else runs{flight}"
+            return Stuck((), detail)
         return Stuck((), "no rank could be observed")
     parts = [f"rank {e.rank} is {a.value}{_at(e)}" for e, a in busy]
     waiting = [e.rank for e, a in seen if a is Activity.COLLECTIVE]

@@ -7,7 +7,10 @@ torch.OutOfMemoryError), sleep (sleep forever inside the loop), sigstop (SIGSTOP
 CPU work, undeclared), hooksleep (a blocking sleep of EVAL_S seconds), threadwait / queuewait (EVAL_S seconds
 waiting on a thread of its own that sleeps: on its future, on a queue.Queue it feeds), mismatch
 (a receive the other rank never sends while it waits in the next all-reduce: a real gloo hang),
-ignore_term (ignore SIGTERM from that step on), phase (PHASE_S seconds inside
+pollwait (give it to every rank: rank 0 polls an all-reduce of the default group and rank 1 one
+of a second group, ``Work.is_completed()`` in a loop, neither ever joins the other's: two hosts
+that spin waiting, as CUDA's wait does behind a hung NCCL kernel), ignore_term (ignore SIGTERM
+from that step on), phase (PHASE_S seconds inside
 worker_sdk.phase("eval")), exit0 (leave early), fill / unfill (fill the checkpoint
 directory's file system with a file, remove it), shmfill / shmunfill (the same in the memory
 tier's memory_dir), hostoom (move into a new memory cgroup below its own, limited to
@@ -140,6 +143,13 @@ def inject(kind: str, step: int) -> None:
         time.sleep(float(os.environ.get("EVAL_S", "8")))
     if kind in ("threadwait", "queuewait"):  # EVAL_S seconds waiting on a thread of its own
         _wait_on_own_thread(float(os.environ.get("EVAL_S", "8")), kind == "queuewait")
+    if kind == "pollwait":  # every rank spins on a collective the other never joins
+        other = dist.new_group([0, 1])
+        work = dist.all_reduce(
+            torch.ones(1), group=other if dist.get_rank() else None, async_op=True
+        )
+        while not work.is_completed():
+            pass
     if kind == "mismatch":  # a receive the peer never sends; the peer then waits in all-reduce
         dist.recv(torch.zeros(1), src=1 - dist.get_rank())
     if kind == "prep":  # local rank 0 prepares its node's data, the others wait for it

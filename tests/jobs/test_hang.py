@@ -108,6 +108,19 @@ def test_hang_is_detected_within_the_timeout_with_stacks(
     )
 
 
+def test_ranks_spinning_on_collectives_nobody_completes_are_a_hang_at_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """Both ranks poll a gloo all-reduce the other never joins (``Work.is_completed()`` in a
+    loop: a full core each, their stacks at the script's line, as hosts spinning in CUDA's wait
+    behind a hung NCCL kernel are): their flight recorders show the collectives under way, so the
+    group is stuck at the timeout, not a busy one given up to hang_timeout_max (30 min here)."""
+    evs = _run_hanging_job(tmp_path, "pollwait:*:12:1", f'"{HANG_TIMEOUT}s"')
+    hang = _check_hang(evs, timeout_s=HANG_TIMEOUT, culprit=1)
+    assert "gloo:all_reduce" in str(hang["detail"]), hang
+    assert not named(evs, "slow_phase"), named(evs, "slow_phase")
+
+
 def test_automatic_hang_timeout_catches_a_fast_job_in_seconds(tmp_path: Path) -> None:
     """hang_timeout = "auto" on a ~20 ms/step job: the learned timeout is the 5 s floor, and the hang
     is caught within it + 1 s."""

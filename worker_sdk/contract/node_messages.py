@@ -62,8 +62,9 @@ class NodeAsk:
 class NodeLook:
     """What the agent saw of rank ``of`` for ``request`` over ``window_s``: its state letter,
     CPU time used, main thread's wait channel, other threads ("NAME\\tSTATE\\tWCHAN" lines),
-    whether its stacks were asked for, whether it was stopped, the stacks it wrote, and its
-    native stacks (py-spy's, or why there are none) when they were asked for."""
+    whether its stacks were asked for, whether it was stopped, the stacks it wrote, its
+    native stacks (py-spy's, or why there are none) when they were asked for, and the collective
+    its flight recorder showed under way ("" none)."""
 
     KIND: ClassVar = Kind.NODE_LOOK
     request: int
@@ -77,6 +78,10 @@ class NodeLook:
     stopped: bool = False
     stacks: str = ""
     native: str = ""
+    collective: str = ""
+
+
+_COLLECTIVE_MAX = 200  # characters of a look's collective under way (a name and two numbers)
 
 
 def _str(value: object, default: str = "") -> str:
@@ -118,6 +123,7 @@ def read_node(msg: Message) -> NodeBeat | NodeAsk | NodeLook | None:
         d.get("stopped") is True,
         _str(d.get("stacks")),
         _str(d.get("native")),
+        _str(d.get("collective"))[:_COLLECTIVE_MAX],
     )
 
 
@@ -155,5 +161,6 @@ def node_fields(
                 "stopped": body.stopped,
                 "stacks": body.stacks,
                 "native": body.native,
+                "collective": body.collective[:_COLLECTIVE_MAX],
             }
             return Kind.NODE_LOOK, body.request, body.window_s, 0, payload

@@ -31,6 +31,7 @@ def test_a_look_comes_back_as_the_evidence_it_carries() -> None:
         wchan="",
         stack_read=True,
         threads=(ThreadState("pt_autograd_0", "S", "futex_wait_queue"),),
+        collective="nccl:all_reduce (collective 21 of group 0)",
     )
     body = m.read(_through(wire.look_body(wire.Look(5, evidence, False, DUMP))))
     assert isinstance(body, m.NodeLook)
@@ -47,6 +48,7 @@ def test_a_look_comes_back_as_the_evidence_it_carries() -> None:
         frames=look.evidence.frames,
         stack_read=True,
         threads=evidence.threads,
+        collective=evidence.collective,
     )
 
 

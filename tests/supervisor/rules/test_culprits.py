@@ -16,6 +16,7 @@ from supervisor.rules.culprits import (
     flight_verdict,
     judge,
     main_thread,
+    under_way,
     where,
 )
 
@@ -252,3 +253,57 @@ def _check(verdict: Verdict | None, culprits: tuple[int, ...] | None, detail: st
         assert verdict is not None
         assert verdict.culprits == culprits
         assert detail is None or verdict.detail == detail
+
+
+def _entry(seq: int, name: str, state: str, *, retired: bool = False) -> dict[str, object]:
+    """One collective in a flight-recorder dump (c10d's JSON, the fields read)."""
+    return {
+        "collective_seq_id": seq,
+        "process_group": ["0", "default_pg"],
+        "profiling_name": name,
+        "state": state,
+        "retired": retired,
+    }
+
+
+@pytest.mark.parametrize(
+    ("entries", "expected"),
+    [
+        # gloo records "scheduled" only; a retired one completed; a pending one runs on gloo
+        (
+            [
+                _entry(20, "gloo:all_reduce", "scheduled", retired=True),
+                _entry(21, "gloo:all_reduce", "scheduled"),
+            ],
+            "gloo:all_reduce (collective 21 of group 0)",
+        ),
+        ([_entry(20, "gloo:all_reduce", "scheduled", retired=True)], ""),
+        # NCCL: a kernel the recorder saw begin is under way; one queued behind a long kernel
+        # (scheduled) is not, nor a completed one
+        ([_entry(9, "nccl:all_reduce", "started")], "nccl:all_reduce (collective 9 of group 0)"),
+        ([_entry(9, "nccl:all_reduce", "scheduled")], ""),
+        ([_entry(9, "nccl:all_reduce", "completed")], ""),
+        # the oldest under way is said
+        (
+            [_entry(9, "nccl:all_reduce", "started"), _entry(10, "nccl:broadcast", "started")],
+            "nccl:all_reduce (collective 9 of group 0)",
+        ),
+    ],
+)
+def test_under_way(entries: list[dict[str, object]], expected: str) -> None:
+    """The collective a flight-recorder dump shows running and not completed."""
+    assert under_way(json.dumps({"entries": entries, "pg_status": {}})) == expected
+
+
+def test_a_collective_its_group_completed_is_not_under_way() -> None:
+    """An entry not (yet) retired, at or below its group's last completed collective, is done."""
+    entries = [_entry(20, "gloo:all_reduce", "scheduled"), _entry(21, "gloo:barrier", "scheduled")]
+    status = {"0": {"last_enqueued_collective": 21, "last_completed_collective": 20}}
+    text = json.dumps({"entries": entries, "pg_status": status})
+    assert under_way(text) == "gloo:barrier (collective 21 of group 0)"
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[]", '{"entries": 3}', '{"entries": [1, {}]}'])
+def test_under_way_of_what_is_not_a_dump_is_nothing(text: str) -> None:
+    """Text that is not torch's JSON (or has no usable entry) shows nothing under way."""
+    assert under_way(text) == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from supervisor.rules.culprits import Frame
@@ -180,6 +182,32 @@ def test_activity_of_one_rank(evidence: RankEvidence, expected: Activity) -> Non
 def test_judge_silence(evidence: list[RankEvidence], expected: type) -> None:
     """Each row: the silent group's evidence -> Busy (not a hang yet) or Stuck (a hang)."""
     assert type(judge_silence(evidence)) is expected
+
+
+SPINNING = (Frame("train.py", 77, "train"),)  # the host spins on the user's line (.item())
+RECORDED = "nccl:all_reduce (collective 21 of group 0)"
+
+
+def test_a_rank_whose_flight_recorder_shows_a_collective_under_way_waits_in_it() -> None:
+    """A rank using a full core at the user's line (CUDA's wait spins) while its flight recorder
+    shows a collective under way waits in it: not working."""
+    spinning = dataclasses.replace(ev(0, "R", 1.0, "", SPINNING), collective=RECORDED)
+    assert activity(spinning) is Activity.COLLECTIVE
+    assert activity(ev(0, "R", 1.0, "", SPINNING)) is Activity.WORKING
+
+
+def test_ranks_spinning_in_collectives_under_way_are_stuck() -> None:
+    """Every rank spins behind a collective under way: nothing else runs, a hang, said with the
+    recorder's collective; one rank working outside any collective keeps the group busy."""
+    spin = [dataclasses.replace(ev(r, "R", 1.0, "", SPINNING), collective=RECORDED) for r in (0, 1)]
+    verdict = judge_silence(spin)
+    assert isinstance(verdict, Stuck)
+    assert verdict.detail == (
+        "ranks 0, 1 wait in collectives and nothing else runs; flight recorder: rank 0 at "
+        f"train.py:77 in train: {RECORDED} under way, rank 1 at train.py:77 in train: "
+        f"{RECORDED} under way"
+    )
+    assert isinstance(judge_silence([spin[0], ev(1, "R", 0.9, "", EVAL)]), Busy)
 
 
 def test_busy_names_the_working_rank_and_where_it_is() -> None:
